@@ -1,0 +1,196 @@
+"""An actor: stateless. Register → step the env → push rollouts → pick up new weights.
+
+    Hello → Assign (member, env, learner endpoints, current weights)
+    loop until stopped or `max_steps`:
+        collect one rollout with the weights in hand (tagged with their version); send it
+        wait for a credit from some learner (flow control: the learners pace the actors)
+        take the newest weights from the broadcast, if any; obey a stop directive
+        report env steps and finished episodes every `report_interval_s`
+
+Killed and restarted, it says Hello again and carries on: nothing it holds needs saving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import zmq
+
+from rlmq.actors.collector import Collector
+from rlmq.common import envs, transport, wire
+from rlmq.common.config import ActorConfig
+from rlmq.common.metrics import ActorMetrics, serve
+from rlmq.common.models import NumpyPolicy
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
+
+log = logging.getLogger("rlmq.actor")
+GREETING_PERIOD_S = 5.0
+
+
+class Actor:
+    def __init__(self, cfg: ActorConfig, stop: StopFlag) -> None:
+        self.cfg, self.stop = cfg, stop
+        self.metrics = ActorMetrics()
+        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
+        self.ctx = zmq.Context.instance()
+        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
+        self.control.connect(cfg.coordinator)
+        self.learners: list[zmq.Socket] = []  # one DEALER per learner rank
+        self.credits: list[int] = []
+        self.broadcast = transport.make_socket(self.ctx, zmq.SUB)
+        self.rejected = 0
+        self.unreported_steps = 0
+        self.version = -1
+
+    def reject(self, exc: wire.WireError) -> None:
+        log.warning("dropped a message: %s", exc)
+        self.metrics.rejected.labels(exc.reason).inc()
+        self.rejected += 1
+
+    def run(self) -> int:
+        hello = wire.Hello(role="actor", name=self.cfg.name, pid=os.getpid(), metrics_port=self.metrics_port)
+        assign = transport.request_assignment(self.control, hello, self.stop, on_reject=self.reject)
+        if assign is None:
+            return EXIT_OK
+        self.member, run_cfg, spec = assign.member, assign.config, assign.env_spec
+        for endpoint in assign.learner_endpoints:
+            sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
+            sock.connect(endpoint)
+            self.learners.append(sock)
+            self.credits.append(0)
+        self.hello_frame = wire.encode(hello)
+        self.greet_learners()
+        self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
+        self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
+        self.broadcast.connect(self.cfg.broadcast)
+        self.spec = spec
+        self.policy: NumpyPolicy | None = None
+        if assign.weights is not None:
+            self.apply_weights(assign.weights)
+        env = envs.make_vector_env(run_cfg.env_id, run_cfg.num_envs)
+        seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
+        collector = Collector(env, spec, run_cfg.rollout_length, seed)
+        log.info("%s: member %d, %s × %d, learners %s", self.cfg.name, self.member,
+                 run_cfg.env_id, run_cfg.num_envs, ", ".join(assign.learner_endpoints))
+        report = RateTimer(run_cfg.report_interval_s)
+        steps_total = 0
+        try:
+            while not self.stop.is_set():
+                self.read_broadcast(timeout_ms=0 if self.policy is not None else 100)
+                if self.policy is None:  # no weights yet: the learners are still starting
+                    continue
+                learner = self.wait_for_credit(report, collector)
+                if learner is None:
+                    break
+                self.read_broadcast(timeout_ms=0)  # the freshest weights for this rollout
+                rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
+                self.learners[learner].send(wire.encode(rollout), copy=False)
+                self.credits[learner] -= 1
+                steps = int(rollout.valid.sum())
+                self.unreported_steps += steps
+                steps_total += steps
+                self.metrics.env_steps.inc(steps)
+                if report.due():
+                    self.report(collector)
+                if self.cfg.max_steps is not None and steps_total >= self.cfg.max_steps:
+                    break
+            self.report(collector)
+        finally:
+            env.close()
+        return EXIT_OK
+
+    def greet_learners(self) -> None:
+        for sock in self.learners:
+            sock.send(self.hello_frame, flags=zmq.NOBLOCK)
+
+    def wait_for_credit(self, report: RateTimer, collector: Collector) -> int | None:
+        """Index of a learner whose credit we hold (waiting as long as it takes), or None on stop.
+
+        While waiting: read the broadcast (a stop must get through), keep reporting, and greet
+        the learners again now and then, in case one restarted and forgot us.
+        """
+        started = time.perf_counter()
+        poller = zmq.Poller()
+        for sock in self.learners:
+            poller.register(sock, zmq.POLLIN)
+        last_greeting = time.monotonic()
+        while not self.stop.is_set():
+            for i, sock in enumerate(self.learners):
+                while sock.poll(0, zmq.POLLIN):
+                    try:
+                        message = wire.decode(sock.recv())
+                        if not isinstance(message, wire.Credit):
+                            raise wire.WireError("unexpected_kind", type(message).__name__)
+                    except wire.WireError as exc:
+                        self.reject(exc)
+                        continue
+                    self.credits[i] += message.count
+            best = max(range(len(self.credits)), key=self.credits.__getitem__)
+            if self.credits[best] > 0:
+                self.metrics.send_blocked.inc(time.perf_counter() - started)
+                return best
+            poller.poll(50)
+            self.read_broadcast(timeout_ms=0)
+            if report.due():
+                self.report(collector)
+            if time.monotonic() - last_greeting > GREETING_PERIOD_S:
+                self.greet_learners()
+                last_greeting = time.monotonic()
+        return None
+
+    def read_broadcast(self, timeout_ms: int) -> None:
+        """Apply the newest weights waiting on the broadcast; obey a stop."""
+        newest: wire.Weights | None = None
+        while self.broadcast.poll(timeout_ms, zmq.POLLIN):
+            timeout_ms = 0
+            try:
+                _topic, frame = self.broadcast.recv_multipart()
+                message = wire.decode(frame)
+            except (ValueError, wire.WireError) as exc:  # ValueError: not two frames
+                self.reject(exc if isinstance(exc, wire.WireError) else wire.WireError("garbage", str(exc)))
+                continue
+            if isinstance(message, wire.Directive) and message.kind == "stop":
+                self.stop.set("directive")
+            elif isinstance(message, wire.Weights) and message.member == self.member:
+                if newest is None or message.version > newest.version:
+                    newest = message
+        if newest is not None and newest.version > self.version:
+            self.apply_weights(newest)
+
+    def apply_weights(self, weights: wire.Weights) -> None:
+        try:
+            self.policy = NumpyPolicy(dict(weights.params), self.spec)
+        except (KeyError, ValueError) as exc:
+            self.reject(wire.WireError("bad_weights", str(exc)))
+            return
+        self.version = weights.version
+        self.metrics.policy_version.set(weights.version)
+
+    def report(self, collector: Collector) -> None:
+        returns, lengths = collector.episodes.drain()
+        steps, self.unreported_steps = self.unreported_steps, 0
+        self.metrics.episodes.inc(len(returns))
+        for value in returns:
+            self.metrics.episode_return.observe(value)
+        transport.send(self.control, wire.ActorReport(
+            name=self.cfg.name, member=self.member, env_steps=steps, episode_returns=returns,
+            episode_lengths=lengths, policy_version=self.version, rejected=self.rejected,
+        ))  # fmt: skip
+        self.rejected = 0
+
+    def close(self) -> None:
+        for sock in (self.control, self.broadcast, *self.learners):
+            sock.close()
+
+
+def main(cfg: ActorConfig, stop: StopFlag) -> int:
+    actor = Actor(cfg, stop)
+    try:
+        return actor.run()
+    except envs.EnvError as exc:
+        log.error("%s", exc)
+        return EXIT_FAILED
+    finally:
+        actor.close()

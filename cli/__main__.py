@@ -1,0 +1,3 @@
+from rlmq.cli.app import main
+
+main()

@@ -1,0 +1,143 @@
+"""The `rlmq` command: one service per subcommand (what a container runs), `up` and `status`.
+
+Service options can also come from `RLMQ_*` environment variables (shown in `--help`). Service
+modules are imported inside each command, so an actor never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rlmq.common.service import StopFlag, configure_logging, install_signal_handlers, limit_threads
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="rlmq: message-queue actor-learner reinforcement learning.")
+
+
+def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
+    return typer.Option(help=help, envvar=f"RLMQ_{env}" if env else None, **kw)
+
+
+Run = Annotated[str, _opt("Run id: names the run's keys in Redis.", "RUN")]
+Coord = Annotated[str, _opt("Coordinator control endpoint.", "COORDINATOR")]
+Broadcast = Annotated[str, _opt("Coordinator broadcast (PUB) endpoint.", "BROADCAST")]
+MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none).", "METRICS_PORT")]
+
+
+def _start(name: str, torch_threads: int = 1) -> StopFlag:
+    limit_threads(torch_threads)
+    log = configure_logging(name)
+    stop = StopFlag()
+    install_signal_handlers(stop, log)
+    return stop
+
+
+@app.command()
+def coordinator(
+    run: Run = "default",
+    redis_url: Annotated[str, _opt("Redis URL.", "REDIS_URL")] = "redis://127.0.0.1:6379/0",
+    run_config: Annotated[Path | None, _opt("Run config file (TOML or JSON).", "RUN_CONFIG")] = None,
+    control_bind: Annotated[str, _opt("Bind address of the control ROUTER.", "CONTROL_BIND")] = "tcp://*:5555",
+    broadcast_bind: Annotated[str, _opt("Bind address of the broadcast PUB.", "BROADCAST_BIND")] = "tcp://*:5556",
+    metrics_port: MetricsPort = 0,
+) -> None:
+    """Run the coordinator: registration, Redis state, weight rebroadcast, end of run."""
+    stop = _start("coordinator")
+    from rlmq.common.config import CoordinatorConfig, RunConfig, load_run_config
+    from rlmq.coordinator.coordinator import main
+
+    config = load_run_config(run_config, {}) if run_config else RunConfig()
+    cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
+                            broadcast_bind=broadcast_bind, metrics_port=metrics_port)
+    raise typer.Exit(main(cfg, stop))
+
+
+@app.command()
+def learner(
+    run: Run = "default",
+    coordinator: Coord = "tcp://127.0.0.1:5555",
+    broadcast: Broadcast = "tcp://127.0.0.1:5556",
+    rank: Annotated[int, _opt("This learner's rank.", "RANK")] = 0,
+    world_size: Annotated[int, _opt("Number of learner ranks.", "WORLD_SIZE")] = 1,
+    master_addr: Annotated[str, _opt("Rank 0's address (torch.distributed).", "MASTER_ADDR")] = "127.0.0.1",
+    master_port: Annotated[int, _opt("Rendezvous port.", "MASTER_PORT")] = 29500,
+    advertise_host: Annotated[str, _opt("Host actors use to reach this learner.", "ADVERTISE_HOST")] = "127.0.0.1",
+    experience_port: Annotated[int, _opt("Experience PULL port (0: any).", "EXPERIENCE_PORT")] = 0,
+    metrics_port: MetricsPort = 0,
+    device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
+    torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS")] = 1,
+) -> None:
+    """Run one learner rank."""
+    stop = _start(f"learner-{rank}", torch_threads)
+    from rlmq.common.config import LearnerConfig
+    from rlmq.learners.learner import main
+
+    cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
+                        world_size=world_size, master_addr=master_addr, master_port=master_port,
+                        advertise_host=advertise_host, experience_port=experience_port,
+                        metrics_port=metrics_port, device=device, torch_threads=torch_threads)
+    raise typer.Exit(main(cfg, stop))
+
+
+@app.command()
+def actor(
+    name: Annotated[str, _opt("Actor name; a trailing -N picks its seed stream.", "NAME")] = "actor-0",
+    coordinator: Coord = "tcp://127.0.0.1:5555",
+    broadcast: Broadcast = "tcp://127.0.0.1:5556",
+    metrics_port: MetricsPort = 0,
+    max_steps: Annotated[int | None, _opt("Stop after this many env steps.", "MAX_STEPS")] = None,
+) -> None:
+    """Run one actor."""
+    stop = _start(name)
+    from rlmq.actors.actor import main
+    from rlmq.common.config import ActorConfig
+
+    cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
+                      metrics_port=metrics_port, max_steps=max_steps)
+    raise typer.Exit(main(cfg, stop))
+
+
+@app.command()
+def up(
+    actors: Annotated[int, _opt("Actor processes.", min=1)] = 4,
+    learners: Annotated[int, _opt("Learner processes (one torch.distributed world).", min=1)] = 1,
+    env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
+    algo: Annotated[str | None, _opt("Algorithm: ppo.")] = None,
+    total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
+    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes reaches it.")] = None,
+    num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
+    seed: Annotated[int | None, _opt("Seed.")] = None,
+    config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it.")] = None,
+    redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
+    run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
+    torch_threads: Annotated[int, _opt("Intra-op threads per learner.")] = 1,
+) -> None:
+    """Train locally: coordinator, learners and actors as separate processes."""
+    from rlmq.cli.supervisor import UpConfig, run_up
+
+    overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
+                                       target_return=target_return, num_envs=num_envs,
+                                       seed=seed).items() if v is not None}
+    overrides["num_learners"] = learners
+    up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
+                            redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads)
+    raise typer.Exit(run_up(up_cfg))
+
+
+@app.command()
+def status(
+    run_dir: Annotated[Path, _opt("Run directory of an `rlmq up` run.")] = Path("runs/latest"),
+    redis_url: Annotated[str | None, _opt("Redis URL (default: from the run directory).", "REDIS_URL")] = None,
+    run: Annotated[str | None, _opt("Run id (default: from the run directory).", "RUN")] = None,
+) -> None:
+    """Print a run's live status from Redis."""
+    from rlmq.cli.status import show_status
+
+    raise typer.Exit(show_status(run_dir, redis_url, run))
+
+
+def main() -> None:
+    app()

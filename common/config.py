@@ -1,0 +1,153 @@
+"""Frozen configuration: the run (what to learn, travels to every process) and one per service.
+
+Only entry points (the CLI) build these; nothing mutates them. The run config reaches actors and
+learners inside `Assign`, so its fields are restricted to what `rlmq.common.wire` can carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomllib
+
+ALGORITHMS = ("ppo",)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Asynchronous PPO with V-trace targets (see learners/ppo.py)."""
+
+    learning_rate: float = 1e-3
+    anneal_lr: bool = True  # linear decay to 0 over `RunConfig.total_steps`
+    gamma: float = 0.98
+    gae_lambda: float = 0.9
+    clip_coef: float = 0.2
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    epochs: int = 4
+    minibatches: int = 2
+    rollouts_per_batch: int = 1  # rollouts each learner rank gathers before one update
+    rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
+    c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
+    max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
+    publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run learns. Stored in Redis by the coordinator and sent to every process."""
+
+    env_id: str = "CartPole-v1"
+    algo: str = "ppo"
+    num_learners: int = 1  # the coordinator hands out work once this many learners registered
+    num_envs: int = 16  # vector-env slots per actor
+    rollout_length: int = 32  # steps per rollout message
+    total_steps: int = 1_000_000  # env-step budget summed over all actors
+    target_return: float | None = None  # stop once the mean of the last 100 episodes reaches it
+    seed: int = 0
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    report_interval_s: float = 0.5  # actor and learner heartbeat period
+    # Credit-based flow control: each learner rank lets at most this many rollouts be collected
+    # for it at once. It bounds policy lag whatever the number of actors (docs/architecture.md).
+    rollouts_in_flight: int = 3
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.algo not in ALGORITHMS:
+            problems.append(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
+        for name in ("num_learners", "num_envs", "rollout_length", "total_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1")
+        if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
+            problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            problems.append("hidden_sizes must be positive")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The spaces of the environment, as the networks need them (probed by the coordinator)."""
+
+    obs_dim: int
+    action_kind: str  # "discrete" | "continuous"
+    action_dim: int  # number of actions (discrete) or action-vector length (continuous)
+    action_low: tuple[float, ...] = ()  # continuous bounds; empty when unbounded
+    action_high: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    run: str
+    redis_url: str
+    run_config: RunConfig
+    control_bind: str = "tcp://*:5555"  # ROUTER: Hello, reports, weights
+    broadcast_bind: str = "tcp://*:5556"  # PUB: weights and directives
+    metrics_port: int = 0  # 0 picks a free port; -1 disables /metrics
+    actor_timeout_s: float = 10.0  # an actor silent this long counts as gone
+    shutdown_grace_s: float = 5.0  # after `stop`, wait this long for learners' final weights
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    run: str
+    coordinator: str  # control endpoint, e.g. tcp://coordinator:5555
+    broadcast: str  # the coordinator's PUB endpoint
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous (rank 0's address)
+    master_port: int = 29500
+    bind_host: str = "*"
+    advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
+    experience_port: int = 0  # 0 picks a free port
+    credit_timeout_s: float = 10.0  # a credit not used this long is taken back (the actor died)
+    metrics_port: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    torch_threads: int = 1  # intra-op threads; more fight each other on shared cores
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    name: str
+    coordinator: str
+    broadcast: str
+    metrics_port: int = 0
+    max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)
+
+
+C = TypeVar("C")
+
+
+def from_mapping(cls: type[C], data: dict[str, Any]) -> C:
+    """Build a (nested) config dataclass from plain data, naming any key it does not know."""
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        default = known[name].default_factory  # nested configs are the fields with a factory
+        if isinstance(value, dict) and default is not dataclasses.MISSING:
+            value = from_mapping(type(default()), value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    return cls(**values)
+
+
+def load_run_config(path: Path, overrides: dict[str, Any]) -> RunConfig:
+    """A run config from a TOML or JSON file, with CLI overrides applied on top."""
+    text = path.read_text()
+    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    return from_mapping(RunConfig, {**data, **overrides})
+
+
+def to_json(config: Any) -> str:
+    return json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True)

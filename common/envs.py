@@ -1,0 +1,94 @@
+"""Gymnasium environments: build the fastest vector env an id offers, and describe its spaces.
+
+`env_id` is a registered id (``CartPole-v1``) or ``package.module:EnvClass``. A registered id with
+a native vector entry point (CartPole's ``CartPoleVectorEnv``: about 10× a SyncVectorEnv) uses it.
+Every vector env here resets slots the Gymnasium 1.x default way (next-step autoreset), which the
+actor's `valid` mask relies on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from rlmq.common.config import EnvSpec
+
+
+class EnvError(ValueError):
+    """An environment rlmq cannot run; the message says why and what to use instead."""
+
+
+def _env_class(env_id: str) -> Callable[[], gym.Env] | type[gym.vector.VectorEnv] | None:
+    if ":" not in env_id:
+        return None
+    module_name, attr = env_id.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"cannot import {module_name!r} for env {env_id!r}: {exc}") from exc
+    found = getattr(module, attr, None)
+    if isinstance(found, type) and issubclass(found, (gym.Env, gym.vector.VectorEnv)):
+        return found
+    return None  # gymnasium's own "module:RegisteredId" form: the import registered it
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    env_class = _env_class(env_id)
+    if env_class is not None:
+        if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
+            env: gym.vector.VectorEnv = env_class(num_envs=num_envs)  # type: ignore[call-arg]
+        else:
+            env = gym.vector.SyncVectorEnv([env_class] * num_envs)
+    else:
+        try:
+            spec = gym.spec(env_id)
+        except gym.error.Error as exc:
+            raise EnvError(f"unknown env {env_id!r}: {exc}. Registered ids: `python -c "
+                           f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
+        mode = "vector_entry_point" if spec.vector_entry_point else "sync"
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+    autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if autoreset != AutoresetMode.NEXT_STEP:
+        env.close()
+        raise EnvError(f"{env_id}: rlmq needs next-step autoreset, the env uses {autoreset}")
+    return env
+
+
+def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise EnvError(f"{env_id}: observation space {obs_space} is not a Box; rlmq's MLP "
+                       "policies take vector observations (wrap it, e.g. FlattenObservation)")
+    obs_dim = int(math.prod(obs_space.shape))
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpec(obs_dim=obs_dim, action_kind="discrete", action_dim=int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        low, high = action_space.low.astype(float), action_space.high.astype(float)
+        bounded = bool(np.isfinite(low).all() and np.isfinite(high).all())
+        return EnvSpec(
+            obs_dim=obs_dim,
+            action_kind="continuous",
+            action_dim=int(action_space.shape[0]),
+            action_low=tuple(low.tolist()) if bounded else (),
+            action_high=tuple(high.tolist()) if bounded else (),
+        )
+    raise EnvError(f"{env_id}: action space {action_space} is not supported; use Discrete or a 1-D Box")
+
+
+def probe(env_id: str) -> EnvSpec:
+    """The spec of `env_id`, from a throwaway one-slot vector env."""
+    env = make_vector_env(env_id, 1)
+    try:
+        return describe(env, env_id)
+    finally:
+        env.close()
+
+
+def flatten_obs(obs: Any, num_envs: int) -> np.ndarray:
+    return np.asarray(obs, dtype=np.float32).reshape(num_envs, -1)

@@ -1,0 +1,76 @@
+"""The policy network as actors run it: a NumPy forward pass over the learner's parameters.
+
+Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict names are the contract
+read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of a tanh MLP, and
+``log_std`` for continuous actions. NumPy keeps torch out of actor processes (64 actors would
+otherwise import it 64 times) and, at these sizes, is cheaper per call than torch (~65 µs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlmq.common.config import EnvSpec
+
+Params = dict[str, np.ndarray]
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def policy_layer_names(params: Params) -> list[tuple[str, str]]:
+    layers = []
+    i = 0
+    while f"policy.{i}.weight" in params:
+        layers.append((f"policy.{i}.weight", f"policy.{i}.bias"))
+        i += 2  # Linear, Tanh, Linear, ...: Linears sit at even indices of nn.Sequential
+    return layers
+
+
+class NumpyPolicy:
+    """Samples actions and their log-probabilities from a tanh MLP policy."""
+
+    def __init__(self, params: Params, spec: EnvSpec) -> None:
+        names = policy_layer_names(params)
+        if not names:
+            raise ValueError("weights hold no policy.* layers")
+        # Transposed and contiguous once here, so that each call is x @ W + b.
+        self._layers = [
+            (np.ascontiguousarray(params[w].T, dtype=np.float32), params[b].astype(np.float32))
+            for w, b in names
+        ]
+        if self._layers[0][0].shape[0] != spec.obs_dim:
+            raise ValueError(f"policy expects {self._layers[0][0].shape[0]} inputs, env has {spec.obs_dim}")
+        if self._layers[-1][0].shape[1] != spec.action_dim:
+            raise ValueError("policy output does not match the action space")
+        self.discrete = spec.action_kind == "discrete"
+        self._log_std = None if self.discrete else params["log_std"].astype(np.float32)
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        x = obs
+        for weight, bias in self._layers[:-1]:
+            x = np.tanh(x @ weight + bias)
+        weight, bias = self._layers[-1]
+        out: np.ndarray = x @ weight + bias
+        return out
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(actions, log-probabilities) for a batch of observations."""
+        out = self.forward(obs)
+        if self.discrete:
+            return sample_categorical(out, rng)
+        assert self._log_std is not None
+        noise = rng.standard_normal(out.shape, dtype=np.float32)
+        actions = out + np.exp(self._log_std) * noise
+        logp = -(0.5 * noise * noise + self._log_std + _HALF_LOG_2PI).sum(axis=-1)
+        return actions, logp.astype(np.float32)
+
+
+def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Gumbel-max sampling; returns int64 actions and float32 log-probabilities."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    gumbel = -np.log(-np.log(rng.random(logits.shape, dtype=np.float32) + 1e-20) + 1e-20)
+    actions = np.argmax(log_probs + gumbel, axis=-1)
+    logp = np.take_along_axis(log_probs, actions[:, None], axis=-1)[:, 0]
+    return actions.astype(np.int64), logp.astype(np.float32)

@@ -1,0 +1,94 @@
+"""What every rlmq process shares: the stop flag, signal handling, exit codes, logging, threads.
+
+The first SIGTERM/SIGINT sets the stop flag: loops notice it at their next poll timeout and finish
+warmly (flush, say goodbye, close sockets). The second exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TARGET_MISSED = 3
+EXIT_INTERRUPTED = 130
+
+
+class StopFlag:
+    """Set once, by a signal or by the service itself; `wait` doubles as an interruptible sleep."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str = "") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def __call__(self) -> bool:  # so a StopFlag can be passed where a `should_stop` is expected
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+
+def install_signal_handlers(stop: StopFlag, log: logging.Logger) -> None:
+    """First SIGTERM/SIGINT: warm stop. Second: leave now."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("second %s: stopping at once", name)
+            os._exit(EXIT_INTERRUPTED)
+        log.info("%s: stopping warmly (again to stop at once)", name)
+        stop.set(name)
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def configure_logging(name: str, level: str = "INFO") -> logging.Logger:
+    logging.basicConfig(
+        level=os.environ.get("RLMQ_LOG_LEVEL", level),
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    return logging.getLogger(name)
+
+
+def limit_threads(torch_threads: int = 1) -> None:
+    """One intra-op thread per process by default: on shared cores OpenMP pools fight (10× seen).
+
+    Must run before numpy/torch are imported to affect their pools; torch is also told directly.
+    """
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(torch_threads))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(torch_threads)
+
+
+class RateTimer:
+    """True at most once per `period` seconds: for heartbeats inside hot loops."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self._next = time.monotonic() + period
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.period
+        return True

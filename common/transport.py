@@ -1,0 +1,90 @@
+"""ZeroMQ sockets with the house defaults: bounded queues, no linger, polling with timeouts.
+
+Every socket has a high-water mark (a full queue blocks or drops instead of growing memory) and a
+short linger (closing never hangs a shutdown). Receiving always takes a timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import zmq
+
+from rlmq.common import wire
+
+DEFAULT_HWM = 16
+LINGER_MS = 200
+
+
+def make_socket(
+    ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity: bytes | None = None
+) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    return sock
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind; a tcp port of 0 picks a free one. Returns the endpoint actually bound."""
+    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        host = endpoint[len("tcp://") : -len(":0")]
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
+    sock.bind(endpoint)
+    return str(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+
+
+def send(sock: zmq.Socket, message: wire.Message) -> bool:
+    """Send without blocking; False (message dropped) when the peer's queue is full or absent.
+
+    For control traffic (reports, weights, replies), where the next message supersedes this one
+    and blocking could trap a shutdown. Experience is paced by credits instead (learners/credits.py).
+    """
+    try:
+        sock.send(wire.encode(message), flags=zmq.NOBLOCK, copy=False)
+        return True
+    except zmq.Again:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for servers that cannot bind port 0 themselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def request_assignment(
+    control: zmq.Socket,
+    hello: wire.Hello,
+    should_stop: Callable[[], bool],
+    resend_s: float = 2.0,
+    on_reject: Callable[[wire.WireError], None] | None = None,
+) -> wire.Assign | None:
+    """Say Hello until the coordinator answers with an Assign (None if told to stop first).
+
+    Resending covers a coordinator that starts after us or restarts; the coordinator answers each
+    Hello, so a late reply to an earlier one is as good as any.
+    """
+    send(control, hello)
+    last_sent = time.monotonic()
+    while not should_stop():
+        if control.poll(100, zmq.POLLIN):
+            try:
+                message = wire.decode(control.recv())
+            except wire.WireError as exc:
+                if on_reject is not None:
+                    on_reject(exc)
+                continue
+            if isinstance(message, wire.Assign):
+                return message
+        elif time.monotonic() - last_sent > resend_s:
+            send(control, hello)
+            last_sent = time.monotonic()
+    return None

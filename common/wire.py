@@ -1,0 +1,350 @@
+"""The rlmq wire protocol: every message, the one `encode`/`decode` pair, the one `WireError`.
+
+A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays
+travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured). Decoding
+is driven by the dataclass annotations below, so what a field may hold is declared exactly once;
+every failure (garbage, truncation, wrong version, unknown kind or field, wrong type, dtype outside
+the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`. Nothing here ever
+unpickles.
+
+Topology (who sends what to whom, see docs/architecture.md):
+
+    actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights
+    coordinator     ROUTER → actor, learner       Assign
+    actor           DEALER → learner ROUTER       Hello (once), Rollout (one per credit held)
+    learner         ROUTER → actor                Credit
+    coordinator     PUB    → actors, learner 0    Weights (topic = member), Directive (topic "all")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+from rlmq.common.config import EnvSpec, RunConfig
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+MAX_STR_CHARS = 4096
+MAX_SEQUENCE = 4096
+MAX_ARRAY_DIMS = 6
+ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class WireError(ValueError):
+    """A frame that is not a valid rlmq message. Services count it, drop it and carry on."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason  # a short label, used as the `reason` of the rejected-messages metric
+
+
+Params = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A process announces itself to the coordinator (and again after any restart)."""
+
+    role: str  # "actor" | "learner"
+    name: str
+    pid: int
+    rank: int = -1  # learner rank; -1 for actors
+    experience_endpoint: str = ""  # where a learner's PULL socket can be reached
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in ("actor", "learner"):
+            raise WireError("bad_value", f"Hello.role must be actor or learner, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Parameters of one population member at one policy version."""
+
+    member: int
+    version: int
+    params: Params
+    final: bool = False  # the learner's last publication before it stops
+
+
+@dataclass(frozen=True)
+class Assign:
+    """The coordinator's answer to Hello: what to run, where experience goes, current weights."""
+
+    run: str
+    member: int
+    actor_index: int
+    config: RunConfig
+    env_spec: EnvSpec
+    learner_endpoints: tuple[str, ...]
+    weights: Weights | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """T steps of N vector-env slots, time-major. ``obs`` has T + 1 rows (the bootstrap row).
+
+    ``valid`` is False for the step a Gymnasium next-step autoreset spends resetting a slot.
+    """
+
+    member: int
+    policy_version: int
+    actor: str
+    obs: np.ndarray  # [T + 1, N, obs_dim] float32
+    actions: np.ndarray  # [T, N] int64 (discrete) or [T, N, action_dim] float32
+    logprobs: np.ndarray  # [T, N] float32, under the behaviour policy
+    rewards: np.ndarray  # [T, N] float32
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    valid: np.ndarray  # [T, N] bool
+
+    def __post_init__(self) -> None:
+        if self.obs.ndim < 3:
+            raise WireError("bad_shape", f"Rollout.obs must be [T+1, N, ...], got {self.obs.shape}")
+        steps, slots = self.obs.shape[0] - 1, self.obs.shape[1]
+        if steps < 1:
+            raise WireError("bad_shape", "Rollout must hold at least one step")
+        for name in ("logprobs", "rewards", "terminated", "truncated", "valid"):
+            if getattr(self, name).shape != (steps, slots):
+                raise WireError("bad_shape", f"Rollout.{name} must be {(steps, slots)}")
+        if self.actions.shape[:2] != (steps, slots):
+            raise WireError("bad_shape", f"Rollout.actions must start with {(steps, slots)}")
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.size)
+
+
+@dataclass(frozen=True)
+class ActorReport:
+    """An actor's heartbeat: env steps since its last report and the episodes it finished."""
+
+    name: str
+    member: int
+    env_steps: int
+    episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    episode_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    policy_version: int = 0
+    rejected: int = 0  # malformed messages this actor dropped since its last report
+
+
+@dataclass(frozen=True)
+class LearnerReport:
+    """A learner rank's heartbeat: progress since its last report."""
+
+    name: str
+    rank: int
+    policy_version: int
+    updates: int
+    samples: int
+    stale_dropped: int
+    mean_policy_lag: float
+    rejected: int = 0
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Learner → actor: you may send me `count` more rollouts (flow control; see Learner)."""
+
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= 1024:
+            raise WireError("bad_value", f"Credit.count {self.count}")
+
+
+@dataclass(frozen=True)
+class Directive:
+    """An order from the coordinator. ``stop``: finish warmly (the run is done or cancelled)."""
+
+    kind: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in DIRECTIVE_KINDS:
+            raise WireError("bad_value", f"unknown directive {self.kind!r}")
+
+
+DIRECTIVE_KINDS = frozenset({"stop"})
+
+# PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".
+DIRECTIVE_TOPIC = b"ctl."
+
+
+def weights_topic(member: int) -> bytes:
+    return f"w{member}.".encode()
+
+
+Message = Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | Directive
+MESSAGE_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, Directive)
+}
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+def encode(message: Message) -> bytes:
+    """One frame for one message."""
+    kind = type(message).__name__
+    if kind not in MESSAGE_TYPES:
+        raise TypeError(f"not an rlmq message: {type(message)!r}")
+    return msgpack.packb([PROTOCOL_VERSION, kind, _pack(message)], use_bin_type=True)
+
+
+def _pack(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        return [array.dtype.name, list(array.shape), memoryview(array).cast("B")]
+    if dataclasses.is_dataclass(value):
+        return {f.name: _pack(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _pack(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_pack(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def decode(frame: bytes | memoryview) -> Message:
+    """Parse and validate one frame; raises `WireError` for anything that is not a valid message."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError("too_large", f"{len(frame)} bytes > {MAX_FRAME_BYTES}")
+    try:
+        top = msgpack.unpackb(
+            frame,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_str_len=MAX_STR_CHARS * 4,
+            max_bin_len=MAX_FRAME_BYTES,
+            max_array_len=max(MAX_SEQUENCE, 64),
+            max_map_len=MAX_SEQUENCE,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise WireError("garbage", f"not msgpack ({type(exc).__name__})") from exc
+    if not isinstance(top, list) or len(top) != 3:
+        raise WireError("garbage", "a frame is [version, kind, fields]")
+    version, kind, fields = top
+    if version != PROTOCOL_VERSION:
+        raise WireError("version", f"protocol {version!r}, this build speaks {PROTOCOL_VERSION}")
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
+        raise WireError("unknown_kind", f"{kind!r}")
+    message: Message = _unpack_dataclass(MESSAGE_TYPES[kind], fields, kind)
+    return message
+
+
+def _unpack_dataclass(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise WireError("bad_type", f"{where} must be a map")
+    hints = _hints(cls)
+    unknown = set(raw) - set(hints)
+    if unknown:
+        raise WireError("unknown_field", f"{where}: {sorted(unknown)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            values[f.name] = _unpack(hints[f.name], raw[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise WireError("missing_field", f"{where}.{f.name}")
+    try:
+        return cls(**values)
+    except WireError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise WireError("bad_value", f"{where}: {exc}") from exc
+
+
+def _unpack(hint: Any, raw: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if raw is None and type(None) in options:
+            return None
+        (inner,) = [o for o in options if o is not type(None)]
+        return _unpack(inner, raw, where)
+    if hint is np.ndarray:
+        return _unpack_array(raw, where)
+    if dataclasses.is_dataclass(hint):
+        return _unpack_dataclass(hint, raw, where)  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(raw, list) or len(raw) > MAX_SEQUENCE:
+            raise WireError("bad_type", f"{where} must be a list")
+        (item,) = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return tuple(_unpack(item, v, f"{where}[]") for v in raw)
+    if origin is dict:
+        if not isinstance(raw, dict):
+            raise WireError("bad_type", f"{where} must be a map")
+        _, value_hint = typing.get_args(hint)
+        return {_unpack(str, k, where): _unpack(value_hint, v, f"{where}.{k}") for k, v in raw.items()}
+    return _unpack_scalar(hint, raw, where)
+
+
+def _unpack_scalar(hint: Any, raw: Any, where: str) -> Any:
+    if hint is bool:
+        if not isinstance(raw, bool):
+            raise WireError("bad_type", f"{where} must be a bool")
+        return raw
+    if hint is int:
+        if not isinstance(raw, int) or isinstance(raw, bool) or not _INT64[0] <= raw <= _INT64[1]:
+            raise WireError("bad_type", f"{where} must be an int64")
+        return raw
+    if hint is float:
+        if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+            raise WireError("bad_type", f"{where} must be a number")
+        if not math.isfinite(raw):
+            raise WireError("non_finite", where)
+        return float(raw)
+    if hint is str:
+        if not isinstance(raw, str) or len(raw) > MAX_STR_CHARS:
+            raise WireError("bad_type", f"{where} must be a string of at most {MAX_STR_CHARS}")
+        return raw
+    raise TypeError(f"wire cannot carry {hint!r} ({where})")  # a bug in a declaration, not input
+
+
+def _unpack_array(raw: Any, where: str) -> np.ndarray:
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise WireError("bad_type", f"{where} must be [dtype, shape, bytes]")
+    dtype_name, shape, data = raw
+    if dtype_name not in ALLOWED_DTYPES:
+        raise WireError("bad_dtype", f"{where}: {dtype_name!r}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_ARRAY_DIMS
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)
+    ):
+        raise WireError("bad_shape", f"{where}: {shape!r}")
+    if not isinstance(data, bytes):
+        raise WireError("bad_type", f"{where}: data must be bytes")
+    dtype = np.dtype(dtype_name)
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise WireError("bad_shape", f"{where}: shape {shape} × {dtype.itemsize} B ≠ {len(data)} B")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        raise WireError("non_finite", where)
+    if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:
+        raise WireError("bad_value", f"{where}: bool bytes must be 0 or 1")
+    return array
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]

@@ -1,0 +1,218 @@
+"""The coordinator: registers processes, assigns work, keeps the run in Redis, rebroadcasts weights.
+
+    loop until stopped:
+        receive one control message (poll with a timeout) → its handler
+        every tick: status and progress to Redis; is the target or the step budget reached?
+    when the run is over: broadcast `stop`, wait (bounded) for the learners' final weights
+
+Redis is its only state: a restarted coordinator reloads config, weights, learners and counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from rlmq.common import envs, transport, wire
+from rlmq.common.config import CoordinatorConfig
+from rlmq.common.metrics import CoordinatorMetrics, serve
+from rlmq.common.service import EXIT_OK, RateTimer, StopFlag
+from rlmq.coordinator.store import RECENT_EPISODES, RunStore
+
+log = logging.getLogger("rlmq.coordinator")
+TICK_S = 0.5
+
+
+class Coordinator:
+    def __init__(self, cfg: CoordinatorConfig, store: RunStore, stop: StopFlag) -> None:
+        self.cfg, self.store, self.stop = cfg, store, stop
+        self.metrics = CoordinatorMetrics()
+        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
+        ctx = zmq.Context.instance()
+        self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
+        self.control_endpoint = transport.bind(self.control, cfg.control_bind)
+        self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
+        self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind)
+
+        saved = store.load_config()
+        if saved is None:
+            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id)
+            store.save_config(self.run_config, self.spec)
+            store.set_status(state="running", reason="", started_at=time.time(), env_steps=0, episodes=0)
+        else:  # a restart: Redis holds the truth
+            self.run_config, self.spec = saved
+            log.info("resuming run %s from Redis", cfg.run)
+        self.latest_weights = store.weights(0)
+        self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in store.learners().items()}
+        self.waiting_actors: list[tuple[bytes, wire.Hello]] = []
+        self.actor_count = 0
+        self.learner_lag: dict[int, float] = {}
+        self.finished_at: float | None = None
+        self.final_weights = False
+        self.first_step_seen = "first_step_at" in store.status()
+        self.last_steps: tuple[float, int] = (time.monotonic(), int(store.status().get("env_steps", 0)))
+        self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
+            wire.Hello: self.on_hello,
+            wire.ActorReport: self.on_actor_report,
+            wire.LearnerReport: self.on_learner_report,
+            wire.Weights: self.on_weights,
+        }
+
+    # --- handlers -----------------------------------------------------------------------------
+
+    def on_hello(self, identity: bytes, hello: wire.Hello, frame: bytes) -> None:
+        if hello.role == "learner":
+            if not 0 <= hello.rank < self.run_config.num_learners:
+                raise wire.WireError("bad_value", f"learner rank {hello.rank} outside the world")
+            self.learner_endpoints[hello.rank] = hello.experience_endpoint
+            self.store.put_learner(hello.rank, {"name": hello.name, "endpoint": hello.experience_endpoint,
+                                                "metrics_port": hello.metrics_port, "pid": hello.pid})
+            self.reply_assign(identity, actor_index=-1)
+            if len(self.learner_endpoints) == self.run_config.num_learners:
+                for waiting, actor_hello in self.waiting_actors:
+                    self.assign_actor(waiting, actor_hello)
+                self.waiting_actors.clear()
+        elif len(self.learner_endpoints) < self.run_config.num_learners:
+            self.waiting_actors.append((identity, hello))
+        else:
+            self.assign_actor(identity, hello)
+
+    def assign_actor(self, identity: bytes, hello: wire.Hello) -> None:
+        index = _actor_index(hello.name, default=self.actor_count)
+        self.actor_count += 1
+        self.store.touch_actor(hello.name)
+        self.reply_assign(identity, actor_index=index)
+
+    def reply_assign(self, identity: bytes, actor_index: int) -> None:
+        assign = wire.Assign(
+            run=self.cfg.run, member=0, actor_index=actor_index, config=self.run_config,
+            env_spec=self.spec,
+            learner_endpoints=tuple(self.learner_endpoints[r] for r in sorted(self.learner_endpoints)),
+            weights=self.latest_weights,
+        )  # fmt: skip
+        self.control.send_multipart([identity, wire.encode(assign)])
+
+    def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
+        self.store.touch_actor(report.name)
+        if report.env_steps:
+            self.store.add_env_steps(report.env_steps)
+            self.metrics.env_steps.inc(report.env_steps)
+            if not self.first_step_seen:
+                self.first_step_seen = True
+                self.store.set_status(first_step_at=time.time())
+        returns = report.episode_returns.tolist()
+        self.store.add_episodes(report.member, returns)
+        self.metrics.episodes.inc(len(returns))
+        if report.rejected:
+            self.metrics.rejected.labels("at_actor").inc(report.rejected)
+
+    def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
+        self.learner_lag[report.rank] = report.mean_policy_lag
+        if report.rejected:
+            self.metrics.rejected.labels("at_learner").inc(report.rejected)
+
+    def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
+        received = time.perf_counter()
+        self.latest_weights = weights
+        self.store.put_weights_frame(weights.member, frame)
+        self.broadcast.send_multipart([wire.weights_topic(weights.member), frame], copy=False)
+        self.metrics.weights_bytes.inc(len(frame))
+        self.metrics.weights_latency.observe(time.perf_counter() - received)
+        self.store.set_status(policy_version=weights.version)
+        self.final_weights = self.final_weights or weights.final
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def handle(self, identity: bytes, frame: bytes) -> None:
+        try:
+            message = wire.decode(frame)
+            handler = self.handlers.get(type(message))
+            if handler is None:
+                raise wire.WireError("unexpected_kind", type(message).__name__)
+            handler(identity, message, frame)
+        except wire.WireError as exc:
+            log.warning("dropped a message: %s", exc)
+            self.metrics.rejected.labels(exc.reason).inc()
+
+    def run(self, until: float | None = None) -> int:
+        tick = RateTimer(TICK_S)
+        log.info("run %s: %s, %d learner(s); control %s, broadcast %s", self.cfg.run,
+                 self.run_config.env_id, self.run_config.num_learners, self.control_endpoint,
+                 self.broadcast_endpoint)
+        while not self.stop.is_set() and (until is None or time.monotonic() < until):
+            if self.control.poll(int(TICK_S * 1000), zmq.POLLIN):
+                parts = self.control.recv_multipart(copy=True)
+                if len(parts) == 2:
+                    self.handle(parts[0], parts[1])
+                else:
+                    self.metrics.rejected.labels("garbage").inc()
+            if tick.due() and self.on_tick():
+                break
+        return EXIT_OK
+
+    def on_tick(self) -> bool:
+        """Status, progress and the end of the run; True when the coordinator may exit."""
+        status = self.store.status()
+        steps = int(status.get("env_steps", 0))
+        recent = self.store.recent_returns(0)
+        mean_return = float(np.mean(recent)) if recent else None
+        now = time.monotonic()
+        then, steps_then = self.last_steps
+        rate = (steps - steps_then) / max(now - then, 1e-9)
+        self.last_steps = (now, steps)
+        actors = self.store.live_actors(self.cfg.actor_timeout_s)
+        self.metrics.connected.labels("actor").set(actors)
+        self.metrics.connected.labels("learner").set(len(self.learner_endpoints))
+        if mean_return is not None:
+            self.metrics.member_fitness.labels("0").set(mean_return)
+        lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
+        self.store.set_status(mean_return=mean_return, steps_per_s=rate, actors=actors,
+                              learners=len(self.learner_endpoints), policy_lag=lag, updated_at=time.time())
+        self.store.append_progress({"time": time.time(), "env_steps": steps,
+                                    "episodes": int(status.get("episodes", 0)),
+                                    "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag})
+        if self.finished_at is None:
+            target = self.run_config.target_return
+            if target is not None and len(recent) >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
+                self.finish("target", f"mean return {mean_return:.1f} ≥ {target} at {steps} env steps", True)
+            elif steps >= self.run_config.total_steps:
+                self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}",
+                            target is None)
+            return False
+        # Finishing: repeat `stop` (a PUB message can miss a slow joiner) until the final weights.
+        self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
+        if self.final_weights or time.monotonic() - self.finished_at > self.cfg.shutdown_grace_s:
+            self.store.set_status(state="done", finished_at=time.time())
+            return True
+        return False
+
+    def finish(self, reason: str, detail: str, success: bool) -> None:
+        log.info("run over (%s): %s", reason, detail)
+        self.finished_at = time.monotonic()
+        self.store.set_status(state="stopping", reason=reason, detail=detail, success=success,
+                              ended_at=time.time())
+        self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
+
+    def close(self) -> None:
+        self.control.close()
+        self.broadcast.close()
+
+
+def _actor_index(name: str, default: int) -> int:
+    """`actor-7` → 7, so a restarted actor gets its old seed stream; otherwise arrival order."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else default
+
+
+def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
+    store = RunStore.connect(cfg.redis_url, cfg.run)
+    coordinator = Coordinator(cfg, store, stop)
+    try:
+        return coordinator.run()
+    finally:
+        coordinator.close()

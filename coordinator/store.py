@@ -1,0 +1,129 @@
+"""The Redis key schema and typed access to it — the only module that names a key.
+
+    rlmq:{run}:config              JSON: the RunConfig and the probed EnvSpec
+    rlmq:{run}:status              hash: state, reason, env_steps, episodes, mean_return, ...
+    rlmq:{run}:members             hash: member id → JSON record (version, env steps, ...)
+    rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
+    rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
+    rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
+    rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, last_seen}
+    rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import redis
+
+from rlmq.common import wire
+from rlmq.common.config import EnvSpec, RunConfig, from_mapping
+
+RECENT_EPISODES = 100
+PROGRESS_SAMPLES = 100_000
+
+
+class RunStore:
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.redis, self.run = client, run
+        self.prefix = f"rlmq:{run}"
+
+    @classmethod
+    def connect(cls, url: str, run: str) -> RunStore:
+        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10), run)
+
+    def key(self, *parts: object) -> str:
+        return ":".join([self.prefix, *map(str, parts)])
+
+    # --- config -------------------------------------------------------------------------------
+
+    def save_config(self, config: RunConfig, spec: EnvSpec) -> None:
+        doc = {"run_config": dataclasses.asdict(config), "env_spec": dataclasses.asdict(spec)}
+        self.redis.set(self.key("config"), json.dumps(doc, sort_keys=True))
+
+    def load_config(self) -> tuple[RunConfig, EnvSpec] | None:
+        raw = self.redis.get(self.key("config"))
+        if raw is None:
+            return None
+        doc = json.loads(raw)
+        return from_mapping(RunConfig, doc["run_config"]), from_mapping(EnvSpec, doc["env_spec"])
+
+    # --- status -------------------------------------------------------------------------------
+
+    def set_status(self, **fields: Any) -> None:
+        self.redis.hset(self.key("status"), mapping={k: json.dumps(v) for k, v in fields.items()})
+
+    def status(self) -> dict[str, Any]:
+        raw = self.redis.hgetall(self.key("status"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def add_env_steps(self, steps: int) -> int:
+        return int(self.redis.hincrby(self.key("status"), "env_steps", steps))
+
+    def append_progress(self, sample: dict[str, Any]) -> None:
+        pipe = self.redis.pipeline()
+        pipe.rpush(self.key("progress"), json.dumps(sample))
+        pipe.ltrim(self.key("progress"), -PROGRESS_SAMPLES, -1)
+        pipe.execute()
+
+    def progress(self) -> list[dict[str, Any]]:
+        return [json.loads(s) for s in self.redis.lrange(self.key("progress"), 0, -1)]
+
+    # --- members, episodes, weights -----------------------------------------------------------
+
+    def add_episodes(self, member: int, returns: list[float]) -> None:
+        if not returns:
+            return
+        pipe = self.redis.pipeline()
+        pipe.lpush(self.key("returns", member), *returns)
+        pipe.ltrim(self.key("returns", member), 0, RECENT_EPISODES - 1)
+        pipe.hincrby(self.key("status"), "episodes", len(returns))
+        pipe.execute()
+
+    def recent_returns(self, member: int) -> list[float]:
+        return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]
+
+    def put_member(self, member: int, record: dict[str, Any]) -> None:
+        self.redis.hset(self.key("members"), str(member), json.dumps(record, sort_keys=True))
+
+    def members(self) -> dict[int, dict[str, Any]]:
+        raw = self.redis.hgetall(self.key("members"))
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
+    def put_weights_frame(self, member: int, frame: bytes) -> None:
+        """Store a Weights message exactly as it arrived (already validated by `wire.decode`)."""
+        self.redis.set(self.key("weights", member), frame)
+
+    def weights(self, member: int) -> wire.Weights | None:
+        frame = self.redis.get(self.key("weights", member))
+        if frame is None:
+            return None
+        message = wire.decode(frame)  # Redis is not trusted more than the wire
+        if not isinstance(message, wire.Weights):
+            raise wire.WireError("unexpected_kind", f"weights key holds {type(message).__name__}")
+        return message
+
+    # --- liveness -----------------------------------------------------------------------------
+
+    def touch_actor(self, name: str) -> None:
+        self.redis.hset(self.key("actors"), name, time.time())
+
+    def live_actors(self, timeout_s: float) -> int:
+        now = time.time()
+        seen = self.redis.hgetall(self.key("actors"))
+        return sum(1 for t in seen.values() if now - float(t) < timeout_s)
+
+    def put_learner(self, rank: int, record: dict[str, Any]) -> None:
+        self.redis.hset(self.key("learners"), str(rank), json.dumps(record, sort_keys=True))
+
+    def learners(self) -> dict[int, dict[str, Any]]:
+        raw = self.redis.hgetall(self.key("learners"))
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
+    def delete_run(self) -> None:
+        keys = list(self.redis.scan_iter(match=f"{self.prefix}:*"))
+        if keys:
+            self.redis.delete(*keys)
