@@ -34,7 +34,7 @@ class Actor:
         self.cfg, self.stop = cfg, stop
         self.metrics = ActorMetrics()
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
         self.learners: list[zmq.Socket] = []  # one DEALER per learner rank

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import redis
 
+from rlmq.common.service import die_with_parent
 from rlmq.common.transport import free_port
 
 
@@ -42,7 +43,8 @@ class RedisServer:
                 "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
                 "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+                                        stderr=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=die_with_parent)
         self._wait_ready(data_dir)
 
     def _wait_ready(self, data_dir: Path, timeout_s: float = 10.0) -> None:

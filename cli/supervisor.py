@@ -9,7 +9,6 @@ process outlives the run.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -33,6 +32,7 @@ from rlmq.common.service import (
     EXIT_USAGE,
     RateTimer,
     StopFlag,
+    die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
@@ -71,17 +71,9 @@ class Child:
     log_path: Path = field(default_factory=Path)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL me if the supervisor dies (Linux only)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class Supervisor:
-    def __init__(self, cfg: UpConfig, redis_url: str) -> None:
-        self.cfg, self.redis_url = cfg, redis_url
+    def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None) -> None:
+        self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
         self.children: list[Child] = []
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
@@ -111,7 +103,7 @@ class Supervisor:
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                env=self.env, start_new_session=True, preexec_fn=die_with_parent,
             )
 
     def kill_all(self, sig: int) -> None:
@@ -127,6 +119,8 @@ class Supervisor:
             if self.stop.is_set():
                 print("\nsecond interrupt: killing every process now", file=sys.stderr, flush=True)
                 self.kill_all(signal.SIGKILL)
+                if self.redis_server is not None:
+                    self.redis_server.process.kill()
                 os._exit(EXIT_INTERRUPTED)
             print("\ninterrupt: stopping warmly (again to stop at once)", file=sys.stderr, flush=True)
             self.stop.set(signal.Signals(signum).name)
@@ -195,7 +189,7 @@ def run_up(cfg: UpConfig) -> int:
     redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis")
     redis_url = cfg.redis_url or redis_server.url  # type: ignore[union-attr]
     (cfg.run_dir / "run.json").write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
-    supervisor = Supervisor(cfg, redis_url)
+    supervisor = Supervisor(cfg, redis_url, redis_server)
     supervisor.install_signals()
     store = RunStore.connect(redis_url, cfg.run)
     launched = time.time()

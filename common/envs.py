@@ -44,7 +44,7 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
         if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
             env: gym.vector.VectorEnv = env_class(num_envs=num_envs)  # type: ignore[call-arg]
         else:
-            env = gym.vector.SyncVectorEnv([env_class] * num_envs)
+            env = gym.vector.SyncVectorEnv([env_class] * num_envs)  # type: ignore[list-item]
     else:
         try:
             spec = gym.spec(env_id)

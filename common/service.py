@@ -6,6 +6,7 @@ warmly (flush, say goodbye, close sockets). The second exits at once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -92,3 +93,12 @@ class RateTimer:
             return False
         self._next = now + self.period
         return True
+
+
+def die_with_parent() -> None:
+    """For `subprocess.Popen(preexec_fn=...)`: the child gets SIGKILL when its parent dies, so a
+    supervisor killed outright leaves no orphans (Linux PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass

@@ -37,7 +37,8 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
         port = sock.bind_to_random_port(f"tcp://{host}")
         return f"tcp://{host}:{port}"
     sock.bind(endpoint)
-    return str(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+    bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return bound.decode() if isinstance(bound, bytes) else str(bound)
 
 
 def send(sock: zmq.Socket, message: wire.Message) -> bool:

@@ -204,8 +204,11 @@ def encode(message: Message) -> bytes:
 
 def _pack(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        return [array.dtype.name, list(array.shape), memoryview(array).cast("B")]
+        # Native byte order, as decode reads it. The shape is the value's own: ascontiguousarray
+        # turns a 0-d array into shape (1,). Flattened: memoryview.cast refuses a 0 in the shape.
+        array = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+        data = memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]
+        return [array.dtype.name, list(value.shape), data]
     if dataclasses.is_dataclass(value):
         return {f.name: _pack(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -240,7 +243,7 @@ def decode(frame: bytes | memoryview) -> Message:
     if not isinstance(top, list) or len(top) != 3:
         raise WireError("garbage", "a frame is [version, kind, fields]")
     version, kind, fields = top
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 == 1.0 in Python
         raise WireError("version", f"protocol {version!r}, this build speaks {PROTOCOL_VERSION}")
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise WireError("unknown_kind", f"{kind!r}")
@@ -254,7 +257,7 @@ def _unpack_dataclass(cls: type, raw: Any, where: str) -> Any:
     hints = _hints(cls)
     unknown = set(raw) - set(hints)
     if unknown:
-        raise WireError("unknown_field", f"{where}: {sorted(unknown)}")
+        raise WireError("unknown_field", f"{where}: {sorted(unknown, key=repr)}")  # str and bytes
     values = {}
     for f in dataclasses.fields(cls):
         if f.name in raw:
@@ -320,7 +323,7 @@ def _unpack_array(raw: Any, where: str) -> np.ndarray:
     if not (isinstance(raw, list) and len(raw) == 3):
         raise WireError("bad_type", f"{where} must be [dtype, shape, bytes]")
     dtype_name, shape, data = raw
-    if dtype_name not in ALLOWED_DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:  # a list is unhashable
         raise WireError("bad_dtype", f"{where}: {dtype_name!r}")
     if (
         not isinstance(shape, list)
@@ -333,7 +336,10 @@ def _unpack_array(raw: Any, where: str) -> np.ndarray:
     dtype = np.dtype(dtype_name)
     if math.prod(shape) * dtype.itemsize != len(data):
         raise WireError("bad_shape", f"{where}: shape {shape} × {dtype.itemsize} B ≠ {len(data)} B")
-    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    try:  # a size-0 array can still name dims numpy refuses, e.g. [0, 2**63]
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as exc:
+        raise WireError("bad_shape", f"{where}: {shape!r} ({exc})") from exc
     if dtype.kind == "f" and not np.isfinite(array).all():
         raise WireError("non_finite", where)
     if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:

@@ -33,7 +33,7 @@ class Coordinator:
         self.cfg, self.store, self.stop = cfg, store, stop
         self.metrics = CoordinatorMetrics()
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
         self.control_endpoint = transport.bind(self.control, cfg.control_bind)
         self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
@@ -157,6 +157,8 @@ class Coordinator:
 
     def on_tick(self) -> bool:
         """Status, progress and the end of the run; True when the coordinator may exit."""
+        if self.finished_at is not None:
+            return self.finishing()
         status = self.store.status()
         steps = int(status.get("env_steps", 0))
         recent = self.store.recent_returns(0)
@@ -176,15 +178,17 @@ class Coordinator:
         self.store.append_progress({"time": time.time(), "env_steps": steps,
                                     "episodes": int(status.get("episodes", 0)),
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag})
-        if self.finished_at is None:
-            target = self.run_config.target_return
-            if target is not None and len(recent) >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
-                self.finish("target", f"mean return {mean_return:.1f} ≥ {target} at {steps} env steps", True)
-            elif steps >= self.run_config.total_steps:
-                self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}",
-                            target is None)
-            return False
-        # Finishing: repeat `stop` (a PUB message can miss a slow joiner) until the final weights.
+        target = self.run_config.target_return
+        if target is not None and len(recent) >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
+            self.finish("target", f"mean return {mean_return:.1f} ≥ {target:g} at {steps} env steps", True)
+        elif steps >= self.run_config.total_steps:
+            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None)
+        return False
+
+    def finishing(self) -> bool:
+        """The run is over; status is frozen. Repeat `stop` (a PUB message can miss a slow joiner)
+        until the final weights arrive or the grace period ends."""
+        assert self.finished_at is not None
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
         if self.final_weights or time.monotonic() - self.finished_at > self.cfg.shutdown_grace_s:
             self.store.set_status(state="done", finished_at=time.time())

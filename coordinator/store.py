@@ -26,6 +26,10 @@ RECENT_EPISODES = 100
 PROGRESS_SAMPLES = 100_000
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class RunStore:
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.redis, self.run = client, run
@@ -58,7 +62,7 @@ class RunStore:
 
     def status(self) -> dict[str, Any]:
         raw = self.redis.hgetall(self.key("status"))
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
+        return {_text(k): json.loads(v) for k, v in raw.items()}
 
     def add_env_steps(self, steps: int) -> int:
         return int(self.redis.hincrby(self.key("status"), "env_steps", steps))
@@ -101,6 +105,8 @@ class RunStore:
         frame = self.redis.get(self.key("weights", member))
         if frame is None:
             return None
+        if not isinstance(frame, bytes):
+            raise wire.WireError("bad_type", "weights key holds text, not a frame")
         message = wire.decode(frame)  # Redis is not trusted more than the wire
         if not isinstance(message, wire.Weights):
             raise wire.WireError("unexpected_kind", f"weights key holds {type(message).__name__}")

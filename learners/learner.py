@@ -37,7 +37,7 @@ class Learner:
         self.metrics = LearnerMetrics()
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
         self.name = f"learner-{cfg.rank}"
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)

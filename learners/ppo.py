@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from rlmq.common.config import PPOConfig
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
+from rlmq.learners.networks import ActorCritic
 
 
 class Batch(NamedTuple):
@@ -87,7 +88,7 @@ def ppo_loss(
 
 def update(
     model: nn.Module,
-    core: nn.Module,
+    core: ActorCritic,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
     cfg: PPOConfig,

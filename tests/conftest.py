@@ -36,3 +36,47 @@ def run_id() -> str:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+class Service:
+    """One rlmq service started as its own OS process (`python -m rlmq.cli ...`)."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        import subprocess
+        import sys
+
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *args],
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> int:
+        import subprocess
+
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator[object]:
+    services: list[Service] = []
+
+    def start(name: str, *args: str) -> Service:
+        service = Service(list(args), tmp_path / f"{name}.log")
+        services.append(service)
+        return service
+
+    yield start
+    for service in services:
+        service.stop()

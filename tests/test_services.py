@@ -1,0 +1,181 @@
+"""Running services keep serving after malformed input: each one is sent garbage over its real
+sockets, counts it in `rlmq_rejected_messages_total`, and then still answers a valid message."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from rlmq.common import wire
+from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.transport import free_port
+from rlmq.coordinator.store import RunStore
+from rlmq.learners.networks import ActorCritic, to_numpy_params
+
+CARTPOLE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+
+BAD_FRAMES = [
+    b"",
+    b"\xc1\xc1 definitely not msgpack",
+    msgpack.packb([wire.PROTOCOL_VERSION + 1, "Hello", {"role": "actor", "name": "x", "pid": 1}]),
+    msgpack.packb([wire.PROTOCOL_VERSION, "Pickle", {}]),
+    msgpack.packb([wire.PROTOCOL_VERSION, "Hello", {"role": "actor", "name": 7, "pid": 1}]),
+    msgpack.packb([wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1,
+                                                      "params": {"w": ["object", [1], b"\x00" * 8]}}]),
+    msgpack.packb([wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1,
+                                                      "params": {"w": ["float32", [3], b"\x00" * 8]}}]),
+]
+
+
+def rejected_total(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("rlmq_rejected_messages_total{"))
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def receive(sock: zmq.Socket, timeout_ms: int = 10_000) -> wire.Message:
+    assert sock.poll(timeout_ms, zmq.POLLIN), "no answer"
+    return wire.decode(sock.recv_multipart()[-1])
+
+
+def write_run_config(tmp_path: Path, **fields: Any) -> Path:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"num_learners": 1, "num_envs": 4, "rollout_length": 8, **fields}))
+    return path
+
+
+def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str) -> dict[str, Any]:
+    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+    service = start_service(
+        "coordinator", "coordinator", "--run", run_id, "--redis-url", redis_url,
+        "--run-config", str(write_run_config(tmp_path)), "--metrics-port", str(ports["metrics"]),
+        "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
+        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}",
+    )  # fmt: skip
+    return {"service": service, **ports}
+
+
+def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_url: str, run_id: str) -> None:
+    coord = start_coordinator(start_service, tmp_path, redis_url, run_id)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{coord['control']}")
+    wait_for(lambda: _scrape_ok(coord["metrics"]), 30, "coordinator /metrics")
+    for frame in BAD_FRAMES:
+        sock.send(frame)
+    sock.send_multipart([b"two", b"frames"])
+    wait_for(lambda: rejected_total(coord["metrics"]) >= len(BAD_FRAMES) + 1, 10, "rejects counted")
+    sock.send(wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9")))
+    answer = receive(sock)
+    assert isinstance(answer, wire.Assign) and answer.env_spec == CARTPOLE
+    assert coord["service"].alive()
+    sock.close()
+
+
+def _scrape_ok(port: int) -> bool:
+    try:
+        rejected_total(port)
+        return True
+    except OSError:
+        return False
+
+
+def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url: str, run_id: str) -> None:
+    coord = start_coordinator(start_service, tmp_path, redis_url, run_id)
+    learner_metrics = free_port()
+    learner = start_service(
+        "learner", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
+        "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--master-port", str(free_port()),
+        "--metrics-port", str(learner_metrics),
+    )  # fmt: skip
+    store = RunStore.connect(redis_url, run_id)
+    endpoint = wait_for(lambda: store.learners().get(0, {}).get("endpoint"), 60, "learner registration")
+    wait_for(lambda: store.weights(0) is not None, 60, "the learner's first weights")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    wrong_obs = _rollout(obs_dim=5)
+    out_of_range = _rollout(actions=np.full((8, 4), 7, np.int64))
+    for frame in [*BAD_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs), wire.encode(out_of_range)]:
+        sock.send(frame)
+    wait_for(lambda: rejected_total(learner_metrics) >= len(BAD_FRAMES) + 3, 10, "rejects counted")
+    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1)))
+    assert isinstance(receive(sock), wire.Credit)
+    sock.send(wire.encode(_rollout()))
+    assert isinstance(receive(sock), wire.Credit), "a valid rollout after garbage is accepted"
+    assert learner.alive(), learner.log()
+    sock.close()
+
+
+def _rollout(obs_dim: int = 4, actions: np.ndarray | None = None) -> wire.Rollout:
+    steps, slots = 8, 4
+    return wire.Rollout(
+        member=0, policy_version=0, actor="a", obs=np.zeros((steps + 1, slots, obs_dim), np.float32),
+        actions=np.zeros((steps, slots), np.int64) if actions is None else actions,
+        logprobs=np.full((steps, slots), -0.69, np.float32), rewards=np.ones((steps, slots), np.float32),
+        terminated=np.zeros((steps, slots), bool), truncated=np.zeros((steps, slots), bool),
+        valid=np.ones((steps, slots), bool),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def fake_peers() -> Any:
+    """A stand-in coordinator (ROUTER + PUB) and learner (ROUTER) for one real actor process."""
+    ctx = zmq.Context.instance()
+    control, pub, sink = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    ports = [s.bind_to_random_port("tcp://127.0.0.1") for s in (control, pub, sink)]
+    yield control, pub, sink, ports
+    for s in (control, pub, sink):
+        s.close(linger=0)
+
+
+def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
+    control, pub, sink, (control_port, pub_port, sink_port) = fake_peers
+    metrics_port = free_port()
+    actor = start_service("actor", "actor", "--name", "actor-3", "--coordinator", f"tcp://127.0.0.1:{control_port}",
+                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", str(metrics_port))
+    identity, hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
+    assert isinstance(wire.decode(hello), wire.Hello)
+    params = to_numpy_params(ActorCritic(CARTPOLE, (16,)))
+    assign = wire.Assign(run="t", member=0, actor_index=3, config=RunConfig(num_envs=4, rollout_length=8),
+                         env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),
+                         weights=wire.Weights(member=0, version=1, params=params))
+    control.send_multipart([identity, wire.encode(assign)])
+
+    def next_rollout() -> wire.Rollout:
+        while True:
+            who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
+            assert who is not None, f"the actor went quiet:\n{actor.log()}"
+            sink.send_multipart([who, wire.encode(wire.Credit(1))])
+            message = wire.decode(frame)
+            if isinstance(message, wire.Rollout):
+                return message
+
+    assert next_rollout().policy_version == 1
+    topic = wire.weights_topic(0)
+    for frame in BAD_FRAMES:
+        pub.send_multipart([topic, frame])
+    pub.send_multipart([topic])  # one frame where two belong
+    bad_shapes = {k: np.zeros((3, 3), np.float32) for k in params}  # decodes, but fits no policy
+    pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=9, params=bad_shapes))])
+    wait_for(lambda: next_rollout() and rejected_total(metrics_port) >= len(BAD_FRAMES) + 2, 20, "rejects")
+    assert next_rollout().policy_version == 1, "rejected weights must not be adopted"
+    pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=7, params=params))])
+    wait_for(lambda: next_rollout().policy_version == 7, 20, "the actor to adopt version 7")
+    assert actor.alive(), actor.log()

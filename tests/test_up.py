@@ -1,0 +1,134 @@
+"""End-to-end: `rlmq up` as a user runs it — real processes, a private Redis, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlmq.common import envs
+from rlmq.common.config import EnvSpec, from_mapping
+from rlmq.common.models import NumpyPolicy
+from rlmq.coordinator.store import RunStore
+
+pytestmark = pytest.mark.slow
+
+
+def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float = 90) -> RunStore:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert up.poll() is None, up.communicate()[0]
+        if (run_dir / "run.json").exists():
+            info = json.loads((run_dir / "run.json").read_text())
+            store = RunStore.connect(info["redis_url"], info["run"])
+            if int(store.status().get("env_steps", 0)) > 0:
+                return store
+        time.sleep(0.2)
+    raise AssertionError("the run never took an env step")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid → command line of every process below `pid` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    found[child] = ""
+                frontier.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def mean_greedy_free_return(checkpoint: Path, episodes: int = 10) -> float:
+    """Play the saved policy (sampling, as actors do) and return its mean episode return."""
+    state = torch.load(checkpoint, weights_only=True)
+    spec = from_mapping(EnvSpec, state["env_spec"])
+    policy = NumpyPolicy({k: v.numpy() for k, v in state["params"].items()}, spec)
+    env = envs.make_vector_env("CartPole-v1", episodes)
+    obs, _ = env.reset(seed=123)
+    rng = np.random.default_rng(0)
+    totals, alive = np.zeros(episodes), np.ones(episodes, bool)
+    while alive.any():
+        actions, _ = policy.act(np.asarray(obs, np.float32), rng)
+        obs, reward, term, trunc, _ = env.step(actions)
+        totals += reward * alive
+        alive &= ~(term | trunc)
+    env.close()
+    return float(totals.mean())
+
+
+def test_up_learns_cartpole_and_restarts_a_killed_actor(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "3", "--learners", "2", "--env", "CartPole-v1",
+                  "--target-return", "200", "--total-steps", "600000", "--seed", "1")
+    wait_until_stepping(run_dir, up)
+    status = subprocess.run([sys.executable, "-m", "rlmq.cli", "status", "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0 and "state running" in status.stdout, status.stdout + status.stderr
+    victims = [pid for pid, cmd in descendants(up.pid).items() if "--name actor-1" in cmd]
+    assert len(victims) == 1
+    os.kill(victims[0], signal.SIGKILL)
+    output, _ = up.communicate(timeout=400)
+    assert up.returncode == 0, output
+    assert "actor-1 exited with -9; restarting it" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["success"] and summary["mean_return_last_100"] >= 200, summary
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("time,env_steps") and len(rows) > 3
+    assert (run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert mean_greedy_free_return(run_dir / "checkpoint.pt") >= 100, "the saved policy did not learn"
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_sigint_leaves_no_process_behind(tmp_path: Path, interrupts: int) -> None:
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--total-steps", "100000000")
+    wait_until_stepping(run_dir, up)
+    tree = descendants(up.pid)
+    assert sum("rlmq.cli actor" in c for c in tree.values()) == 2, tree
+    assert any("server" in c for c in tree.values()), "the private Redis server runs under rlmq up"
+    started = time.monotonic()
+    for _ in range(interrupts):
+        up.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    output, _ = up.communicate(timeout=60)
+    assert up.returncode == 130, output
+    if interrupts == 2:
+        assert time.monotonic() - started < 10, "a second interrupt must stop at once"
+    time.sleep(0.5)
+    left = {pid: cmd for pid, cmd in tree.items() if running(pid)}
+    assert not left, f"processes left behind: {left}"

@@ -1,0 +1,410 @@
+"""The wire protocol: every message round-trips, and every malformed frame is one `WireError`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from rlmq.common import wire
+from rlmq.common.config import EnvSpec, PPOConfig, RunConfig
+
+# --- valid messages -------------------------------------------------------------------------
+
+_rng = np.random.default_rng(0)
+T, N, OBS = 5, 3, 4
+
+WEIGHTS = wire.Weights(
+    member=2,
+    version=17,
+    params={
+        "policy.0.weight": _rng.standard_normal((8, OBS)).astype(np.float32),
+        "policy.0.bias": np.zeros(8, np.float32),
+        "log_std": np.array([-0.5, 0.25], np.float32),
+    },
+    final=True,
+)
+RUN_CONFIG = RunConfig(
+    env_id="Pendulum-v1",
+    num_envs=3,
+    rollout_length=7,
+    total_steps=12_345,
+    target_return=-200.5,
+    seed=9,
+    hidden_sizes=(32, 16, 8),
+    rollouts_in_flight=4,
+    ppo=PPOConfig(learning_rate=3e-4, anneal_lr=False, epochs=2, rollouts_per_batch=2),
+)
+ENV_SPEC = EnvSpec(
+    obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0)
+)
+ROLLOUT = wire.Rollout(
+    member=1,
+    policy_version=4,
+    actor="actor-3",
+    obs=_rng.standard_normal((T + 1, N, OBS)).astype(np.float32),
+    actions=_rng.integers(0, 2, (T, N)).astype(np.int64),
+    logprobs=-_rng.random((T, N)).astype(np.float32),
+    rewards=_rng.standard_normal((T, N)).astype(np.float32),
+    terminated=_rng.random((T, N)) < 0.3,
+    truncated=_rng.random((T, N)) < 0.3,
+    valid=_rng.random((T, N)) < 0.8,
+)
+
+MESSAGES: list[tuple[str, Any]] = [
+    ("hello-actor", wire.Hello(role="actor", name="actor-0", pid=1234)),
+    (
+        "hello-learner",
+        wire.Hello(
+            role="learner",
+            name="learner-1",
+            pid=99,
+            rank=1,
+            experience_endpoint="tcp://10.0.0.2:6000",
+            metrics_port=9100,
+        ),
+    ),
+    (
+        "assign-no-weights",
+        wire.Assign(
+            run="run-a",
+            member=0,
+            actor_index=3,
+            config=RunConfig(),
+            env_spec=EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2),
+            learner_endpoints=("tcp://a:1", "tcp://b:2"),
+        ),
+    ),
+    (
+        "assign-with-weights",
+        wire.Assign(
+            run="run-b",
+            member=2,
+            actor_index=0,
+            config=RUN_CONFIG,
+            env_spec=ENV_SPEC,
+            learner_endpoints=(),
+            weights=WEIGHTS,
+        ),
+    ),
+    ("weights", WEIGHTS),
+    (
+        "weights-odd-shapes",
+        wire.Weights(
+            member=0,
+            version=0,
+            params={
+                "scalar": np.array(3.5),  # 0-d float64
+                "empty": np.zeros((0, 3), np.float32),  # a 0 in the shape
+                "strided": np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2],  # not contiguous
+                "mask": np.array([[True, False], [False, True]]),
+                "pixels": np.arange(6, dtype=np.uint8).reshape(1, 2, 3),
+            },
+        ),
+    ),
+    ("rollout", ROLLOUT),
+    (
+        "rollout-continuous",
+        dataclasses.replace(
+            ROLLOUT, actions=_rng.standard_normal((T, N, 2)).astype(np.float32), member=0
+        ),
+    ),
+    ("credit", wire.Credit(count=3)),
+    ("actor-report-default", wire.ActorReport(name="actor-0", member=0, env_steps=0)),
+    (
+        "actor-report",
+        wire.ActorReport(
+            name="actor-1",
+            member=1,
+            env_steps=2048,
+            episode_returns=np.array([1.5, -2.0, 500.0]),
+            episode_lengths=np.array([10, 20, 500], np.int64),
+            policy_version=7,
+            rejected=2,
+        ),
+    ),
+    (
+        "learner-report",
+        wire.LearnerReport(
+            name="learner-0",
+            rank=0,
+            policy_version=12,
+            updates=12,
+            samples=6144,
+            stale_dropped=1,
+            mean_policy_lag=1.25,
+            rejected=0,
+        ),
+    ),
+    ("directive", wire.Directive(kind="stop", reason="target reached")),
+]
+
+
+def assert_same(a: Any, b: Any, where: str = "message") -> None:
+    """Deep equality where arrays must match in dtype, shape and content."""
+    assert type(a) is type(b), where
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, where
+        assert a.shape == b.shape, where
+        assert np.array_equal(a, b), where
+    elif isinstance(a, (RunConfig, EnvSpec)):
+        assert a == b, where
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    else:
+        assert a == b, where
+
+
+def test_messages_cover_every_kind() -> None:
+    assert {type(m).__name__ for _, m in MESSAGES} == set(wire.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("message", [m for _, m in MESSAGES], ids=[i for i, _ in MESSAGES])
+def test_round_trip(message: Any) -> None:
+    frame = wire.encode(message)
+    assert isinstance(frame, bytes)
+    decoded = wire.decode(frame)
+    assert_same(message, decoded)
+    assert wire.decode(memoryview(frame)) is not None  # what transport hands over
+    assert wire.encode(decoded) == frame
+
+
+def test_round_trip_converts_non_native_byte_order() -> None:
+    returns = np.array([1.5, -2.0, 3.25], dtype=">f8")  # dtype.name is "float64" either way
+    decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns)))
+    assert decoded.episode_returns.tolist() == [1.5, -2.0, 3.25]
+
+
+def test_encode_refuses_a_non_message() -> None:
+    with pytest.raises(TypeError):
+        wire.encode(RunConfig())  # type: ignore[arg-type]
+
+
+# --- malformed frames -----------------------------------------------------------------------
+
+
+def fields_of(message: Any) -> dict[str, Any]:
+    """The raw field map of a valid message, to be spoilt by a test."""
+    top = msgpack.unpackb(wire.encode(message), raw=False)
+    return top[2]
+
+
+def pack(kind: Any, fields: Any, version: Any = wire.PROTOCOL_VERSION) -> bytes:
+    return msgpack.packb([version, kind, fields], use_bin_type=True)
+
+
+def with_field(message: Any, **changes: Any) -> bytes:
+    fields = fields_of(message)
+    fields.update(changes)
+    return pack(type(message).__name__, fields)
+
+
+def without_field(message: Any, name: str) -> bytes:
+    fields = fields_of(message)
+    del fields[name]
+    return pack(type(message).__name__, fields)
+
+
+def array(dtype: Any, shape: Any, data: Any) -> list[Any]:
+    return [dtype, shape, data]
+
+
+HELLO = wire.Hello(role="actor", name="actor-0", pid=1234)
+REPORT = wire.ActorReport(name="actor-0", member=0, env_steps=5)
+LEARNER_REPORT = dict(MESSAGES)["learner-report"]
+ASSIGN = dict(MESSAGES)["assign-with-weights"]
+F32_3 = np.arange(3, dtype=np.float32).tobytes()
+
+
+def rollout_with(**arrays: np.ndarray) -> bytes:
+    fields = fields_of(ROLLOUT)
+    for name, value in arrays.items():
+        fields[name] = array(value.dtype.name, list(value.shape), value.tobytes())
+    return pack("Rollout", fields)
+
+
+def assign_config_with(**changes: Any) -> bytes:
+    fields = fields_of(ASSIGN)
+    fields["config"].update(changes)
+    return pack("Assign", fields)
+
+
+MALFORMED: list[tuple[str, bytes, str]] = [
+    # not a frame at all
+    ("empty", b"", "garbage"),
+    ("never-used-byte", b"\xc1", "garbage"),
+    ("random-bytes", np.random.default_rng(1).bytes(200), "garbage"),
+    ("trailing-bytes", wire.encode(HELLO) + b"\x00", "garbage"),
+    ("not-a-list", msgpack.packb({"kind": "Hello"}), "garbage"),
+    ("two-items", msgpack.packb([1, "Credit"]), "garbage"),
+    ("four-items", msgpack.packb([1, "Credit", {"count": 1}, 0]), "garbage"),
+    ("deep-nesting", b"\x91" * 100_000 + b"\x90", "garbage"),
+    # envelope
+    ("version-0", pack("Credit", {"count": 1}, version=0), "version"),
+    ("version-2", pack("Credit", {"count": 1}, version=2), "version"),
+    ("version-str", pack("Credit", {"count": 1}, version="1"), "version"),
+    ("version-true", pack("Credit", {"count": 1}, version=True), "version"),
+    ("version-float", pack("Credit", {"count": 1}, version=1.0), "version"),
+    ("version-nil", pack("Credit", {"count": 1}, version=None), "version"),
+    ("kind-unknown", pack("Nope", {}), "unknown_kind"),
+    ("kind-lowercase", pack("credit", {"count": 1}), "unknown_kind"),
+    ("kind-int", pack(3, {"count": 1}), "unknown_kind"),
+    ("kind-list", pack(["Credit"], {"count": 1}), "unknown_kind"),
+    ("fields-list", pack("Credit", [1]), "bad_type"),
+    ("fields-nil", pack("Credit", None), "bad_type"),
+    # fields
+    ("unknown-field", with_field(HELLO, shoe_size=43), "unknown_field"),
+    ("unknown-bytes-key", pack("Credit", {b"count": 1}), "unknown_field"),
+    ("unknown-mixed-keys", pack("Credit", {b"count": 1, "extra": 2}), "unknown_field"),
+    ("int-map-key", b"\x93\x01\xa6Credit\x81\x01\x01", "garbage"),  # strict_map_key
+    ("missing-pid", without_field(HELLO, "pid"), "missing_field"),
+    ("missing-role", without_field(HELLO, "role"), "missing_field"),
+    ("missing-obs", without_field(ROLLOUT, "obs"), "missing_field"),
+    ("missing-nested", pack("Assign", {**fields_of(ASSIGN), "env_spec": {"obs_dim": 4}}), "missing_field"),
+    ("str-for-int", with_field(HELLO, pid="1234"), "bad_type"),
+    ("bool-for-int", with_field(HELLO, pid=True), "bad_type"),
+    ("float-for-int", with_field(HELLO, pid=3.0), "bad_type"),
+    ("int-above-int64", with_field(HELLO, pid=2**64 - 1), "bad_type"),
+    ("nil-for-int", with_field(HELLO, rank=None), "bad_type"),
+    ("int-for-str", with_field(HELLO, name=5), "bad_type"),
+    ("bytes-for-str", with_field(HELLO, name=b"actor-0"), "bad_type"),
+    ("overlong-str", with_field(HELLO, name="x" * (wire.MAX_STR_CHARS + 1)), "bad_type"),
+    ("int-for-bool", with_field(WEIGHTS, final=1), "bad_type"),
+    ("str-for-float", with_field(LEARNER_REPORT, mean_policy_lag="1.0"), "bad_type"),
+    ("bool-for-float", with_field(LEARNER_REPORT, mean_policy_lag=False), "bad_type"),
+    ("nan-float", with_field(LEARNER_REPORT, mean_policy_lag=math.nan), "non_finite"),
+    ("inf-float", with_field(LEARNER_REPORT, mean_policy_lag=math.inf), "non_finite"),
+    ("minus-inf-float", with_field(LEARNER_REPORT, mean_policy_lag=-math.inf), "non_finite"),
+    ("ext-type", with_field(HELLO, pid=msgpack.ExtType(5, b"x")), "bad_type"),
+    ("str-for-tuple", with_field(ASSIGN, learner_endpoints="tcp://a:1"), "bad_type"),
+    ("int-in-tuple", with_field(ASSIGN, learner_endpoints=["tcp://a:1", 2]), "bad_type"),
+    ("list-for-nested", with_field(ASSIGN, config=[]), "bad_type"),
+    ("nan-in-nested-tuple", pack("Assign", {**fields_of(ASSIGN), "env_spec": {
+        **fields_of(ASSIGN)["env_spec"], "action_low": [math.nan]}}), "non_finite"),
+    ("unknown-nested-field", assign_config_with(colour="red"), "unknown_field"),
+    ("nested-str-for-int", assign_config_with(num_envs="16"), "bad_type"),
+    ("params-list", with_field(WEIGHTS, params=[1, 2]), "bad_type"),
+    ("params-bytes-key", with_field(WEIGHTS, params={b"w": array("float32", [3], F32_3)}), "bad_type"),
+    # values the message itself refuses
+    ("bad-role", with_field(HELLO, role="robot"), "bad_value"),
+    ("credit-zero", pack("Credit", {"count": 0}), "bad_value"),
+    ("credit-huge", pack("Credit", {"count": 5000}), "bad_value"),
+    ("directive-unknown", pack("Directive", {"kind": "dance"}), "bad_value"),
+    ("nested-post-init", assign_config_with(num_envs=0), "bad_value"),
+    ("nested-bad-algo", assign_config_with(algo="dqn"), "bad_value"),
+    # arrays
+    ("array-not-list", with_field(REPORT, episode_returns=b"\x00" * 8), "bad_type"),
+    ("array-two-items", with_field(REPORT, episode_returns=["float64", [1]]), "bad_type"),
+    ("dtype-object", with_field(REPORT, episode_returns=array("object", [1], b"\x00" * 8)), "bad_dtype"),
+    ("dtype-complex", with_field(REPORT, episode_returns=array("complex128", [1], b"\x00" * 16)), "bad_dtype"),
+    ("dtype-unicode", with_field(REPORT, episode_returns=array("<U3", [1], b"\x00" * 12)), "bad_dtype"),
+    ("dtype-float16", with_field(REPORT, episode_returns=array("float16", [1], b"\x00" * 2)), "bad_dtype"),
+    ("dtype-void", with_field(REPORT, episode_returns=array("V8", [1], b"\x00" * 8)), "bad_dtype"),
+    ("dtype-nil", with_field(REPORT, episode_returns=array(None, [1], b"\x00" * 8)), "bad_dtype"),
+    ("dtype-list", with_field(REPORT, episode_returns=array(["float64"], [1], b"\x00" * 8)), "bad_dtype"),
+    ("dtype-map", with_field(REPORT, episode_returns=array({"a": 1}, [1], b"\x00" * 8)), "bad_dtype"),
+    ("length-short", with_field(REPORT, episode_returns=array("float32", [4], F32_3)), "bad_shape"),
+    ("length-long", with_field(REPORT, episode_returns=array("float32", [2], F32_3)), "bad_shape"),
+    ("length-itemsize", with_field(REPORT, episode_returns=array("float64", [3], F32_3)), "bad_shape"),
+    ("negative-dim", with_field(REPORT, episode_returns=array("float32", [-3], F32_3)), "bad_shape"),
+    ("negative-dims-cancel", with_field(REPORT, episode_returns=array("float32", [-1, -3], F32_3)), "bad_shape"),
+    ("too-many-dims", with_field(REPORT, episode_returns=array("float32", [3] + [1] * wire.MAX_ARRAY_DIMS, F32_3)), "bad_shape"),
+    ("float-dim", with_field(REPORT, episode_returns=array("float32", [3.0], F32_3)), "bad_shape"),
+    ("bool-dim", with_field(REPORT, episode_returns=array("float32", [True, 3], F32_3)), "bad_shape"),
+    ("shape-int", with_field(REPORT, episode_returns=array("float32", 3, F32_3)), "bad_shape"),
+    ("huge-dims-size-zero", with_field(REPORT, episode_returns=array("float32", [0, 2**63], b"")), "bad_shape"),
+    ("huge-dims-overflow", with_field(REPORT, episode_returns=array("float32", [0, 2**62, 2**62], b"")), "bad_shape"),
+    ("data-str", with_field(REPORT, episode_returns=array("uint8", [3], "abc")), "bad_type"),
+    ("nan-float32", with_field(REPORT, episode_returns=array("float32", [2], np.array([1, np.nan], np.float32).tobytes())), "non_finite"),
+    ("inf-float64", with_field(REPORT, episode_returns=array("float64", [2], np.array([np.inf, 1.0]).tobytes())), "non_finite"),
+    ("minus-inf-float64", with_field(REPORT, episode_returns=array("float64", [1], np.array([-np.inf]).tobytes())), "non_finite"),
+    ("bool-byte-2", rollout_with(valid=np.full((T, N), 2, np.uint8).view(np.bool_)), "bad_value"),
+    # rollouts whose arrays disagree
+    ("rollout-rewards-short", rollout_with(rewards=np.zeros((T - 1, N), np.float32)), "bad_shape"),
+    ("rollout-valid-transposed", rollout_with(valid=np.ones((N, T), bool)), "bad_shape"),
+    ("rollout-actions-slots", rollout_with(actions=np.zeros((T, N + 1), np.int64)), "bad_shape"),
+    ("rollout-obs-2d", rollout_with(obs=np.zeros((T + 1, N), np.float32)), "bad_shape"),
+    ("rollout-no-steps", rollout_with(
+        obs=np.zeros((1, N, OBS), np.float32), actions=np.zeros((0, N), np.int64),
+        logprobs=np.zeros((0, N), np.float32), rewards=np.zeros((0, N), np.float32),
+        terminated=np.zeros((0, N), bool), truncated=np.zeros((0, N), bool),
+        valid=np.zeros((0, N), bool)), "bad_shape"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"), [(f, r) for _, f, r in MALFORMED], ids=[i for i, _, _ in MALFORMED]
+)
+def test_malformed_frame_is_a_wire_error(frame: bytes, reason: str) -> None:
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode(frame)
+    assert caught.value.reason == reason
+    assert str(caught.value).startswith(f"{reason}: ")
+
+
+def test_reasons_are_short_labels() -> None:
+    reasons = {r for _, _, r in MALFORMED}
+    assert len(reasons) > 8
+    for reason in reasons:
+        assert reason.isidentifier() and reason.islower() and len(reason) <= 20
+
+
+def test_oversize_frame_is_refused_before_parsing() -> None:
+    # A valid frame padded past the limit: msgpack would report extra data, but size comes first.
+    frame = wire.encode(HELLO)
+    oversize = frame + b"\x00" * (wire.MAX_FRAME_BYTES + 1 - len(frame))
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode(oversize)
+    assert caught.value.reason == "too_large"
+
+
+@pytest.mark.parametrize("name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"])
+def test_every_truncation_is_a_wire_error(name: str) -> None:
+    frame = wire.encode(dict(MESSAGES)[name])
+    cuts = np.arange(len(frame))
+    if len(cuts) > 400:  # every prefix of the short frames; a seeded sample of the long ones
+        rng = np.random.default_rng(len(frame))
+        cuts = np.concatenate([cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)])
+    for cut in cuts:
+        with pytest.raises(wire.WireError) as caught:
+            wire.decode(frame[:cut])
+        assert caught.value.reason == "garbage", cut
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_mutations_raise_only_wire_errors(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    frames = [wire.encode(m) for _, m in MESSAGES]
+    reasons: set[str] = set()
+    decoded = 0
+    for _ in range(150):
+        frame = bytearray(frames[rng.integers(len(frames))])
+        for _ in range(rng.integers(1, 4)):
+            at = int(rng.integers(len(frame)))
+            edit = rng.integers(4)
+            if edit == 0:  # overwrite a byte
+                frame[at] = int(rng.integers(256))
+            elif edit == 1:  # flip one bit
+                frame[at] ^= 1 << int(rng.integers(8))
+            elif edit == 2:  # drop a byte
+                del frame[at]
+            else:  # insert a byte
+                frame.insert(at, int(rng.integers(256)))
+        try:
+            message = wire.decode(bytes(frame))
+        except wire.WireError as exc:
+            reasons.add(exc.reason)
+        else:
+            assert type(message).__name__ in wire.MESSAGE_TYPES
+            decoded += 1
+    assert len(reasons) >= 3  # the mutations reach past the msgpack parser
+    assert decoded < 150
