@@ -20,7 +20,9 @@ def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
     assert ledger.grant(now=1.0, queued=0) == []  # C waits: the budget is spent
 
 
-@pytest.mark.parametrize(("budget", "queued", "granted"), [(3, 0, 3), (3, 1, 2), (3, 3, 0), (3, 5, 0)])
+@pytest.mark.parametrize(
+    ("budget", "queued", "granted"), [(3, 0, 3), (3, 1, 2), (3, 3, 0), (3, 5, 0)]
+)
 def test_queued_rollouts_count_against_the_budget(budget: int, queued: int, granted: int) -> None:
     ledger = CreditLedger(budget=budget, timeout_s=10.0)
     for actor in (A, B, C, D):

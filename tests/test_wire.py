@@ -40,7 +40,11 @@ RUN_CONFIG = RunConfig(
     ppo=PPOConfig(learning_rate=3e-4, anneal_lr=False, epochs=2, rollouts_per_batch=2),
 )
 ENV_SPEC = EnvSpec(
-    obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0)
+    obs_dim=3,
+    action_kind="continuous",
+    action_dim=2,
+    action_low=(-2.0, -1.0),
+    action_high=(2.0, 1.0),
 )
 ROLLOUT = wire.Rollout(
     member=1,
@@ -367,13 +371,17 @@ def test_oversize_frame_is_refused_before_parsing() -> None:
     assert caught.value.reason == "too_large"
 
 
-@pytest.mark.parametrize("name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"])
+@pytest.mark.parametrize(
+    "name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"]
+)
 def test_every_truncation_is_a_wire_error(name: str) -> None:
     frame = wire.encode(dict(MESSAGES)[name])
     cuts = np.arange(len(frame))
     if len(cuts) > 400:  # every prefix of the short frames; a seeded sample of the long ones
         rng = np.random.default_rng(len(frame))
-        cuts = np.concatenate([cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)])
+        cuts = np.concatenate(
+            [cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)]
+        )
     for cut in cuts:
         with pytest.raises(wire.WireError) as caught:
             wire.decode(frame[:cut])
