@@ -82,6 +82,16 @@ class EnvSpec:
     action_low: tuple[float, ...] = ()  # continuous bounds; empty when unbounded
     action_high: tuple[float, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.obs_dim < 1 or self.action_dim < 1:
+            raise ValueError("obs_dim and action_dim must be positive")
+        if self.action_kind not in ("discrete", "continuous"):
+            raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
+        if len(self.action_low) != len(self.action_high) or self.action_low and (
+            len(self.action_low) != self.action_dim or self.action_kind == "discrete"
+        ):
+            raise ValueError("action bounds must both be empty or both hold action_dim values")
+
 
 @dataclass(frozen=True)
 class CoordinatorConfig:

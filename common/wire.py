@@ -89,6 +89,12 @@ class Assign:
     weights: Weights | None = None
 
 
+_ROLLOUT_DTYPES = {
+    "obs": ("float32",), "actions": ("int64", "float32"), "logprobs": ("float32",),
+    "rewards": ("float32",), "terminated": ("bool",), "truncated": ("bool",), "valid": ("bool",),
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rollout:
     """T steps of N vector-env slots, time-major. ``obs`` has T + 1 rows (the bootstrap row).
@@ -118,6 +124,9 @@ class Rollout:
                 raise WireError("bad_shape", f"Rollout.{name} must be {(steps, slots)}")
         if self.actions.shape[:2] != (steps, slots):
             raise WireError("bad_shape", f"Rollout.actions must start with {(steps, slots)}")
+        for name, dtypes in _ROLLOUT_DTYPES.items():
+            if getattr(self, name).dtype.name not in dtypes:
+                raise WireError("bad_dtype", f"Rollout.{name} must be {' or '.join(dtypes)}")
 
     @property
     def num_steps(self) -> int:
