@@ -41,14 +41,15 @@ def repo_root() -> Path:
 class Service:
     """One rlmq service started as its own OS process (`python -m rlmq.cli ...`)."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        import os
         import subprocess
         import sys
 
         self.log_path = log_path
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *args],
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *args], stdout=log,
+                                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -72,8 +73,8 @@ class Service:
 def start_service(tmp_path: Path) -> Iterator[object]:
     services: list[Service] = []
 
-    def start(name: str, *args: str) -> Service:
-        service = Service(list(args), tmp_path / f"{name}.log")
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> Service:
+        service = Service(list(args), tmp_path / f"{name}.log", env)
         services.append(service)
         return service
 

@@ -148,10 +148,14 @@ def fake_peers() -> Any:
 def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     control, pub, sink, (control_port, pub_port, sink_port) = fake_peers
     metrics_port = free_port()
-    actor = start_service("actor", "actor", "--name", "actor-3", "--coordinator", f"tcp://127.0.0.1:{control_port}",
-                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", str(metrics_port))
+    # Configured the way a container is: by RLMQ_* environment variables, no flags.
+    actor = start_service("actor", "actor", env={
+        "RLMQ_NAME": "actor-3", "RLMQ_COORDINATOR": f"tcp://127.0.0.1:{control_port}",
+        "RLMQ_BROADCAST": f"tcp://127.0.0.1:{pub_port}", "RLMQ_METRICS_PORT": str(metrics_port),
+    })  # fmt: skip
     identity, hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
-    assert isinstance(wire.decode(hello), wire.Hello)
+    assert wire.decode(hello) == wire.Hello(role="actor", name="actor-3", pid=actor.process.pid,
+                                            metrics_port=metrics_port)
     params = to_numpy_params(ActorCritic(CARTPOLE, (16,)))
     assign = wire.Assign(run="t", member=0, actor_index=3, config=RunConfig(num_envs=4, rollout_length=8),
                          env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),

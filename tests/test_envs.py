@@ -1,0 +1,52 @@
+"""Environments: registered ids, `package.module:EnvClass`, spaces, and clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlmq.actors.collector import Collector
+from rlmq.common import envs
+from rlmq.common.models import NumpyPolicy
+from rlmq.learners.networks import ActorCritic, to_numpy_params
+
+CARTPOLE_CLASS = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+CARTPOLE_VECTOR_CLASS = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", CARTPOLE_CLASS, CARTPOLE_VECTOR_CLASS, "Pendulum-v1"])
+def test_collects_valid_rollouts(env_id: str) -> None:
+    env = envs.make_vector_env(env_id, 3)
+    spec = envs.describe(env, env_id)
+    policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
+    collector = Collector(env, spec, rollout_length=40, seed=0)
+    rollout = collector.collect(policy, member=0, version=2, actor="a")
+    assert rollout.obs.shape == (41, 3, spec.obs_dim)
+    assert rollout.policy_version == 2 and rollout.valid.any()
+    done = rollout.terminated | rollout.truncated
+    # Next-step autoreset: the step after a done is a reset step, and only that one is invalid.
+    assert np.array_equal(rollout.valid[1:], ~done[:-1]) and rollout.valid[0].all()
+    assert (rollout.rewards[~rollout.valid] == 0).all()
+    env.close()
+
+
+def test_native_vector_entry_point_is_used() -> None:
+    env = envs.make_vector_env("CartPole-v1", 4)
+    assert type(env).__name__ == "CartPoleVectorEnv"  # ~10x a SyncVectorEnv here
+    env.close()
+
+
+def test_continuous_spec_carries_bounds() -> None:
+    spec = envs.probe("Pendulum-v1")
+    assert (spec.action_kind, spec.obs_dim, spec.action_dim) == ("continuous", 3, 1)
+    assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
+
+
+@pytest.mark.parametrize("env_id, words", [
+    ("NoSuchEnv-v9", "unknown env"),
+    ("no_such_module_xyz:Env", "cannot import"),
+    ("Blackjack-v1", "not a Box"),
+])  # fmt: skip
+def test_unsupported_envs_fail_clearly(env_id: str, words: str) -> None:
+    with pytest.raises(envs.EnvError, match=words):
+        envs.probe(env_id)
