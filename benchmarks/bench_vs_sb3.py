@@ -218,7 +218,8 @@ def main() -> None:
         "rlmq_startup_s_median": median([r.get("rlmq", {}).get("startup_s") for r in results]),
         "seeds_both_reached_target": sum(r["wall_ratio"] is not None for r in results),
     }
-    print("(* SB3 continued past RL-Zoo's 1e5-step schedule)")
+    if any(r.get("sb3", {}).get("continued") for r in results):
+        print("(* SB3 continued past RL-Zoo's 1e5-step schedule)")
     print(f"rlmq wall-to-target / SB3 : {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)}  (target ≤ 0.5; "
           f"{summary['seeds_both_reached_target']}/{len(results)} seeds where both reached {TARGET:g})")
     print(f"rlmq env-steps/s / SB3    : {fmt(summary['steps_per_s_ratio_median'], '.3f', 6)}  (target ≥ 2)")
