@@ -27,6 +27,7 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
 
 log = logging.getLogger("rlmq.actor")
 GREETING_PERIOD_S = 5.0
+WEIGHTS_WAIT_S = 0.5
 
 
 class Actor:
@@ -42,7 +43,9 @@ class Actor:
         self.broadcast = transport.make_socket(self.ctx, zmq.SUB)
         self.rejected = 0
         self.unreported_steps = 0
+        self.first_step_at = 0.0
         self.version = -1
+        self.awaited_version = 0
 
     def reject(self, exc: wire.WireError) -> None:
         log.warning("dropped a message: %s", exc)
@@ -84,7 +87,7 @@ class Actor:
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
                     break
-                self.read_broadcast(timeout_ms=0)  # the freshest weights for this rollout
+                self.first_step_at = self.first_step_at or time.time()
                 rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout), copy=False)
                 self.credits[learner] -= 1
@@ -127,8 +130,10 @@ class Actor:
                         self.reject(exc)
                         continue
                     self.credits[i] += message.count
+                    self.awaited_version = max(self.awaited_version, message.policy_version)
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
+                self.await_weights(self.awaited_version)
                 self.metrics.send_blocked.inc(time.perf_counter() - started)
                 return best
             poller.poll(50)
@@ -139,6 +144,13 @@ class Actor:
                 self.greet_learners()
                 last_greeting = time.monotonic()
         return None
+
+    def await_weights(self, version: int) -> None:
+        """Wait (at most WEIGHTS_WAIT_S) for the weights a learner said it holds: collecting with
+        them instead of their predecessor saves a whole update of policy lag."""
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        while self.version < version and not self.stop.is_set() and time.monotonic() < deadline:
+            self.read_broadcast(timeout_ms=5)
 
     def read_broadcast(self, timeout_ms: int) -> None:
         """Apply the newest weights waiting on the broadcast; obey a stop."""
@@ -177,6 +189,7 @@ class Actor:
         transport.send(self.control, wire.ActorReport(
             name=self.cfg.name, member=self.member, env_steps=steps, episode_returns=returns,
             episode_lengths=lengths, policy_version=self.version, rejected=self.rejected,
+            first_step_at=self.first_step_at,
         ))  # fmt: skip
         self.rejected = 0
 

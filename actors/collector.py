@@ -58,29 +58,46 @@ class Collector:
         terminated = np.empty((steps, n), bool)
         truncated = np.empty((steps, n), bool)
         valid = np.empty((steps, n), bool)
-        env, rng = self.env, self.rng
-        for t in range(steps):
+        env, rng, clip = self.env, self.rng, self.clip
+        for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
             obs[t] = self.obs
             action, logp = policy.act(self.obs, rng)
-            env_action = action if self.clip is None else np.clip(action, *self.clip)
-            next_obs, reward, term, trunc, _ = env.step(env_action)
+            next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
             actions[t], logprobs[t], rewards[t] = action, logp, reward
             terminated[t], truncated[t] = term, trunc
-            np.logical_not(self.prev_done, out=valid[t])
-            self.episode_return += reward
-            self.episode_length += valid[t]
-            done = np.logical_or(term, trunc, out=self.prev_done)
-            if done.any():
-                self.finish_episodes(done)
             self.obs = flatten_obs(next_obs, n)
         obs[steps] = self.obs
+        done = terminated | truncated
+        valid[0] = ~self.prev_done
+        np.logical_not(done[:-1], out=valid[1:])
+        self.prev_done = done[-1].copy()
+        self.count_episodes(rewards, valid, done)
         return Rollout(
             member=member, policy_version=version, actor=actor, obs=obs, actions=actions,
             logprobs=logprobs, rewards=rewards, terminated=terminated, truncated=truncated, valid=valid,
         )  # fmt: skip
 
-    def finish_episodes(self, done: np.ndarray) -> None:
-        self.episodes.returns.extend(self.episode_return[done].tolist())
-        self.episodes.lengths.extend(self.episode_length[done].tolist())
-        self.episode_return[done] = 0.0
-        self.episode_length[done] = 0
+    def count_episodes(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> None:
+        """Returns and lengths of the episodes that ended in this rollout, from running sums.
+
+        Reset steps have reward 0 and are not valid, so they add nothing to either sum.
+        """
+        cum_return = np.cumsum(rewards, axis=0, dtype=np.float64)
+        cum_length = np.cumsum(valid, axis=0)
+        slots, ends = np.nonzero(done.T)  # episode ends, ordered by slot, then time
+        if len(slots):
+            at_end_return, at_end_length = cum_return[ends, slots], cum_length[ends, slots]
+            first = np.ones(len(slots), bool)
+            first[1:] = slots[1:] != slots[:-1]
+            # An episode's sum is the running sum at its end minus that at the previous end in the
+            # same slot; the first end in a slot adds what the slot carried in from earlier.
+            before_return = np.where(first, -self.episode_return[slots], np.roll(at_end_return, 1))
+            before_length = np.where(first, -self.episode_length[slots], np.roll(at_end_length, 1))
+            self.episodes.returns.extend((at_end_return - before_return).tolist())
+            self.episodes.lengths.extend((at_end_length - before_length).tolist())
+            last = np.ones(len(slots), bool)
+            last[:-1] = slots[:-1] != slots[1:]
+            self.episode_return[slots[last]] = -at_end_return[last]
+            self.episode_length[slots[last]] = -at_end_length[last]
+        self.episode_return += cum_return[-1]
+        self.episode_length += cum_length[-1]

@@ -103,7 +103,8 @@ def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: Run
         "reason": status.get("reason"),
         "detail": status.get("detail"),
         "success": bool(status.get("success")),
-        "env_steps": int(status.get("env_steps", 0)),
+        # Counted when the run ended; actors winding down add a few more to `env_steps`.
+        "env_steps": int(status.get("env_steps_at_end", status.get("env_steps", 0))),
         "episodes": int(status.get("episodes", 0)),
         "mean_return_last_100": status.get("mean_return"),
         "policy_version": version,

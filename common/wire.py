@@ -144,6 +144,7 @@ class ActorReport:
     episode_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     policy_version: int = 0
     rejected: int = 0  # malformed messages this actor dropped since its last report
+    first_step_at: float = 0.0  # unix time of this actor's first env step; 0 before it
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,14 @@ class LearnerReport:
 
 @dataclass(frozen=True)
 class Credit:
-    """Learner → actor: you may send me `count` more rollouts (flow control; see Learner)."""
+    """Learner → actor: you may send me `count` more rollouts (flow control, learners/credits.py).
+
+    `policy_version` is the learner's version now: the actor collects with weights at least that
+    new (they come over the broadcast, a hop longer than this message) or waits a moment for them.
+    """
 
     count: int = 1
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= 1024:

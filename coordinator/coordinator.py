@@ -54,7 +54,7 @@ class Coordinator:
         self.learner_lag: dict[int, float] = {}
         self.finished_at: float | None = None
         self.final_weights = False
-        self.first_step_seen = "first_step_at" in store.status()
+        self.first_step_at = float(store.status().get("first_step_at", float("inf")))
         self.last_steps: tuple[float, int] = (time.monotonic(), int(store.status().get("env_steps", 0)))
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
@@ -102,9 +102,9 @@ class Coordinator:
         if report.env_steps:
             self.store.add_env_steps(report.env_steps)
             self.metrics.env_steps.inc(report.env_steps)
-            if not self.first_step_seen:
-                self.first_step_seen = True
-                self.store.set_status(first_step_at=time.time())
+        if 0 < report.first_step_at < self.first_step_at:  # the earliest any actor reports
+            self.first_step_at = report.first_step_at
+            self.store.set_status(first_step_at=report.first_step_at)
         returns = report.episode_returns.tolist()
         self.store.add_episodes(report.member, returns)
         self.metrics.episodes.inc(len(returns))
@@ -180,9 +180,9 @@ class Coordinator:
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag})
         target = self.run_config.target_return
         if target is not None and len(recent) >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
-            self.finish("target", f"mean return {mean_return:.1f} ≥ {target:g} at {steps} env steps", True)
+            self.finish("target", f"mean return {mean_return:.1f} ≥ {target:g} at {steps} env steps", True, steps)
         elif steps >= self.run_config.total_steps:
-            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None)
+            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
         return False
 
     def finishing(self) -> bool:
@@ -195,11 +195,11 @@ class Coordinator:
             return True
         return False
 
-    def finish(self, reason: str, detail: str, success: bool) -> None:
+    def finish(self, reason: str, detail: str, success: bool, steps: int) -> None:
         log.info("run over (%s): %s", reason, detail)
         self.finished_at = time.monotonic()
         self.store.set_status(state="stopping", reason=reason, detail=detail, success=success,
-                              ended_at=time.time())
+                              ended_at=time.time(), env_steps_at_end=steps)
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
 
     def close(self) -> None:

@@ -49,14 +49,15 @@ class Learner:
             self.directives.connect(cfg.broadcast)
         self.queue: collections.deque[wire.Rollout] = collections.deque()
         self.version = 0
-        self.credit_frame = wire.encode(wire.Credit(1))
         self.counts = collections.Counter[str]()
         self.lags: list[int] = []
 
     # --- receiving ----------------------------------------------------------------------------
 
     def receive(self, timeout_ms: int) -> None:
-        """Take what actors sent (rollouts, hellos), then hand out the credits now due."""
+        """Take what actors sent (rollouts, hellos); hand out the credits due before waiting (or
+        the wait is for data nobody may send) and again after."""
+        self.grant_credits()
         while self.experience.poll(timeout_ms, zmq.POLLIN):
             timeout_ms = 0
             parts = self.experience.recv_multipart(copy=False)
@@ -75,8 +76,14 @@ class Learner:
                 self.reject(exc)
                 continue
             self.queue.append(message)
-        for actor in self.credits.grant(time.monotonic(), queued=len(self.queue)):
-            self.experience.send_multipart([actor, self.credit_frame])
+        self.grant_credits()
+
+    def grant_credits(self) -> None:
+        granted = self.credits.grant(time.monotonic(), queued=len(self.queue))
+        if granted:
+            frame = wire.encode(wire.Credit(1, policy_version=self.version))
+            for actor in granted:
+                self.experience.send_multipart([actor, frame])
         self.metrics.queue_depth.set(len(self.queue))
 
     def check_rollout(self, r: wire.Rollout) -> None:
@@ -158,7 +165,7 @@ class Learner:
         model: torch.nn.Module = core
         if self.cfg.world_size > 1:  # DDP broadcasts rank 0's parameters: replicas start equal
             model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.Adam(core.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        optimizer = torch.optim.Adam(core.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         generator = torch.Generator().manual_seed(self.run_cfg.seed * 1000 + self.cfg.rank)
         if self.cfg.rank == 0:
             self.publish(core, final=False)
@@ -180,11 +187,9 @@ class Learner:
                 continue
             batch = self.take_batch()
             consumed += agreed.samples
-            if cfg.anneal_lr:
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.learning_rate * max(1.0 - consumed / self.run_cfg.total_steps, 0.05)
             started = time.perf_counter()
-            stats = ppo.update(model, core, optimizer, ppo.join_rollouts(batch, device), cfg, generator)
+            anneal = ppo.annealed(cfg, consumed, self.run_cfg.total_steps)
+            stats = ppo.update(model, core, optimizer, ppo.join_rollouts(batch, device), cfg, generator, anneal)
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)

@@ -45,11 +45,13 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-probability of `actions`, entropy, value) — one call, so DDP sees every grad."""
+        value = self.value(obs).squeeze(-1)
+        if self.discrete:  # by hand: torch.distributions' checks cost more than the maths here
+            log_probs = torch.log_softmax(self.policy(obs), dim=-1)
+            logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            return logp, -(log_probs.exp() * log_probs).sum(-1), value
         dist = self.distribution(obs)
-        logp, entropy = dist.log_prob(actions), dist.entropy()
-        if not self.discrete:
-            logp, entropy = logp.sum(-1), entropy.sum(-1)
-        return logp, entropy, self.value(obs).squeeze(-1)
+        return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
 
 
 def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:

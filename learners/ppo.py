@@ -86,6 +86,12 @@ def ppo_loss(
     return PPOLoss(total, pg_loss, v_loss, mean_entropy, approx_kl, clip_fraction)
 
 
+def annealed(cfg: PPOConfig, trained_steps: int, total_steps: int) -> float:
+    """The fraction of the initial learning rate and clip range to use now."""
+    horizon = cfg.anneal_steps or total_steps
+    return max(1.0 - trained_steps / horizon, cfg.anneal_floor)
+
+
 def update(
     model: nn.Module,
     core: ActorCritic,
@@ -93,9 +99,12 @@ def update(
     batch: Batch,
     cfg: PPOConfig,
     generator: torch.Generator,
+    anneal: float = 1.0,
 ) -> dict[str, float]:
     """One PPO update on one rank's batch. `model` may be DDP-wrapped (gradients are all-reduced
     in backward, so clipping below sees the global gradient); `core` is the bare module."""
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.learning_rate * anneal
     steps, slots = batch.rewards.shape
     with torch.no_grad():
         flat_obs = batch.obs.flatten(0, 1)
@@ -127,11 +136,11 @@ def update(
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             loss = ppo_loss(
                 new_logp, old_logp_flat[idx], adv, new_values, vs[idx], entropy,
-                clip_coef=cfg.clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                clip_coef=cfg.clip_coef * anneal, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
             )  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             loss.total.backward()
-            nn.utils.clip_grad_norm_(core.parameters(), cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(core.parameters(), cfg.max_grad_norm, foreach=True)
             optimizer.step()
     stats = {name: float(value.detach()) for name, value in loss._asdict().items()}
     stats["mean_rho"] = float(targets.clipped_rhos.mean())

@@ -50,3 +50,27 @@ def test_continuous_spec_carries_bounds() -> None:
 def test_unsupported_envs_fail_clearly(env_id: str, words: str) -> None:
     with pytest.raises(envs.EnvError, match=words):
         envs.probe(env_id)
+
+
+def test_episode_bookkeeping_across_rollouts() -> None:
+    """Episodes spanning rollouts are summed whole; every valid step lands in exactly one episode."""
+    env = envs.make_vector_env("CartPole-v1", 5)
+    spec = envs.describe(env, "CartPole-v1")
+    policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
+    collector = Collector(env, spec, rollout_length=7, seed=3)  # shorter than most episodes
+    rollouts = [collector.collect(policy, 0, 0, "a") for _ in range(40)]
+    returns, lengths = collector.episodes.drain()
+    # Reference: walk the steps one by one.
+    running, expected = np.zeros(5), []
+    for r in rollouts:
+        for t in range(r.rewards.shape[0]):
+            running += r.rewards[t]
+            for slot in np.flatnonzero(r.terminated[t] | r.truncated[t]):
+                expected.append(running[slot])
+                running[slot] = 0
+    assert len(returns) > 20
+    assert sorted(returns.tolist()) == sorted(expected)
+    assert np.array_equal(returns, lengths)  # CartPole: reward 1 for every real step
+    valid_steps = sum(int(r.valid.sum()) for r in rollouts)
+    assert lengths.sum() + collector.episode_length.sum() == valid_steps
+    env.close()

@@ -37,7 +37,7 @@ RUN_CONFIG = RunConfig(
     seed=9,
     hidden_sizes=(32, 16, 8),
     rollouts_in_flight=4,
-    ppo=PPOConfig(learning_rate=3e-4, anneal_lr=False, epochs=2, rollouts_per_batch=2),
+    ppo=PPOConfig(learning_rate=3e-4, anneal_steps=5000, epochs=2, rollouts_per_batch=2),
 )
 ENV_SPEC = EnvSpec(
     obs_dim=3,
