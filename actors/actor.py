@@ -2,9 +2,9 @@
 
     Hello → Assign (member, env, learner endpoints, current weights)
     loop until stopped or `max_steps`:
-        collect one rollout with the weights in hand (tagged with their version); send it
-        wait for a credit from some learner (flow control: the learners pace the actors)
-        take the newest weights from the broadcast, if any; obey a stop directive
+        wait for a credit from some learner (flow control: the learners pace the actors), and
+            for the weights it names (the broadcast brings them; a stop directive ends the wait)
+        collect one rollout with them, tagged with their version; send it to that learner
         report env steps and finished episodes every `report_interval_s`
 
 Killed and restarted, it says Hello again and carries on: nothing it holds needs saving.
@@ -64,6 +64,7 @@ class Actor:
             self.learners.append(sock)
             self.credits.append(0)
         self.hello_frame = wire.encode(hello)
+        self.heard_from = [0.0] * len(self.learners)  # when each learner last sent us a credit
         self.greet_learners()
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
@@ -105,8 +106,13 @@ class Actor:
         return EXIT_OK
 
     def greet_learners(self) -> None:
-        for sock in self.learners:
-            sock.send(self.hello_frame, flags=zmq.NOBLOCK)
+        """Hello to every learner we hold no credit from and have not heard from lately: a
+        learner that restarted has forgotten us, and a credit lost with it would starve us."""
+        now = time.monotonic()
+        for i, sock in enumerate(self.learners):
+            if self.credits[i] == 0 and now - self.heard_from[i] > GREETING_PERIOD_S:
+                sock.send(self.hello_frame, flags=zmq.NOBLOCK)
+                self.heard_from[i] = now
 
     def wait_for_credit(self, report: RateTimer, collector: Collector) -> int | None:
         """Index of a learner whose credit we hold (waiting as long as it takes), or None on stop.
@@ -118,7 +124,6 @@ class Actor:
         poller = zmq.Poller()
         for sock in self.learners:
             poller.register(sock, zmq.POLLIN)
-        last_greeting = time.monotonic()
         while not self.stop.is_set():
             for i, sock in enumerate(self.learners):
                 while sock.poll(0, zmq.POLLIN):
@@ -130,6 +135,7 @@ class Actor:
                         self.reject(exc)
                         continue
                     self.credits[i] += message.count
+                    self.heard_from[i] = time.monotonic()
                     self.awaited_version = max(self.awaited_version, message.policy_version)
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
@@ -140,9 +146,7 @@ class Actor:
             self.read_broadcast(timeout_ms=0)
             if report.due():
                 self.report(collector)
-            if time.monotonic() - last_greeting > GREETING_PERIOD_S:
-                self.greet_learners()
-                last_greeting = time.monotonic()
+            self.greet_learners()
         return None
 
     def await_weights(self, version: int) -> None:

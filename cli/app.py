@@ -11,7 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
-from rlmq.common.service import StopFlag, configure_logging, install_signal_handlers, limit_threads
+from rlmq.common.service import (
+    EXIT_USAGE,
+    StopFlag,
+    configure_logging,
+    install_signal_handlers,
+    limit_threads,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="rlmq: message-queue actor-learner reinforcement learning.")
@@ -49,7 +55,11 @@ def coordinator(
     from rlmq.common.config import CoordinatorConfig, RunConfig, load_run_config
     from rlmq.coordinator.coordinator import main
 
-    config = load_run_config(run_config, {}) if run_config else RunConfig()
+    try:
+        config = load_run_config(run_config, {}) if run_config else RunConfig()
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: run config {run_config}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
                             broadcast_bind=broadcast_bind, metrics_port=metrics_port)
     raise typer.Exit(main(cfg, stop))
@@ -65,7 +75,7 @@ def learner(
     master_addr: Annotated[str, _opt("Rank 0's address (torch.distributed).", "MASTER_ADDR")] = "127.0.0.1",
     master_port: Annotated[int, _opt("Rendezvous port.", "MASTER_PORT")] = 29500,
     advertise_host: Annotated[str, _opt("Host actors use to reach this learner.", "ADVERTISE_HOST")] = "127.0.0.1",
-    experience_port: Annotated[int, _opt("Experience PULL port (0: any).", "EXPERIENCE_PORT")] = 0,
+    experience_port: Annotated[int, _opt("Experience ROUTER port (0: any).", "EXPERIENCE_PORT")] = 0,
     metrics_port: MetricsPort = 0,
     device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
     torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS")] = 1,
@@ -122,8 +132,12 @@ def up(
                                        target_return=target_return, num_envs=num_envs,
                                        seed=seed).items() if v is not None}
     overrides["num_learners"] = learners
-    up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
-                            redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads)
+    try:
+        up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
+                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads)
+    except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
+        typer.echo(f"error: {exc}. Fix the flag or the --config file (fields: common/config.py).", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     raise typer.Exit(run_up(up_cfg))
 
 

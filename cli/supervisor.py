@@ -78,9 +78,10 @@ class Supervisor:
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        threads = str(cfg.torch_threads)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads,
-                    "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": threads}
+        one = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **one}
+        threads = str(cfg.torch_threads)  # learners alone may get more (torch's pool)
+        self.learner_env = {**self.env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
     def plan(self) -> None:
         control, broadcast, master = free_port(), free_port(), free_port()
@@ -103,7 +104,8 @@ class Supervisor:
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True, preexec_fn=die_with_parent,
+                env=self.learner_env if child.role == "learner" else self.env,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
 
     def kill_all(self, sig: int) -> None:

@@ -42,6 +42,25 @@ class PPOConfig:
     max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
 
+    def __post_init__(self) -> None:
+        problems = [f"ppo.{name} must be at least 1" for name in
+                    ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
+                    if getattr(self, name) < 1]  # fmt: skip
+        checks = {
+            "learning_rate > 0": self.learning_rate > 0,
+            "0 < gamma <= 1": 0 < self.gamma <= 1,
+            "0 <= gae_lambda <= 1": 0 <= self.gae_lambda <= 1,
+            "clip_coef > 0": self.clip_coef > 0,
+            "rho_bar > 0 and c_bar > 0": self.rho_bar > 0 and self.c_bar > 0,
+            "max_grad_norm > 0": self.max_grad_norm > 0,
+            "max_policy_lag >= 0": self.max_policy_lag >= 0,
+            "anneal_steps >= 0": self.anneal_steps >= 0,
+            "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
+        }
+        problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -59,9 +78,9 @@ class RunConfig:
     report_interval_s: float = 0.5  # actor and learner heartbeat period
     # Credit-based flow control: each learner rank lets at most this many rollouts be collected
     # for it at once. It bounds policy lag whatever the number of actors (docs/architecture.md).
-    # 1: a learner trains on one rollout while the next is collected, so the data is at most one
-    # update old; more in flight buys throughput at the price of policy lag (with 10 epochs an
-    # update moves the policy a lot, and lag costs far more samples than it saves time).
+    # 1: no rollout is collected for a learner while it trains on the last one, so its data is
+    # never older than the update it feeds; more in flight buys throughput at the price of policy
+    # lag (with 10 epochs an update moves the policy a lot: lag costs more samples than it saves).
     rollouts_in_flight: int = 1
     ppo: PPOConfig = field(default_factory=PPOConfig)
 
@@ -69,9 +88,13 @@ class RunConfig:
         problems = []
         if self.algo not in ALGORITHMS:
             problems.append(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
-        for name in ("num_learners", "num_envs", "rollout_length", "total_steps"):
+        for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
+        if self.seed < 0:
+            problems.append("seed must not be negative")
+        if self.report_interval_s <= 0:
+            problems.append("report_interval_s must be positive")
         if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
             problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:

@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from rlmq.common.config import EnvSpec
+from rlmq.common.wire import Params
 
-Params = dict[str, np.ndarray]
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -39,12 +39,17 @@ class NumpyPolicy:
             (np.ascontiguousarray(params[w].T, dtype=np.float32), params[b].astype(np.float32))
             for w, b in names
         ]
-        if self._layers[0][0].shape[0] != spec.obs_dim:
-            raise ValueError(f"policy expects {self._layers[0][0].shape[0]} inputs, env has {spec.obs_dim}")
-        if self._layers[-1][0].shape[1] != spec.action_dim:
-            raise ValueError("policy output does not match the action space")
+        width = spec.obs_dim  # every layer must take what the one before it gives
+        for weight, bias in self._layers:
+            if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
+                raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")
+            width = weight.shape[1]
+        if width != spec.action_dim:
+            raise ValueError(f"policy gives {width} outputs, the action space needs {spec.action_dim}")
         self.discrete = spec.action_kind == "discrete"
         self._log_std = None if self.discrete else params["log_std"].astype(np.float32)
+        if self._log_std is not None and self._log_std.shape != (spec.action_dim,):
+            raise ValueError(f"log_std {self._log_std.shape} does not fit {spec.action_dim} actions")
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         x = obs

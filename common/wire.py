@@ -11,9 +11,9 @@ Topology (who sends what to whom, see docs/architecture.md):
 
     actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights
     coordinator     ROUTER → actor, learner       Assign
-    actor           DEALER → learner ROUTER       Hello (once), Rollout (one per credit held)
+    actor           DEALER → learner ROUTER       Hello (again while starved), Rollout (one per credit)
     learner         ROUTER → actor                Credit
-    coordinator     PUB    → actors, learner 0    Weights (topic = member), Directive (topic "all")
+    coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl.")
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ MAX_SEQUENCE = 4096
 MAX_ARRAY_DIMS = 6
 ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
 _INT64 = (-(2**63), 2**63 - 1)
+MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
+
+
+def _require(condition: bool, detail: str) -> None:
+    if not condition:
+        raise WireError("bad_value", detail)
+
+
+def _counts(message: object, *names: str) -> None:
+    for name in names:
+        value = getattr(message, name)
+        _require(0 <= value <= MAX_COUNT, f"{type(message).__name__}.{name} = {value} outside [0, 2^40]")
 
 
 class WireError(ValueError):
@@ -58,12 +70,14 @@ class Hello:
     name: str
     pid: int
     rank: int = -1  # learner rank; -1 for actors
-    experience_endpoint: str = ""  # where a learner's PULL socket can be reached
+    experience_endpoint: str = ""  # where actors reach a learner's experience (ROUTER) socket
     metrics_port: int = 0
 
     def __post_init__(self) -> None:
-        if self.role not in ("actor", "learner"):
-            raise WireError("bad_value", f"Hello.role must be actor or learner, got {self.role!r}")
+        _require(self.role in ("actor", "learner"), f"Hello.role must be actor or learner, not {self.role!r}")
+        _require(bool(self.name), "Hello.name is empty")
+        _require(self.rank >= -1, "Hello.rank below -1")
+        _counts(self, "pid", "metrics_port")
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,10 @@ class Weights:
     version: int
     params: Params
     final: bool = False  # the learner's last publication before it stops
+
+    def __post_init__(self) -> None:
+        _require(bool(self.params), "Weights.params is empty")
+        _counts(self, "member", "version")
 
 
 @dataclass(frozen=True)
@@ -117,8 +135,8 @@ class Rollout:
         if self.obs.ndim < 3:
             raise WireError("bad_shape", f"Rollout.obs must be [T+1, N, ...], got {self.obs.shape}")
         steps, slots = self.obs.shape[0] - 1, self.obs.shape[1]
-        if steps < 1:
-            raise WireError("bad_shape", "Rollout must hold at least one step")
+        if steps < 1 or slots < 1:
+            raise WireError("bad_shape", "Rollout must hold at least one step of one slot")
         for name in ("logprobs", "rewards", "terminated", "truncated", "valid"):
             if getattr(self, name).shape != (steps, slots):
                 raise WireError("bad_shape", f"Rollout.{name} must be {(steps, slots)}")
@@ -146,6 +164,14 @@ class ActorReport:
     rejected: int = 0  # malformed messages this actor dropped since its last report
     first_step_at: float = 0.0  # unix time of this actor's first env step; 0 before it
 
+    def __post_init__(self) -> None:
+        _counts(self, "member", "env_steps", "rejected")
+        _require(self.policy_version >= -1 and self.first_step_at >= 0, "ActorReport: negative field")
+        returns, lengths = self.episode_returns, self.episode_lengths
+        _require(returns.ndim == 1 and returns.dtype.name == "float64", "episode_returns must be 1-D float64")
+        _require(lengths.shape == returns.shape and lengths.dtype.name == "int64",
+                 "episode_lengths must be int64 and match episode_returns")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class LearnerReport:
@@ -159,6 +185,10 @@ class LearnerReport:
     stale_dropped: int
     mean_policy_lag: float
     rejected: int = 0
+
+    def __post_init__(self) -> None:
+        _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected")
+        _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
 
 
 @dataclass(frozen=True)

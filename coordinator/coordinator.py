@@ -21,6 +21,7 @@ import zmq
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
+from rlmq.common.models import NumpyPolicy
 from rlmq.common.service import EXIT_OK, RateTimer, StopFlag
 from rlmq.coordinator.store import RECENT_EPISODES, RunStore
 
@@ -48,8 +49,11 @@ class Coordinator:
             self.run_config, self.spec = saved
             log.info("resuming run %s from Redis", cfg.run)
         self.latest_weights = store.weights(0)
-        self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in store.learners().items()}
-        self.waiting_actors: list[tuple[bytes, wire.Hello]] = []
+        learners = store.learners()
+        self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in learners.items()}
+        # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
+        self.publisher = learners[0]["identity"].encode() if 0 in learners else None
+        self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
         self.finished_at: float | None = None
@@ -70,15 +74,19 @@ class Coordinator:
             if not 0 <= hello.rank < self.run_config.num_learners:
                 raise wire.WireError("bad_value", f"learner rank {hello.rank} outside the world")
             self.learner_endpoints[hello.rank] = hello.experience_endpoint
-            self.store.put_learner(hello.rank, {"name": hello.name, "endpoint": hello.experience_endpoint,
-                                                "metrics_port": hello.metrics_port, "pid": hello.pid})
+            if hello.rank == 0:
+                self.publisher = identity
+            self.store.put_learner(hello.rank, {
+                "name": hello.name, "endpoint": hello.experience_endpoint, "pid": hello.pid,
+                "metrics_port": hello.metrics_port, "identity": identity.decode(errors="replace"),
+            })  # fmt: skip
             self.reply_assign(identity, actor_index=-1)
             if len(self.learner_endpoints) == self.run_config.num_learners:
-                for waiting, actor_hello in self.waiting_actors:
+                for waiting, actor_hello in self.waiting_actors.items():
                     self.assign_actor(waiting, actor_hello)
                 self.waiting_actors.clear()
         elif len(self.learner_endpoints) < self.run_config.num_learners:
-            self.waiting_actors.append((identity, hello))
+            self.waiting_actors[identity] = hello
         else:
             self.assign_actor(identity, hello)
 
@@ -98,6 +106,7 @@ class Coordinator:
         self.control.send_multipart([identity, wire.encode(assign)])
 
     def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
+        check_member(report.member)
         self.store.touch_actor(report.name)
         if report.env_steps:
             self.store.add_env_steps(report.env_steps)
@@ -118,6 +127,15 @@ class Coordinator:
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
+        if identity != self.publisher:
+            raise wire.WireError("not_publisher", "Weights come from learner rank 0 only")
+        check_member(weights.member)
+        if self.latest_weights is not None and weights.version < self.latest_weights.version:
+            raise wire.WireError("stale_weights", f"version {weights.version} < {self.latest_weights.version}")
+        try:  # every actor would choke on weights that do not fit: refuse them here, once
+            NumpyPolicy(dict(weights.params), self.spec)
+        except (KeyError, ValueError) as exc:
+            raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights = weights
         self.store.put_weights_frame(weights.member, frame)
         self.broadcast.send_multipart([wire.weights_topic(weights.member), frame], copy=False)
@@ -207,10 +225,15 @@ class Coordinator:
         self.broadcast.close()
 
 
+def check_member(member: int) -> None:
+    if member != 0:  # a single agent for now; population training widens this
+        raise wire.WireError("unknown_member", f"member {member}")
+
+
 def _actor_index(name: str, default: int) -> int:
     """`actor-7` → 7, so a restarted actor gets its old seed stream; otherwise arrival order."""
     tail = name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else default
+    return int(tail) if tail.isascii() and tail.isdecimal() and len(tail) <= 6 else default
 
 
 def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:

@@ -2,11 +2,11 @@
 
     rlmq:{run}:config              JSON: the RunConfig and the probed EnvSpec
     rlmq:{run}:status              hash: state, reason, env_steps, episodes, mean_return, ...
-    rlmq:{run}:members             hash: member id → JSON record (version, env steps, ...)
+    rlmq:{run}:members             hash: member id → JSON record (population training; unused yet)
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
-    rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, last_seen}
+    rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, pid, metrics_port, identity}
     rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from typing import Any
 
@@ -30,8 +31,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 class RunStore:
     def __init__(self, client: redis.Redis, run: str) -> None:
+        if not RUN_ID.fullmatch(run):  # no ':' or glob characters: keys of one run never match another's
+            raise ValueError(f"run id {run!r}: use letters, digits, '_', '.', '-' (at most 128)")
         self.redis, self.run = client, run
         self.prefix = f"rlmq:{run}"
 

@@ -4,7 +4,8 @@ An actor may send a rollout to a learner only when it holds a credit from it. Th
 credits, oldest-waiting actor first, while (credits out) + (rollouts queued) < budget. So however
 many actors there are, at most `budget` rollouts exist for this learner at once, and the policy lag
 stays near budget / rollouts-per-update instead of growing with the actor count and the socket
-buffers. A credit unused for `timeout_s` (its actor died) is taken back. Pure bookkeeping: no I/O.
+buffers. The learner drops a rollout from an actor that holds no credit, so the bound is enforced,
+not hoped for. A credit unused for `timeout_s` (its actor died) is taken back. Pure bookkeeping.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ class CreditLedger:
     def in_flight(self) -> int:
         return len(self.granted)
 
+    def holds(self, actor: bytes) -> bool:
+        return actor in self.granted
+
     def hello(self, actor: bytes) -> None:
-        """The actor holds no credit from us (it is new, restarted, or we restarted)."""
-        self.granted.pop(actor, None)
-        self.waiting[actor] = None
+        """The actor wants credit (it is new, or we restarted and forgot it). If our ledger says
+        it holds one, that credit may still be on its way: leave it to arrive or to time out.
+        (A restarted actor has a new socket identity, so it is a new actor here.)"""
+        if actor not in self.granted:
+            self.waiting[actor] = None
 
     def delivered(self, actor: bytes) -> None:
         """A rollout arrived; the actor wants the next credit."""

@@ -29,6 +29,7 @@ from rlmq.learners.credits import CreditLedger
 from rlmq.learners.networks import ActorCritic, load_numpy_params, to_numpy_params
 
 log = logging.getLogger("rlmq.learner")
+MAX_MESSAGES_PER_RECEIVE = 256
 
 
 class Learner:
@@ -58,7 +59,9 @@ class Learner:
         """Take what actors sent (rollouts, hellos); hand out the credits due before waiting (or
         the wait is for data nobody may send) and again after."""
         self.grant_credits()
-        while self.experience.poll(timeout_ms, zmq.POLLIN):
+        for _ in range(MAX_MESSAGES_PER_RECEIVE):  # bounded: a flood cannot starve the agreement
+            if not self.experience.poll(timeout_ms, zmq.POLLIN):
+                break
             timeout_ms = 0
             parts = self.experience.recv_multipart(copy=False)
             try:
@@ -70,6 +73,8 @@ class Learner:
                     continue
                 if not isinstance(message, wire.Rollout):
                     raise wire.WireError("unexpected_kind", type(message).__name__)
+                if not self.credits.holds(actor):  # the budget holds only if credits are enforced
+                    raise wire.WireError("no_credit", "a rollout without a credit")
                 self.credits.delivered(actor)
                 self.check_rollout(message)
             except wire.WireError as exc:
@@ -87,9 +92,12 @@ class Learner:
         self.metrics.queue_depth.set(len(self.queue))
 
     def check_rollout(self, r: wire.Rollout) -> None:
-        spec = self.spec
+        spec, run_cfg = self.spec, self.run_cfg
         if r.member != 0:
             raise wire.WireError("unknown_member", f"member {r.member}")
+        if r.obs.shape[:2] != (run_cfg.rollout_length + 1, run_cfg.num_envs):
+            raise wire.WireError("bad_shape", f"obs {r.obs.shape}: the run's rollouts are "
+                                 f"{run_cfg.rollout_length} steps × {run_cfg.num_envs} slots")
         if r.obs.shape[2:] != (spec.obs_dim,) or r.obs.dtype != np.float32:
             raise wire.WireError("bad_shape", f"obs {r.obs.shape} {r.obs.dtype}, env has {spec.obs_dim}")
         want = (np.int64, ()) if spec.action_kind == "discrete" else (np.float32, (spec.action_dim,))
@@ -125,9 +133,11 @@ class Learner:
 
     def read_directives(self) -> None:
         while self.cfg.rank == 0 and self.directives.poll(0, zmq.POLLIN):
-            _topic, frame = self.directives.recv_multipart()
+            parts = self.directives.recv_multipart()
             try:
-                message = wire.decode(frame)
+                if len(parts) != 2:
+                    raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
+                message = wire.decode(parts[1])
             except wire.WireError as exc:
                 self.reject(exc)
                 continue

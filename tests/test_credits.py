@@ -79,17 +79,31 @@ def test_an_unused_credit_is_reclaimed_after_the_timeout() -> None:
     assert list(ledger.waiting) == []  # A is not re-queued: it says hello if it lives
 
 
-def test_hello_from_an_actor_holding_a_credit_resets_it() -> None:
+def test_hello_from_an_actor_holding_a_credit_keeps_the_credit() -> None:
+    """The hello may have crossed the credit on the wire: granting again would let the actor
+    send two rollouts on one budget slot."""
     ledger = CreditLedger(budget=1, timeout_s=10.0)
     ledger.hello(A)
     ledger.hello(B)
     assert ledger.grant(now=0.0, queued=0) == [A]
-    ledger.hello(A)  # A restarted: the credit it held died with it
-    assert ledger.in_flight == 0
-    assert list(ledger.waiting) == [B, A]
-    assert ledger.grant(now=0.1, queued=0) == [B]
-    ledger.delivered(B)
-    assert ledger.grant(now=0.2, queued=0) == [A]
+    ledger.hello(A)
+    assert ledger.in_flight == 1 and ledger.holds(A)
+    assert list(ledger.waiting) == [B]
+    assert ledger.grant(now=0.1, queued=0) == []
+    ledger.delivered(A)
+    assert not ledger.holds(A)
+    assert ledger.grant(now=0.2, queued=0) == [B]
+
+
+def test_a_lost_credit_comes_back_after_the_timeout() -> None:
+    ledger = CreditLedger(budget=1, timeout_s=10.0)
+    ledger.hello(A)
+    assert ledger.grant(now=0.0, queued=0) == [A]
+    ledger.hello(A)  # still waiting: the credit never arrived (the learner's reply was lost)
+    assert ledger.grant(now=5.0, queued=0) == []
+    assert ledger.grant(now=10.5, queued=0) == [] and ledger.in_flight == 0  # reclaimed
+    ledger.hello(A)  # the actor greets again while it starves (actors/actor.py)
+    assert ledger.grant(now=11.0, queued=0) == [A]
 
 
 @pytest.mark.parametrize("seed", range(5))

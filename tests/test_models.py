@@ -71,7 +71,7 @@ def test_act_log_probs_equal_torch(kind: str) -> None:
 
 def test_numpy_policy_refuses_a_network_for_another_env() -> None:
     params = to_numpy_params(trained_looking_model(SPECS["discrete"], (8,), seed=0))
-    with pytest.raises(ValueError, match="inputs"):
+    with pytest.raises(ValueError, match="does not fit width 5"):
         NumpyPolicy(params, EnvSpec(obs_dim=5, action_kind="discrete", action_dim=2))
     with pytest.raises(ValueError, match="action space"):
         NumpyPolicy(params, EnvSpec(obs_dim=4, action_kind="discrete", action_dim=3))

@@ -35,6 +35,30 @@ BAD_FRAMES = [
 ]
 
 
+def raw(kind: str, fields: dict[str, Any]) -> bytes:
+    """A frame that decodes field by field, for contents a dataclass would refuse to build."""
+    return msgpack.packb([wire.PROTOCOL_VERSION, kind, fields])
+
+
+def array(a: np.ndarray) -> list[Any]:
+    return [a.dtype.name, list(a.shape), a.tobytes()]
+
+
+# Well-formed msgpack, wrong meaning: each must be refused by the message's own checks.
+SEMANTIC_FRAMES = [
+    raw("ActorReport", {"name": "a", "member": 0, "env_steps": -5}),
+    raw("ActorReport", {"name": "a", "member": 0, "env_steps": 2**62}),
+    raw("ActorReport", {"name": "a", "member": 0, "env_steps": 1,
+                        "episode_returns": array(np.ones((2, 2)))}),
+    raw("LearnerReport", {"name": "l", "rank": 0, "policy_version": 1, "updates": -1, "samples": 0,
+                          "stale_dropped": 0, "mean_policy_lag": 0.0}),
+    raw("Rollout", {"member": 0, "policy_version": 0, "actor": "a",
+                    **{k: array(np.zeros((8, 0), bool)) for k in ("terminated", "truncated", "valid")},
+                    "obs": array(np.zeros((9, 0, 4), np.float32)), "actions": array(np.zeros((8, 0), np.int64)),
+                    "logprobs": array(np.zeros((8, 0), np.float32)), "rewards": array(np.zeros((8, 0), np.float32))}),
+]  # fmt: skip
+
+
 def rejected_total(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -78,15 +102,36 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{coord['control']}")
     wait_for(lambda: _scrape_ok(coord["metrics"]), 30, "coordinator /metrics")
-    for frame in BAD_FRAMES:
+    for frame in [*BAD_FRAMES, *SEMANTIC_FRAMES]:
         sock.send(frame)
     sock.send_multipart([b"two", b"frames"])
-    wait_for(lambda: rejected_total(coord["metrics"]) >= len(BAD_FRAMES) + 1, 10, "rejects counted")
+    expected = len(BAD_FRAMES) + len(SEMANTIC_FRAMES) + 1
+    wait_for(lambda: rejected_total(coord["metrics"]) >= expected, 10, "rejects counted")
     sock.send(wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9")))
     answer = receive(sock)
     assert isinstance(answer, wire.Assign) and answer.env_spec == CARTPOLE
+
+    # Valid frames that a coordinator must still refuse: they would poison every actor.
+    params = to_numpy_params(ActorCritic(CARTPOLE, (8,)))
+    intruder = zmq.Context.instance().socket(zmq.DEALER)  # not the registered rank 0
+    intruder.connect(f"tcp://127.0.0.1:{coord['control']}")
+    intruder.send(wire.encode(wire.Weights(member=0, version=99, params=params)))
+    sock.send(wire.encode(wire.Weights(member=0, version=1, params={"policy.0.weight": np.ones(3, np.float32)})))
+    sock.send(wire.encode(wire.Weights(member=7, version=1, params=params)))
+    sock.send(wire.encode(wire.ActorReport(name="a", member=3, env_steps=10)))
+    wait_for(lambda: rejected_total(coord["metrics"]) >= expected + 4, 10, "semantic rejects counted")
+    store = RunStore.connect(redis_url, run_id)
+    assert store.weights(0) is None and store.status()["env_steps"] == 0, "nothing refused was kept"
+    sock.send(wire.encode(wire.Weights(member=0, version=1, params=params)))
+    wait_for(lambda: store.weights(0) is not None, 10, "rank 0's valid weights stored")
+
+    # An actor whose name ends in a non-ASCII digit still gets its assignment.
+    sock.send(wire.encode(wire.Hello(role="actor", name="actor-²", pid=2)))
+    answer = receive(sock)
+    assert isinstance(answer, wire.Assign) and answer.weights is not None and answer.weights.version == 1
     assert coord["service"].alive()
     sock.close()
+    intruder.close()
 
 
 def _scrape_ok(port: int) -> bool:
@@ -111,11 +156,18 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(endpoint)
     wrong_obs = _rollout(obs_dim=5)
-    out_of_range = _rollout(actions=np.full((8, 4), 7, np.int64))
-    for frame in [*BAD_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs), wire.encode(out_of_range)]:
-        sock.send(frame)
-    wait_for(lambda: rejected_total(learner_metrics) >= len(BAD_FRAMES) + 3, 10, "rejects counted")
+    out_of_range = _rollout(actions=np.full((8, 4), 7, np.int64))  # 2 actions in CartPole
+    sock.send(wire.encode(_rollout()))  # no credit held: dropped, or the budget means nothing
+    wait_for(lambda: rejected_total(learner_metrics) >= 1, 10, "the uncredited rollout refused")
     sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1)))
+    assert isinstance(receive(sock), wire.Credit)
+    too_long = _rollout(steps=9)  # the run's rollouts are 8 steps
+    bad = [*BAD_FRAMES, *SEMANTIC_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs),
+           wire.encode(out_of_range), wire.encode(too_long)]
+    for frame in bad:
+        sock.send(frame)
+    wait_for(lambda: rejected_total(learner_metrics) >= 1 + len(bad), 10, "rejects counted")
+    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1)))  # the credit was spent
     assert isinstance(receive(sock), wire.Credit)
     sock.send(wire.encode(_rollout()))
     assert isinstance(receive(sock), wire.Credit), "a valid rollout after garbage is accepted"
@@ -123,8 +175,8 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     sock.close()
 
 
-def _rollout(obs_dim: int = 4, actions: np.ndarray | None = None) -> wire.Rollout:
-    steps, slots = 8, 4
+def _rollout(obs_dim: int = 4, actions: np.ndarray | None = None, steps: int = 8) -> wire.Rollout:
+    slots = 4
     return wire.Rollout(
         member=0, policy_version=0, actor="a", obs=np.zeros((steps + 1, slots, obs_dim), np.float32),
         actions=np.zeros((steps, slots), np.int64) if actions is None else actions,

@@ -132,3 +132,26 @@ def test_sigint_leaves_no_process_behind(tmp_path: Path, interrupts: int) -> Non
     time.sleep(0.5)
     left = {pid: cmd for pid, cmd in tree.items() if running(pid)}
     assert not left, f"processes left behind: {left}"
+
+
+def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
+    up = start_up(tmp_path / "run", "--actors", "1", "--learners", "1", "--total-steps", "3000",
+                  "--target-return", "475")
+    output, _ = up.communicate(timeout=120)
+    assert up.returncode == 3, output
+    assert "target not reached" in output and "raise --total-steps" in output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reason"] == "budget" and not summary["success"] and summary["env_steps"] >= 3000
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--env", "NoSuchEnv-v0"], "unknown env"),
+    (["--env", "Blackjack-v1"], "not a Box"),
+    (["--algo", "dqn"], "algo 'dqn' is not one of"),
+    (["--num-envs", "0"], "num_envs must be at least 1"),
+])  # fmt: skip
+def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
+    up = start_up(tmp_path / "run", *args)
+    output, _ = up.communicate(timeout=60)
+    assert up.returncode == 2, output
+    assert words in output and "Traceback" not in output

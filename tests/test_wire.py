@@ -184,8 +184,10 @@ def test_round_trip(message: Any) -> None:
 
 def test_round_trip_converts_non_native_byte_order() -> None:
     returns = np.array([1.5, -2.0, 3.25], dtype=">f8")  # dtype.name is "float64" either way
-    decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns)))
+    lengths = np.array([1, 2, 3], dtype=">i8")
+    decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns, episode_lengths=lengths)))
     assert decoded.episode_returns.tolist() == [1.5, -2.0, 3.25]
+    assert decoded.episode_lengths.tolist() == [1, 2, 3]
 
 
 def test_encode_refuses_a_non_message() -> None:
