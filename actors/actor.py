@@ -65,6 +65,9 @@ class Actor:
             self.credits.append(0)
         self.hello_frame = wire.encode(hello)
         self.heard_from = [0.0] * len(self.learners)  # when each learner last sent us a credit
+        self.poller = zmq.Poller()
+        for sock in self.learners:
+            self.poller.register(sock, zmq.POLLIN)
         self.greet_learners()
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
@@ -90,7 +93,7 @@ class Actor:
                     break
                 self.first_step_at = self.first_step_at or time.time()
                 rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
-                self.learners[learner].send(wire.encode(rollout), copy=False)
+                self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
                 steps = int(rollout.valid.sum())
                 self.unreported_steps += steps
@@ -121,9 +124,6 @@ class Actor:
         the learners again now and then, in case one restarted and forgot us.
         """
         started = time.perf_counter()
-        poller = zmq.Poller()
-        for sock in self.learners:
-            poller.register(sock, zmq.POLLIN)
         while not self.stop.is_set():
             for i, sock in enumerate(self.learners):
                 while sock.poll(0, zmq.POLLIN):
@@ -142,7 +142,7 @@ class Actor:
                 self.await_weights(self.awaited_version)
                 self.metrics.send_blocked.inc(time.perf_counter() - started)
                 return best
-            poller.poll(50)
+            self.poller.poll(50)
             self.read_broadcast(timeout_ms=0)
             if report.due():
                 self.report(collector)

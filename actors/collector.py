@@ -59,14 +59,14 @@ class Collector:
         truncated = np.empty((steps, n), bool)
         valid = np.empty((steps, n), bool)
         env, rng, clip = self.env, self.rng, self.clip
+        obs[0] = self.obs
         for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
-            obs[t] = self.obs
-            action, logp = policy.act(self.obs, rng)
+            action, logp = policy.act(obs[t], rng)
             next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
+            obs[t + 1] = next_obs.reshape(n, -1)  # flattened as it is copied in
             actions[t], logprobs[t], rewards[t] = action, logp, reward
             terminated[t], truncated[t] = term, trunc
-            self.obs = flatten_obs(next_obs, n)
-        obs[steps] = self.obs
+        self.obs = obs[steps].copy()
         done = terminated | truncated
         valid[0] = ~self.prev_done
         np.logical_not(done[:-1], out=valid[1:])

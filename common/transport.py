@@ -48,7 +48,7 @@ def send(sock: zmq.Socket, message: wire.Message) -> bool:
     and blocking could trap a shutdown. Experience is paced by credits instead (learners/credits.py).
     """
     try:
-        sock.send(wire.encode(message), flags=zmq.NOBLOCK, copy=False)
+        sock.send(wire.encode(message), flags=zmq.NOBLOCK)
         return True
     except zmq.Again:
         return False

@@ -138,7 +138,7 @@ class Coordinator:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights = weights
         self.store.put_weights_frame(weights.member, frame)
-        self.broadcast.send_multipart([wire.weights_topic(weights.member), frame], copy=False)
+        self.broadcast.send_multipart([wire.weights_topic(weights.member), frame])
         self.metrics.weights_bytes.inc(len(frame))
         self.metrics.weights_latency.observe(time.perf_counter() - received)
         self.store.set_status(policy_version=weights.version)
