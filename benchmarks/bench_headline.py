@@ -59,7 +59,7 @@ class Sampler:
                 continue  # gone since the walk, or a zombie
             pss = (smaps_kb(pid, "Pss") or 0) if self.with_pss else 0
             proc = self.processes.get(pid)
-            if proc is None or proc.label == "starting":  # before exec the child looks like its parent
+            if proc is None or proc.label in ("starting", "other"):  # before (or during) exec
                 proc = self.processes[pid] = Process("supervisor" if pid == self.root else label(pid))
             proc.peak_rss_kb, proc.peak_pss_kb = max(proc.peak_rss_kb, rss), max(proc.peak_pss_kb, pss)
             proc.samples += 1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,12 @@ def point_latest(run_dir: Path) -> None:
         pass  # a read-only or odd parent: `rlmq status --run-dir` still works
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
+@contextlib.contextmanager
+def atomic(path: Path) -> Iterator[Path]:
+    """Write to the yielded temporary path; it replaces `path` only once the write is complete,
+    so a run killed mid-write leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    yield tmp
     os.replace(tmp, path)
 
 
@@ -48,19 +53,16 @@ def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: Run
         "env_spec": dataclasses.asdict(spec),
         "run_config": json.loads(json.dumps(dataclasses.asdict(run_config))),
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic(path) as tmp:
+        torch.save(state, tmp)
     return weights.version
 
 
 def write_csv(path: Path, progress: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(progress)
-    os.replace(tmp, path)
 
 
 def plot_curve(path: Path, progress: list[dict[str, Any]], title: str, target: float | None) -> None:
@@ -81,10 +83,9 @@ def plot_curve(path: Path, progress: list[dict[str, Any]], title: str, target: f
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    with atomic(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig,
@@ -113,5 +114,6 @@ def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: Run
         "total_wall_s": ended - launched,
         "run_config": dataclasses.asdict(run_config),
     }
-    atomic_write_bytes(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
+    with atomic(run_dir / "summary.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2))
     return summary

@@ -57,7 +57,7 @@ def join_rollouts(rollouts: list[Rollout], device: torch.device) -> Batch:
     )
 
 
-def masked_mean(x: Tensor) -> Tensor:
+def mean_or_zero(x: Tensor) -> Tensor:
     """Mean that is 0, not NaN, for an empty minibatch: every DDP rank must still backpropagate."""
     return x.sum() / max(x.numel(), 1)
 
@@ -76,12 +76,12 @@ def ppo_loss(
 ) -> PPOLoss:
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
-    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
-    v_loss = 0.5 * masked_mean((new_values - value_targets) ** 2)
-    mean_entropy = masked_mean(entropy)
+    pg_loss = mean_or_zero(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
+    v_loss = 0.5 * mean_or_zero((new_values - value_targets) ** 2)
+    mean_entropy = mean_or_zero(entropy)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1) - log_ratio)
-        clip_fraction = masked_mean(((ratio - 1).abs() > clip_coef).float())
+        approx_kl = mean_or_zero((ratio - 1) - log_ratio)
+        clip_fraction = mean_or_zero(((ratio - 1).abs() > clip_coef).float())
     total = pg_loss - ent_coef * mean_entropy + vf_coef * v_loss
     return PPOLoss(total, pg_loss, v_loss, mean_entropy, approx_kl, clip_fraction)
 

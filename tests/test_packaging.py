@@ -29,7 +29,13 @@ def test_wheel_contains_every_module(tmp_path: Path, repo_root: Path) -> None:
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parent.parent.joinpath("common").glob("*.py")),
                          ids=lambda p: p.name)
 def test_common_is_a_leaf(path: Path) -> None:
+    services = tuple(f"rlmq.{p}" for p in PACKAGES[1:])
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            assert not node.module.startswith(tuple(f"rlmq.{p}" for p in PACKAGES[1:])), \
-                f"{path.name} imports {node.module}: common/ must not depend on the services"
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            assert not name.startswith(services), f"{path.name} imports {name}: common/ must stay a leaf"

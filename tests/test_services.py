@@ -235,3 +235,46 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=7, params=params))])
     wait_for(lambda: next_rollout().policy_version == 7, 20, "the actor to adopt version 7")
     assert actor.alive(), actor.log()
+
+
+def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path: Path, redis_url: str,
+                                                    run_id: str) -> None:
+    first = start_coordinator(start_service, tmp_path, redis_url, run_id)
+    learner = zmq.Context.instance().socket(zmq.DEALER)
+    learner.setsockopt(zmq.IDENTITY, b"learner-0-4242")
+    learner.connect(f"tcp://127.0.0.1:{first['control']}")
+    learner.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=4242, rank=0,
+                                        experience_endpoint="tcp://127.0.0.1:7")))
+    assert isinstance(receive(learner), wire.Assign)
+    params = to_numpy_params(ActorCritic(CARTPOLE, (8,)))
+    learner.send(wire.encode(wire.Weights(member=0, version=3, params=params)))
+    learner.send(wire.encode(wire.ActorReport(name="actor-1", member=0, env_steps=100)))
+    store = RunStore.connect(redis_url, run_id)
+    wait_for(lambda: store.weights(0) is not None and store.status().get("env_steps") == 100, 10, "state saved")
+    assert first["service"].stop() == 0
+    learner.close()
+
+    # Same run, same Redis, new process: it must know the learner and the weights without being told.
+    second = start_service(
+        "coordinator2", "coordinator", "--run", run_id, "--redis-url", redis_url,
+        "--run-config", str(write_run_config(tmp_path, num_envs=99)),  # ignored: Redis holds the config
+        "--control-bind", f"tcp://127.0.0.1:{first['control']}", "--metrics-port", "-1",
+        "--broadcast-bind", f"tcp://127.0.0.1:{first['broadcast']}",
+    )  # fmt: skip
+    actor = zmq.Context.instance().socket(zmq.DEALER)
+    actor.connect(f"tcp://127.0.0.1:{first['control']}")
+    actor.send(wire.encode(wire.Hello(role="actor", name="actor-5", pid=5)))
+    answer = receive(actor, timeout_ms=30_000)
+    assert isinstance(answer, wire.Assign), second.log()
+    assert answer.learner_endpoints == ("tcp://127.0.0.1:7",) and answer.actor_index == 5
+    assert answer.weights is not None and answer.weights.version == 3
+    assert answer.config.num_envs == 4
+    # Rank 0 still publishes from the same socket identity: its weights are still accepted.
+    learner = zmq.Context.instance().socket(zmq.DEALER)
+    learner.setsockopt(zmq.IDENTITY, b"learner-0-4242")
+    learner.connect(f"tcp://127.0.0.1:{first['control']}")
+    learner.send(wire.encode(wire.Weights(member=0, version=4, params=params)))
+    wait_for(lambda: (w := store.weights(0)) is not None and w.version == 4, 10, "weights after restart")
+    assert store.status()["env_steps"] == 100
+    actor.close()
+    learner.close()

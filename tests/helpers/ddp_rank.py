@@ -38,7 +38,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     device = torch.device("cpu")
     distributed.init_world(rank, world, "127.0.0.1", port, device)
     model = DistributedDataParallel(core)
-    optimizer = torch.optim.Adam(core.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(core.parameters(), lr=3e-3, fused=True)  # as the learner's
     cfg = PPOConfig(epochs=2, minibatches=3, max_grad_norm=0.1)
     rng = np.random.default_rng(100 + rank)  # different data on each rank
     generator = torch.Generator().manual_seed(rank)
@@ -49,6 +49,13 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
         agreed = distributed.agree(True, False, 1, device)
         assert agreed.everyone_has_batch and not agreed.stop
         ppo.update(model, core, optimizer, batch, cfg, generator)
+    # Rank 1 keeps 2 valid samples for 3 minibatches: one of its minibatches is empty, and it
+    # must still run that backward pass (with a zero loss), or rank 0 waits in DDP forever.
+    sparse = rollout(rng)
+    if rank == 1:
+        sparse.valid[:] = False
+        sparse.valid[0, :2] = True
+    ppo.update(model, core, optimizer, ppo.join_rollouts([sparse], device), cfg, generator)
     # One rank without a batch: nobody updates; one rank stopping: everybody stops.
     assert not distributed.agree(rank == 0, False, 5, device).everyone_has_batch
     assert distributed.agree(True, rank == 1, 5, device).stop
