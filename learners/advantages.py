@@ -48,16 +48,9 @@ def vtrace(
         rhos = torch.exp(target_logp - behaviour_logp)
         clipped_rhos = torch.clamp(rhos, max=rho_bar)
         cs = lam * torch.clamp(rhos, max=c_bar)
-        keep = valid.to(values.dtype)
-        discounts = gamma * (1.0 - terminated.to(values.dtype))
-        continues = 1.0 - (terminated | truncated).to(values.dtype)
+        keep, discounts, continues = _masks(terminated, truncated, valid, gamma, values.dtype)
         deltas = keep * clipped_rhos * (rewards + discounts * values[1:] - values[:-1])
-
-        corrections = torch.zeros_like(values)  # vs - V, one row longer: the last stays 0
-        for t in range(rewards.shape[0] - 1, -1, -1):
-            corrections[t] = keep[t] * (
-                deltas[t] + gamma * cs[t] * continues[t] * corrections[t + 1]
-            )
+        corrections = _backward_sum(deltas, gamma * cs * continues, keep)  # vs - V, T + 1 rows
         vs = values[:-1] + corrections[:-1]
         next_vs = values[1:] + continues * corrections[1:]
         pg_advantages = keep * clipped_rhos * (rewards + discounts * next_vs - values[:-1])
@@ -76,12 +69,24 @@ def gae(
 ) -> GAEReturns:
     """Generalized advantage estimation (Schulman et al. 2016) for on-policy data."""
     with torch.no_grad():
-        keep = valid.to(values.dtype)
-        discounts = gamma * (1.0 - terminated.to(values.dtype))
-        continues = 1.0 - (terminated | truncated).to(values.dtype)
+        keep, discounts, continues = _masks(terminated, truncated, valid, gamma, values.dtype)
         deltas = keep * (rewards + discounts * values[1:] - values[:-1])
-        advantages = torch.zeros_like(values)
-        for t in range(rewards.shape[0] - 1, -1, -1):
-            advantages[t] = keep[t] * (deltas[t] + gamma * lam * continues[t] * advantages[t + 1])
-        advantages = advantages[:-1]
+        advantages = _backward_sum(deltas, gamma * lam * continues, keep)[:-1]
     return GAEReturns(advantages=advantages, returns=advantages + values[:-1])
+
+
+def _masks(terminated: Tensor, truncated: Tensor, valid: Tensor, gamma: float,
+           dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(keep: a real step; discounts: γ unless terminated; continues: 1 unless the episode ended)."""
+    keep = valid.to(dtype)
+    discounts = gamma * (1.0 - terminated.to(dtype))
+    continues = 1.0 - (terminated | truncated).to(dtype)
+    return keep, discounts, continues
+
+
+def _backward_sum(deltas: Tensor, decay: Tensor, keep: Tensor) -> Tensor:
+    """acc[t] = keep[t] · (deltas[t] + decay[t] · acc[t + 1]), with acc[T] = 0; T + 1 rows."""
+    acc = torch.zeros((deltas.shape[0] + 1, *deltas.shape[1:]), dtype=deltas.dtype, device=deltas.device)
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        acc[t] = keep[t] * (deltas[t] + decay[t] * acc[t + 1])
+    return acc
