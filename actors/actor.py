@@ -140,7 +140,7 @@ class Actor:
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
                 self.await_weights(self.awaited_version)
-                self.metrics.send_blocked.inc(time.perf_counter() - started)
+                self.metrics.credit_wait.inc(time.perf_counter() - started)
                 return best
             self.poller.poll(50)
             self.read_broadcast(timeout_ms=0)

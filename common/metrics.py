@@ -40,8 +40,8 @@ class ActorMetrics:
             buckets=(-1000, -500, -200, -100, 0, 10, 50, 100, 200, 300, 400, 475, 500, 1000),
             registry=r,
         )
-        self.send_blocked = Counter(
-            f"{PREFIX}_actor_send_blocked_seconds",
+        self.credit_wait = Counter(
+            f"{PREFIX}_actor_credit_wait_seconds",
             "Time spent waiting for a learner's credit before collecting a rollout (backpressure).",
             registry=r,
         )
