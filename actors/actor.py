@@ -185,7 +185,7 @@ class Actor:
         self.metrics.policy_version.set(weights.version)
 
     def report(self, collector: Collector) -> None:
-        returns, lengths = collector.episodes.drain()
+        returns, lengths = collector.finished_episodes()
         steps, self.unreported_steps = self.unreported_steps, 0
         self.metrics.episodes.inc(len(returns))
         for value in returns:

@@ -59,7 +59,7 @@ def test_episode_bookkeeping_across_rollouts() -> None:
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     collector = Collector(env, spec, rollout_length=7, seed=3)  # shorter than most episodes
     rollouts = [collector.collect(policy, 0, 0, "a") for _ in range(40)]
-    returns, lengths = collector.episodes.drain()
+    returns, lengths = collector.finished_episodes()
     # Reference: walk the steps one by one.
     running, expected = np.zeros(5), []
     for r in rollouts:
