@@ -2,7 +2,7 @@
 
     rlmq:{run}:config              JSON: the RunConfig and the probed EnvSpec
     rlmq:{run}:status              hash: state, reason, env_steps, episodes, mean_return, ...
-    rlmq:{run}:members             hash: member id → JSON record (population training; unused yet)
+    rlmq:{run}:members             (reserved: population training will keep member records here)
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
@@ -95,13 +95,6 @@ class RunStore:
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]
-
-    def put_member(self, member: int, record: dict[str, Any]) -> None:
-        self.redis.hset(self.key("members"), str(member), json.dumps(record, sort_keys=True))
-
-    def members(self) -> dict[int, dict[str, Any]]:
-        raw = self.redis.hgetall(self.key("members"))
-        return {int(k): json.loads(v) for k, v in raw.items()}
 
     def put_weights_frame(self, member: int, frame: bytes) -> None:
         """Store a Weights message exactly as it arrived (already validated by `wire.decode`)."""
