@@ -57,6 +57,8 @@ def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace) -> dict[str, An
             "--seed", str(seed), "--run-dir", str(run_dir)]  # fmt: skip
     if args.rlmq_total_steps is not None:
         argv += ["--total-steps", str(args.rlmq_total_steps)]
+    if args.rlmq_config is not None:
+        argv += ["--config", str(args.rlmq_config)]
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "wb") as log:
@@ -172,6 +174,9 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--rlmq-total-steps", type=int, default=None, help="rlmq step budget (default: the run config's)")
     parser.add_argument("--rlmq-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--rlmq-config", type=Path, default=None,
+                        help="run config for rlmq, as RL-Zoo's per-env hyperparameters are for SB3 "
+                             "(e.g. configs/ppo-cartpole.toml); default: the library defaults")
     parser.add_argument("--sb3-budget", type=int, default=300_000,
                         help="SB3 env-step cap; beyond 1e5 only with --sb3-continue")
     parser.add_argument("--sb3-continue", action="store_true",
