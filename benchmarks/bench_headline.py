@@ -54,10 +54,10 @@ class Sampler:
     def sample(self) -> None:
         total_rss = total_pss = 0  # the supervisor's descendants only; its own peak is kept apart
         for pid in [self.root, *descendants(self.root)]:
-            rss = status_kb(pid, "VmRSS")
+            rss = proc_kb(pid, "status", "VmRSS")
             if rss is None:
                 continue  # gone since the walk, or a zombie
-            pss = (smaps_kb(pid, "Pss") or 0) if self.with_pss else 0
+            pss = (proc_kb(pid, "smaps_rollup", "Pss") or 0) if self.with_pss else 0
             proc = self.processes.get(pid)
             if proc is None or proc.label in ("starting", "other"):  # before (or during) exec
                 proc = self.processes[pid] = Process("supervisor" if pid == self.root else label(pid))
@@ -97,19 +97,10 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def status_kb(pid: int, key: str) -> int | None:
+def proc_kb(pid: int, file: str, key: str) -> int | None:
+    """A `key: N kB` line of /proc/PID/<file> (status, smaps_rollup), or None once it is gone."""
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def smaps_kb(pid: int, key: str) -> int | None:
-    try:
-        for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
+        for line in (PROC / str(pid) / file).read_text().splitlines():
             if line.startswith(f"{key}:"):
                 return int(line.split()[1])
     except OSError:

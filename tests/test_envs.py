@@ -71,6 +71,12 @@ def test_episode_bookkeeping_across_rollouts() -> None:
     assert len(returns) > 20
     assert sorted(returns.tolist()) == sorted(expected)
     assert np.array_equal(returns, lengths)  # CartPole: reward 1 for every real step
+    # Independent of the collector's own bookkeeping: what an invalid step returns is a freshly
+    # reset CartPole state (every coordinate drawn from ±0.05), and its reward is 0.
+    for r in rollouts:
+        resets = r.obs[1:][~r.valid]
+        assert (np.abs(resets) <= 0.05).all() and (r.rewards[~r.valid] == 0).all()
+    assert any((~r.valid).any() for r in rollouts)
     valid_steps = sum(int(r.valid.sum()) for r in rollouts)
     assert lengths.sum() + collector.episode_length.sum() == valid_steps
     env.close()
