@@ -12,6 +12,7 @@ Killed and restarted, it says Hello again and carries on: nothing it holds needs
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -63,7 +64,7 @@ class Actor:
             sock.connect(endpoint)
             self.learners.append(sock)
             self.credits.append(0)
-        self.hello_frame = wire.encode(hello)
+        self.hello_frame = wire.encode(dataclasses.replace(hello, member=self.member))  # to learners
         self.heard_from = [0.0] * len(self.learners)  # when each learner last sent us a credit
         self.poller = zmq.Poller()
         for sock in self.learners:

@@ -49,8 +49,9 @@ def coordinator(
     control_bind: Annotated[str, _opt("Bind address of the control ROUTER.", "CONTROL_BIND")] = "tcp://*:5555",
     broadcast_bind: Annotated[str, _opt("Bind address of the broadcast PUB.", "BROADCAST_BIND")] = "tcp://*:5556",
     metrics_port: MetricsPort = 0,
+    failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
-    """Run the coordinator: registration, Redis state, weight rebroadcast, end of run."""
+    """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
     stop = _start("coordinator")
     from rlmq.common.config import CoordinatorConfig, RunConfig, load_run_config
     from rlmq.coordinator.coordinator import main
@@ -61,7 +62,7 @@ def coordinator(
         typer.echo(f"error: run config {run_config}: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
-                            broadcast_bind=broadcast_bind, metrics_port=metrics_port)
+                            broadcast_bind=broadcast_bind, metrics_port=metrics_port, failpoint=failpoint)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -120,6 +121,7 @@ def up(
     target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes reaches it.")] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
+    population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
     config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it.")] = None,
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
@@ -130,7 +132,7 @@ def up(
 
     overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
                                        target_return=target_return, num_envs=num_envs,
-                                       seed=seed).items() if v is not None}
+                                       seed=seed, population=population).items() if v is not None}
     overrides["num_learners"] = learners
     try:
         up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,

@@ -56,6 +56,9 @@ class UpConfig:
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int) -> UpConfig:
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
+        if actors < run_config.population:  # a member without an actor would never train
+            raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
+                             f"use --actors {run_config.population} or more")
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
                    run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads)

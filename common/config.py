@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,11 @@ from typing import Any, TypeVar
 import tomllib
 
 ALGORITHMS = ("ppo",)
+# The hyperparameters population-based training may set per member (fields of PPOConfig).
+TUNABLE = ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
+# Where each must stay whatever a range says: (low, high, low inclusive).
+_TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
+                   "vf_coef": (0.0, 1e9, True)}
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,59 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class HyperRange:
+    """Where population-based training may put one hyperparameter."""
+
+    low: float
+    high: float
+    log: bool = False  # sample log-uniformly (learning rates); otherwise uniformly
+
+
+def _default_ranges() -> dict[str, HyperRange]:
+    return {"learning_rate": HyperRange(5e-4, 5e-3, log=True), "ent_coef": HyperRange(0.0, 0.01)}
+
+
+@dataclass(frozen=True)
+class PBTConfig:
+    """Population-based training (coordinator/pbt.py). Used when `RunConfig.population` > 1."""
+
+    interval: int = 20_000  # env steps a member trains between two decisions about it
+    selection: str = "truncation"  # truncation | tournament
+    fraction: float = 0.25  # truncation: the bottom fraction copies a member of the top fraction
+    tournament_size: int = 3  # tournament: members drawn; the fittest is the one to copy
+    elitism: bool = True  # tournament: the fittest member is never replaced
+    perturb_factors: tuple[float, ...] = (0.8, 1.25)  # explore: multiply by one of these ...
+    resample_probability: float = 0.25  # ... or, with this probability, draw afresh from the range
+    param_noise: float = 0.0  # std of Gaussian noise added to copied weights (0: none)
+    fitness_episodes: int = 20  # fitness: mean return of the member's last this many episodes
+    ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.selection not in ("truncation", "tournament"):
+            problems.append(f"pbt.selection {self.selection!r} is not truncation or tournament")
+        if self.interval < 1 or self.tournament_size < 1 or self.fitness_episodes < 1:
+            problems.append("pbt.interval, tournament_size and fitness_episodes must be at least 1")
+        if not 0 < self.fraction <= 0.5:
+            problems.append("pbt.fraction must be in (0, 0.5]")
+        if not self.perturb_factors or min(self.perturb_factors) <= 0:
+            problems.append("pbt.perturb_factors must be positive")
+        if not 0 <= self.resample_probability <= 1 or self.param_noise < 0:
+            problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
+        for name, r in self.ranges.items():
+            if name not in TUNABLE:
+                problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(TUNABLE)}")
+                continue
+            lo, hi, lo_inclusive = _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
+            if not (r.low <= r.high and (lo <= r.low if lo_inclusive else lo < r.low) and r.high <= hi):
+                problems.append(f"pbt.ranges.{name}: need {lo:g} {'≤' if lo_inclusive else '<'} low ≤ high ≤ {hi:g}")
+            elif r.log and r.low <= 0:
+                problems.append(f"pbt.ranges.{name}: a log range needs low > 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """What one run learns. Stored in Redis by the coordinator and sent to every process."""
 
@@ -82,10 +141,17 @@ class RunConfig:
     # never older than the update it feeds; more in flight buys throughput at the price of policy
     # lag (with 10 epochs an update moves the policy a lot: lag costs more samples than it saves).
     rollouts_in_flight: int = 1
+    # With a population: how long a member's batch may wait for the other members' before the
+    # learners update without them (members with slow actors, or none, must not stall the rest).
+    batch_wait_s: float = 0.05
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    population: int = 1  # members trained together; more than 1 turns on population-based training
+    pbt: PBTConfig = field(default_factory=PBTConfig)
 
     def __post_init__(self) -> None:
         problems = []
+        if not 1 <= self.population <= 256:
+            problems.append("population must be in [1, 256]")
         if self.algo not in ALGORITHMS:
             problems.append(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
         for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):
@@ -134,6 +200,7 @@ class CoordinatorConfig:
     metrics_port: int = 0  # 0 picks a free port; -1 disables /metrics
     actor_timeout_s: float = 10.0  # an actor silent this long counts as gone
     shutdown_grace_s: float = 5.0  # after `stop`, wait this long for learners' final weights
+    failpoint: str = ""  # tests only: a named point at which to die (coordinator/population.py)
 
 
 @dataclass(frozen=True)
@@ -168,19 +235,24 @@ C = TypeVar("C")
 
 def from_mapping(cls: type[C], data: dict[str, Any]) -> C:
     """Build a (nested) config dataclass from plain data, naming any key it does not know."""
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - set(known)
+    hints = typing.get_type_hints(cls)
+    unknown = set(data) - set(hints)
     if unknown:
         raise ValueError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        default = known[name].default_factory  # nested configs are the fields with a factory
-        if isinstance(value, dict) and default is not dataclasses.MISSING:
-            value = from_mapping(type(default()), value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
-    return cls(**values)
+    return cls(**{name: _from_plain(hints[name], value) for name, value in data.items()})
+
+
+def _from_plain(hint: Any, value: Any) -> Any:
+    """JSON/TOML data → what a field of type `hint` holds (nested configs, tuples, maps of them)."""
+    if isinstance(value, dict):
+        if dataclasses.is_dataclass(hint):
+            return from_mapping(hint, value)  # type: ignore[arg-type]
+        if typing.get_origin(hint) is dict:
+            _, item = typing.get_args(hint)
+            return {k: _from_plain(item, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(value)
+    return value
 
 
 def load_run_config(path: Path, overrides: dict[str, Any]) -> RunConfig:

@@ -13,7 +13,8 @@ Topology (who sends what to whom, see docs/architecture.md):
     coordinator     ROUTER → actor, learner       Assign
     actor           DEALER → learner ROUTER       Hello (again while starved), Rollout (one per credit)
     learner         ROUTER → actor                Credit
-    coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl.")
+    coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
+                                                  Decision ("pbt.", to learner 0)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import TUNABLE, EnvSpec, RunConfig
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -72,11 +73,12 @@ class Hello:
     rank: int = -1  # learner rank; -1 for actors
     experience_endpoint: str = ""  # where actors reach a learner's experience (ROUTER) socket
     metrics_port: int = 0
+    member: int = -1  # an actor greeting a learner: the member it collects for; -1: not yet assigned
 
     def __post_init__(self) -> None:
         _require(self.role in ("actor", "learner"), f"Hello.role must be actor or learner, not {self.role!r}")
         _require(bool(self.name), "Hello.name is empty")
-        _require(self.rank >= -1, "Hello.rank below -1")
+        _require(self.rank >= -1 and self.member >= -1, "Hello.rank or Hello.member below -1")
         _counts(self, "pid", "metrics_port")
 
 
@@ -104,7 +106,18 @@ class Assign:
     config: RunConfig
     env_spec: EnvSpec
     learner_endpoints: tuple[str, ...]
-    weights: Weights | None = None
+    weights: Weights | None = None  # the actor's member's
+    # For learners: every member's hyperparameters and latest weights, and the id of the last PBT
+    # decision already applied to them.
+    hyperparams: tuple[dict[str, float], ...] = ()
+    member_weights: tuple[Weights, ...] = ()
+    applied_decision: int = 0
+
+    def __post_init__(self) -> None:
+        _require(len(self.hyperparams) in (0, self.config.population), "Assign.hyperparams: one per member")
+        _require(all(set(h) == set(TUNABLE) for h in self.hyperparams), "Assign.hyperparams: every tunable")
+        _require(all(0 <= w.member < self.config.population for w in self.member_weights), "Assign: member")
+        _counts(self, "applied_decision")
 
 
 _ROLLOUT_DTYPES = {
@@ -185,9 +198,11 @@ class LearnerReport:
     stale_dropped: int
     mean_policy_lag: float
     rejected: int = 0
+    applied_decision: int = 0  # the id of the last PBT decision this rank applied
 
     def __post_init__(self) -> None:
-        _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected")
+        _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
+                "applied_decision")
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
 
 
@@ -221,18 +236,40 @@ class Directive:
 
 DIRECTIVE_KINDS = frozenset({"stop"})
 
+
+@dataclass(frozen=True)
+class Decision:
+    """A PBT decision as the coordinator logged it: the target takes the source's weights and
+    optimizer state (source == target: it keeps its own) and these hyperparameters. Ids run 1, 2,
+    ... and decisions apply in that order, each exactly once."""
+
+    id: int
+    target: int
+    source: int
+    hyperparams: dict[str, float]
+    param_noise: float = 0.0  # std of Gaussian noise added to the copied weights
+
+    def __post_init__(self) -> None:
+        _counts(self, "target", "source")
+        _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
+        _require(set(self.hyperparams) == set(TUNABLE), f"Decision.hyperparams must name {', '.join(TUNABLE)}")
+        _require(all(v >= 0 for v in self.hyperparams.values()) and self.param_noise >= 0,
+                 "Decision: negative hyperparameter")  # fmt: skip
+
+
 # PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".
 DIRECTIVE_TOPIC = b"ctl."
+DECISION_TOPIC = b"pbt."
 
 
 def weights_topic(member: int) -> bytes:
     return f"w{member}.".encode()
 
 
-Message = Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | Directive
+Message = Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | Directive | Decision
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, Directive)
+    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, Directive, Decision)
 }
 
 

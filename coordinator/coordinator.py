@@ -23,6 +23,7 @@ from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.service import EXIT_OK, RateTimer, StopFlag
+from rlmq.coordinator.population import Population
 from rlmq.coordinator.store import RECENT_EPISODES, RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -48,7 +49,12 @@ class Coordinator:
         else:  # a restart: Redis holds the truth
             self.run_config, self.spec = saved
             log.info("resuming run %s from Redis", cfg.run)
-        self.latest_weights = store.weights(0)
+        self.population = Population(store, self.run_config, cfg.failpoint)
+        self.latest_weights: dict[int, wire.Weights] = {}
+        for member in range(self.population.size):
+            weights = store.weights(member)
+            if weights is not None:
+                self.latest_weights[member] = weights
         learners = store.learners()
         self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in learners.items()}
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
@@ -94,22 +100,29 @@ class Coordinator:
         index = _actor_index(hello.name, default=self.actor_count)
         self.actor_count += 1
         self.store.touch_actor(hello.name)
-        self.reply_assign(identity, actor_index=index)
+        member = self.population.assign(hello.name, self.cfg.actor_timeout_s)
+        self.reply_assign(identity, actor_index=index, member=member)
 
-    def reply_assign(self, identity: bytes, actor_index: int) -> None:
+    def reply_assign(self, identity: bytes, actor_index: int, member: int = 0) -> None:
+        learner = actor_index < 0
         assign = wire.Assign(
-            run=self.cfg.run, member=0, actor_index=actor_index, config=self.run_config,
+            run=self.cfg.run, member=member, actor_index=actor_index, config=self.run_config,
             env_spec=self.spec,
             learner_endpoints=tuple(self.learner_endpoints[r] for r in sorted(self.learner_endpoints)),
-            weights=self.latest_weights,
+            weights=None if learner else self.latest_weights.get(member),
+            hyperparams=self.population.hyperparams() if learner else (),
+            member_weights=tuple(self.latest_weights[m] for m in sorted(self.latest_weights)) if learner else (),
+            applied_decision=self.population.applied if learner else 0,
         )  # fmt: skip
         self.control.send_multipart([identity, wire.encode(assign)])
 
     def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
-        check_member(report.member)
+        self.population.check(report.member)
+        self.population.heard(report.name, report.member)
         self.store.touch_actor(report.name)
         if report.env_steps:
             self.store.add_env_steps(report.env_steps)
+            self.store.add_member_steps(report.member, report.env_steps)
             self.metrics.env_steps.inc(report.env_steps)
         if 0 < report.first_step_at < self.first_step_at:  # the earliest any actor reports
             self.first_step_at = report.first_step_at
@@ -122,6 +135,8 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        if report.rank == 0:
+            self.population.learner_reported(report.applied_decision)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
 
@@ -129,19 +144,20 @@ class Coordinator:
         received = time.perf_counter()
         if identity != self.publisher:
             raise wire.WireError("not_publisher", "Weights come from learner rank 0 only")
-        check_member(weights.member)
-        if self.latest_weights is not None and weights.version < self.latest_weights.version:
-            raise wire.WireError("stale_weights", f"version {weights.version} < {self.latest_weights.version}")
+        self.population.check(weights.member)
+        latest = self.latest_weights.get(weights.member)
+        if latest is not None and weights.version < latest.version:
+            raise wire.WireError("stale_weights", f"version {weights.version} < {latest.version}")
         try:  # every actor would choke on weights that do not fit: refuse them here, once
             NumpyPolicy(dict(weights.params), self.spec)
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
-        self.latest_weights = weights
+        self.latest_weights[weights.member] = weights
         self.store.put_weights_frame(weights.member, frame)
         self.broadcast.send_multipart([wire.weights_topic(weights.member), frame])
         self.metrics.weights_bytes.inc(len(frame))
         self.metrics.weights_latency.observe(time.perf_counter() - received)
-        self.store.set_status(policy_version=weights.version)
+        self.store.set_status(policy_version=max(w.version for w in self.latest_weights.values()))
         self.final_weights = self.final_weights or weights.final
 
     # --- the loop -----------------------------------------------------------------------------
@@ -179,8 +195,11 @@ class Coordinator:
             return self.finishing()
         status = self.store.status()
         steps = int(status.get("env_steps", 0))
-        recent = self.store.recent_returns(0)
-        mean_return = float(np.mean(recent)) if recent else None
+        recent = self.population.recent_returns()
+        self.population.tick(recent)
+        for decision in self.population.for_learners():  # again every tick until applied
+            self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
+        best, mean_return, episodes = self.population.best(recent)
         now = time.monotonic()
         then, steps_then = self.last_steps
         rate = (steps - steps_then) / max(now - then, 1e-9)
@@ -188,17 +207,22 @@ class Coordinator:
         actors = self.store.live_actors(self.cfg.actor_timeout_s)
         self.metrics.connected.labels("actor").set(actors)
         self.metrics.connected.labels("learner").set(len(self.learner_endpoints))
-        if mean_return is not None:
-            self.metrics.member_fitness.labels("0").set(mean_return)
+        member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
+        for member, value in member_means.items():
+            if value is not None:
+                self.metrics.member_fitness.labels(member).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
-        self.store.set_status(mean_return=mean_return, steps_per_s=rate, actors=actors,
-                              learners=len(self.learner_endpoints), policy_lag=lag, updated_at=time.time())
+        self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
+                              learners=len(self.learner_endpoints), policy_lag=lag, updated_at=time.time(),
+                              pbt_decisions=self.population.applied)  # fmt: skip
         self.store.append_progress({"time": time.time(), "env_steps": steps,
                                     "episodes": int(status.get("episodes", 0)),
-                                    "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag})
+                                    "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
+                                    "members": member_means})  # fmt: skip
         target = self.run_config.target_return
-        if target is not None and len(recent) >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
-            self.finish("target", f"mean return {mean_return:.1f} ≥ {target:g} at {steps} env steps", True, steps)
+        if target is not None and episodes >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
+            who = f" (member {best})" if self.population.size > 1 else ""
+            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
         elif steps >= self.run_config.total_steps:
             self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
         return False
@@ -223,11 +247,6 @@ class Coordinator:
     def close(self) -> None:
         self.control.close()
         self.broadcast.close()
-
-
-def check_member(member: int) -> None:
-    if member != 0:  # a single agent for now; population training widens this
-        raise wire.WireError("unknown_member", f"member {member}")
 
 
 def _actor_index(name: str, default: int) -> int:

@@ -2,7 +2,10 @@
 
     rlmq:{run}:config              JSON: the RunConfig and the probed EnvSpec
     rlmq:{run}:status              hash: state, reason, env_steps, episodes, mean_return, ...
-    rlmq:{run}:members             (reserved: population training will keep member records here)
+    rlmq:{run}:members             hash: member → JSON {hyperparams, generation, parent, steps_at_decision}
+    rlmq:{run}:member_steps        hash: member → env steps its actors collected
+    rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0", field "decision" (JSON)
+    rlmq:{run}:pbt_applied         the id of the last decision applied to the member records
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
@@ -95,6 +98,50 @@ class RunStore:
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]
+
+    def put_members(self, records: dict[int, dict[str, Any]]) -> None:
+        self.redis.hset(self.key("members"), mapping={str(m): json.dumps(r, sort_keys=True) for m, r in records.items()})
+
+    def members(self) -> dict[int, dict[str, Any]]:
+        raw = self.redis.hgetall(self.key("members"))
+        return {int(k): json.loads(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+
+    def add_member_steps(self, member: int, steps: int) -> None:
+        self.redis.hincrby(self.key("member_steps"), str(member), steps)
+
+    def member_steps(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self.redis.hgetall(self.key("member_steps")).items()}
+
+    # --- the PBT decision log -----------------------------------------------------------------
+
+    def append_decision(self, entry: dict[str, Any]) -> bool:
+        """Log a decision under its own id; False if that id is logged already (so appending the
+        same decision twice, e.g. around a crash, cannot log it twice)."""
+        try:
+            self.redis.xadd(self.key("pbt"), {"decision": json.dumps(entry, sort_keys=True)}, id=f"{entry['id']}-0")
+        except redis.ResponseError as exc:
+            if "equal or smaller" in str(exc):
+                return False
+            raise
+        return True
+
+    def decisions(self, after: int = 0) -> list[dict[str, Any]]:
+        """Logged decisions with id > `after`, in order."""
+        entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
+        return [json.loads(fields[b"decision"]) for _id, fields in entries if fields]
+
+    def applied_decision(self) -> int:
+        return int(self.redis.get(self.key("pbt_applied")) or 0)
+
+    def apply_decision(self, decision_id: int, target: int, record: dict[str, Any], copied: bool) -> None:
+        """One transaction: the target's new record, the applied id, and (after a copy) its old
+        returns dropped — they were earned by weights it no longer has."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key("members"), str(target), json.dumps(record, sort_keys=True))
+        pipe.set(self.key("pbt_applied"), decision_id)
+        if copied:
+            pipe.delete(self.key("returns", target))
+        pipe.execute()
 
     def put_weights_frame(self, member: int, frame: bytes) -> None:
         """Store a Weights message exactly as it arrived (already validated by `wire.decode`)."""

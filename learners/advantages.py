@@ -38,12 +38,13 @@ def vtrace(
     truncated: Tensor,
     valid: Tensor,
     *,
-    gamma: float,
-    lam: float = 1.0,
+    gamma: float | Tensor,
+    lam: float | Tensor = 1.0,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
 ) -> VTraceReturns:
-    """V-trace (Espeholt et al. 2018, eq. 1), with the λ of its remark 2 folded into c."""
+    """V-trace (Espeholt et al. 2018, eq. 1), with the λ of its remark 2 folded into c. `gamma` and
+    `lam` may be [B] tensors: one per slot (members of a population differ)."""
     with torch.no_grad():
         rhos = torch.exp(target_logp - behaviour_logp)
         clipped_rhos = torch.clamp(rhos, max=rho_bar)
@@ -64,8 +65,8 @@ def gae(
     truncated: Tensor,
     valid: Tensor,
     *,
-    gamma: float,
-    lam: float,
+    gamma: float | Tensor,
+    lam: float | Tensor,
 ) -> GAEReturns:
     """Generalized advantage estimation (Schulman et al. 2016) for on-policy data."""
     with torch.no_grad():
@@ -75,7 +76,7 @@ def gae(
     return GAEReturns(advantages=advantages, returns=advantages + values[:-1])
 
 
-def _masks(terminated: Tensor, truncated: Tensor, valid: Tensor, gamma: float,
+def _masks(terminated: Tensor, truncated: Tensor, valid: Tensor, gamma: float | Tensor,
            dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """(keep: a real step; discounts: γ unless terminated; continues: 1 unless the episode ended)."""
     keep = valid.to(dtype)

@@ -1,9 +1,10 @@
 """The learners' torch.distributed world: set-up, the per-iteration agreement, teardown.
 
-Every loop iteration all ranks join one small all-reduce that says whether each has a batch and
-whether any must stop. An update runs only when every rank has a batch, so no rank ever waits in
-a DDP backward for a peer that has nothing to train on; a stop seen by one rank stops all of them
-at the same iteration.
+Every loop iteration all ranks join one small all-reduce that says whether each is ready to
+update, whether any must stop, how much data each member has, and whether rank 0 has a PBT decision
+to hand out. An update runs only when every rank is ready, so no rank ever waits in a DDP backward
+for a peer that has nothing to train on; a stop seen by one rank stops all of them, and a decision
+is applied by all of them, at the same iteration.
 """
 
 from __future__ import annotations
@@ -38,17 +39,29 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, d
 
 
 class Agreement(NamedTuple):
-    everyone_has_batch: bool
+    everyone_ready: bool
     stop: bool
-    samples: int  # env steps in this iteration's batches, summed over ranks
+    member_samples: list[int]  # env steps in each member's batches this iteration, summed over ranks
+    decision_bytes: int  # length of the PBT decision rank 0 hands out this iteration; 0: none
 
 
-def agree(has_batch: bool, stop: bool, samples: int, device: torch.device) -> Agreement:
-    flags = torch.tensor([int(has_batch), int(stop), samples], dtype=torch.int64, device=device)
+def agree(ready: bool, stop: bool, member_samples: list[int], decision_bytes: int,
+          device: torch.device) -> Agreement:  # fmt: skip
+    """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length."""
+    flags = torch.tensor([int(ready), int(stop), decision_bytes, *member_samples], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    has, stops, total = (int(v) for v in flags.tolist())
-    world = dist.get_world_size()
-    return Agreement(everyone_has_batch=has == world, stop=stops > 0, samples=total if has == world else 0)
+    ready_ranks, stops, length, *samples = (int(v) for v in flags.tolist())
+    return Agreement(ready_ranks == dist.get_world_size(), stops > 0, samples, length)
+
+
+def share(frame: bytes, length: int, device: torch.device) -> bytes:
+    """Rank 0's `frame` (`length` bytes) on every rank: a broadcast of raw bytes, never pickle
+    (torch's broadcast_object_list would unpickle whatever arrives)."""
+    buffer = torch.zeros(length, dtype=torch.uint8, device=device)
+    if dist.get_rank() == 0:
+        buffer.copy_(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
+    dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().numpy())
 
 
 def shutdown() -> None:

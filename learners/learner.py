@@ -1,10 +1,10 @@
-"""A learner rank: pull rollouts → agree with the other ranks → DDP update → publish weights.
+"""A learner rank: pull rollouts → agree with the other ranks → one update of every member → publish.
 
     register (Hello → Assign) → join the torch.distributed world → loop:
-        receive rollouts (poll with a timeout) and grant credits (flow control, credits.py)
-        rank 0: read directives (stop)
-        agree: does every rank have a batch? does any rank stop?
-        update; rank 0 publishes weights every `publish_every` updates
+        receive rollouts (poll with a timeout) and grant credits (flow control, members.py)
+        rank 0: read the broadcast (stop; PBT decisions)
+        agree: is every rank ready? does any rank stop? has rank 0 a decision to hand out?
+        apply the decision on every rank; update all members at once; rank 0 publishes weights
         report progress to the coordinator
 """
 
@@ -21,12 +21,13 @@ import zmq
 from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import transport, wire
-from rlmq.common.config import LearnerConfig, RunConfig
+from rlmq.common.config import TUNABLE, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
 from rlmq.learners import distributed, ppo
-from rlmq.learners.credits import CreditLedger
-from rlmq.learners.networks import ActorCritic, load_numpy_params, to_numpy_params
+from rlmq.learners.members import MemberQueues
+from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.optim import PopulationAdam
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
@@ -47,11 +48,12 @@ class Learner:
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
         if cfg.rank == 0:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
+            self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
             self.directives.connect(cfg.broadcast)
-        self.queue: collections.deque[wire.Rollout] = collections.deque()
-        self.version = 0
         self.counts = collections.Counter[str]()
         self.lags: list[int] = []
+        self.applied = 0  # id of the last PBT decision applied
+        self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -69,32 +71,27 @@ class Learner:
                     raise wire.WireError("garbage", f"{len(parts) - 1} frames after the identity")
                 actor, message = parts[0].bytes, wire.decode(parts[1].buffer)
                 if isinstance(message, wire.Hello):
-                    self.credits.hello(actor)
+                    self.members.hello(actor, message.member)
                     continue
                 if not isinstance(message, wire.Rollout):
                     raise wire.WireError("unexpected_kind", type(message).__name__)
-                if not self.credits.holds(actor):  # the budget holds only if credits are enforced
-                    raise wire.WireError("no_credit", "a rollout without a credit")
-                self.credits.delivered(actor)
+                self.members.spend(actor, message.member)
                 self.check_rollout(message)
+                self.members.enqueue(message)
             except wire.WireError as exc:
                 self.reject(exc)
-                continue
-            self.queue.append(message)
         self.grant_credits()
 
     def grant_credits(self) -> None:
-        granted = self.credits.grant(time.monotonic(), queued=len(self.queue))
-        if granted:
-            frame = wire.encode(wire.Credit(1, policy_version=self.version))
-            for actor in granted:
-                self.experience.send_multipart([actor, frame])
-        self.metrics.queue_depth.set(len(self.queue))
+        def send(actor: bytes, member: int) -> None:
+            frame = wire.encode(wire.Credit(1, policy_version=self.members.versions[member]))
+            self.experience.send_multipart([actor, frame])
+
+        self.members.grant(send)
+        self.metrics.queue_depth.set(self.members.queued)
 
     def check_rollout(self, r: wire.Rollout) -> None:
         spec, run_cfg = self.spec, self.run_cfg
-        if r.member != 0:
-            raise wire.WireError("unknown_member", f"member {r.member}")
         if r.obs.shape[:2] != (run_cfg.rollout_length + 1, run_cfg.num_envs):
             raise wire.WireError("bad_shape", f"obs {r.obs.shape}: the run's rollouts are "
                                  f"{run_cfg.rollout_length} steps × {run_cfg.num_envs} slots")
@@ -111,39 +108,25 @@ class Learner:
         self.metrics.rejected.labels(exc.reason).inc()
         self.counts["rejected"] += 1
 
-    def ready_samples(self) -> int:
-        """Drop stale rollouts from the head of the queue; the env steps of the next batch, or 0."""
-        max_lag = self.run_cfg.ppo.max_policy_lag
-        while self.queue and self.version - self.queue[0].policy_version > max_lag:
-            self.queue.popleft()
-            self.metrics.stale_dropped.inc()
-            self.counts["stale"] += 1
-        need = self.run_cfg.ppo.rollouts_per_batch
-        if len(self.queue) < need:
-            return 0
-        return sum(self.queue[i].num_steps for i in range(need))
-
-    def take_batch(self) -> list[wire.Rollout]:
-        batch = [self.queue.popleft() for _ in range(self.run_cfg.ppo.rollouts_per_batch)]
-        for r in batch:
-            lag = max(self.version - r.policy_version, 0)  # negative: data from before a restart
-            self.metrics.policy_lag.observe(lag)
-            self.lags.append(lag)
-        return batch
-
-    def read_directives(self) -> None:
+    def read_broadcast(self) -> None:
+        """Rank 0: obey a stop; keep PBT decisions until they can be applied, in id order."""
         while self.cfg.rank == 0 and self.directives.poll(0, zmq.POLLIN):
             parts = self.directives.recv_multipart()
             try:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
                 message = wire.decode(parts[1])
+                if isinstance(message, wire.Decision):
+                    self.members.check(message.target)
+                    self.members.check(message.source)
             except wire.WireError as exc:
                 self.reject(exc)
                 continue
             if isinstance(message, wire.Directive) and message.kind == "stop":
                 log.info("coordinator says stop: %s", message.reason)
                 self.stop.set("directive")
+            elif isinstance(message, wire.Decision) and message.id > self.applied:  # repeats are normal
+                self.decisions[message.id] = parts[1]
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -155,85 +138,144 @@ class Learner:
         if assign is None:
             return EXIT_OK
         self.run_cfg: RunConfig = assign.config
-        self.credits = CreditLedger(self.run_cfg.rollouts_in_flight, self.cfg.credit_timeout_s)
         self.spec = assign.env_spec
+        population = self.run_cfg.population
+        self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, self.cfg.credit_timeout_s,
+                                    self.run_cfg.ppo.rollouts_per_batch, self.run_cfg.ppo.max_policy_lag,
+                                    self.run_cfg.batch_wait_s)  # fmt: skip
+        base = {name: float(getattr(self.run_cfg.ppo, name)) for name in TUNABLE}
+        self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
+        self.applied = assign.applied_decision
         device = distributed.pick_device(self.cfg.device)
         torch.manual_seed(self.run_cfg.seed)
-        core = ActorCritic(self.spec, self.run_cfg.hidden_sizes).to(device)
-        if assign.weights is not None:  # a restarted world carries on from the last publication
-            load_numpy_params(core, dict(assign.weights.params))
-            self.version = assign.weights.version
+        core = PopulationActorCritic(self.spec, self.run_cfg.hidden_sizes, population).to(device)
+        for weights in assign.member_weights:  # a restarted world carries on from the last publication
+            core.load_member(weights.member, dict(weights.params))
+            self.members.versions[weights.member] = weights.version
         distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port, device)
-        log.info("rank %d/%d up on %s, experience at %s", self.cfg.rank, self.cfg.world_size, device, self.endpoint)
+        log.info("rank %d/%d up on %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
+                 device, population, self.endpoint)  # fmt: skip
         try:
             return self.train(core, device, max_updates)
         finally:
             distributed.shutdown()
 
-    def train(self, core: ActorCritic, device: torch.device, max_updates: int | None) -> int:
-        cfg = self.run_cfg.ppo
+    def train(self, core: PopulationActorCritic, device: torch.device, max_updates: int | None) -> int:
+        cfg, population = self.run_cfg.ppo, self.run_cfg.population
         model: torch.nn.Module = core
         if self.cfg.world_size > 1:  # DDP broadcasts rank 0's parameters: replicas start equal
             model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.Adam(core.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
+        optimizer = PopulationAdam(core.flat)
+        self.hp = ppo.MemberHyperparams.stack(self.hyperparams, device)
         generator = torch.Generator().manual_seed(self.run_cfg.seed * 1000 + self.cfg.rank)
         if self.cfg.rank == 0:
-            self.publish(core, final=False)
-        consumed = 0
+            for member in range(population):
+                self.publish(core, member)
+        self.trained = [0] * population  # env steps each member trained on: drives its annealing
+        horizon = max(self.run_cfg.total_steps // population, 1)
+        slots = cfg.rollouts_per_batch * self.run_cfg.num_envs
         report = RateTimer(self.run_cfg.report_interval_s)
         updates_done = 0
         while True:
-            need = cfg.rollouts_per_batch
-            self.receive(timeout_ms=0 if len(self.queue) >= need else 10)
-            self.read_directives()
-            samples = self.ready_samples()
+            self.receive(timeout_ms=0 if self.members.ready() else 10)
+            self.read_broadcast()
+            stale = self.members.drop_stale()
+            self.counts["stale"] += stale
+            self.metrics.stale_dropped.inc(stale)
+            ready = self.members.ready()
+            offer = self.decisions.get(self.applied + 1, b"")
             limit_hit = max_updates is not None and updates_done >= max_updates
-            agreed = distributed.agree(samples > 0, self.stop.is_set() or limit_hit, samples, device)
+            agreed = distributed.agree(ready, self.stop.is_set() or limit_hit,
+                                       self.members.batch_samples() if ready else [0] * population,
+                                       len(offer), device)  # fmt: skip
+            if agreed.decision_bytes:
+                self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)), core, optimizer)
             if agreed.stop:
                 break
-            if not agreed.everyone_has_batch:
+            if not agreed.everyone_ready:
                 if report.due():
                     self.report()
                 continue
-            batch = self.take_batch()
-            consumed += agreed.samples
+            taken = self.members.take()
+            for lag in taken.lags:
+                self.metrics.policy_lag.observe(lag)
+            self.lags += taken.lags
+            samples = torch.tensor(agreed.member_samples, device=device)
+            active = samples > 0
+            anneal = torch.tensor([ppo.annealed(cfg, t, horizon) for t in self.trained], device=device)
             started = time.perf_counter()
-            anneal = ppo.annealed(cfg, consumed, self.run_cfg.total_steps)
-            stats = ppo.update(model, core, optimizer, ppo.join_rollouts(batch, device), cfg, generator, anneal)
+            batch = ppo.join_rollouts(taken.rollouts, self.spec, self.run_cfg.rollout_length, slots, device)
+            plan = ppo.minibatch_plan(self.run_cfg.rollout_length * slots, cfg, generator)
+            norm = ppo.loss_normalizers(samples, cfg.minibatches, self.cfg.world_size)
+            stats = ppo.update(model, core, optimizer, batch, self.hp, cfg, plan, anneal, norm, active)
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)
-            self.version += 1
             updates_done += 1
+            local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
             self.counts["updates"] += 1
-            self.counts["samples"] += samples
+            self.counts["samples"] += local_samples
             self.metrics.updates.inc()
-            self.metrics.samples.inc(samples)
-            if self.cfg.rank == 0 and self.version % cfg.publish_every == 0:
-                self.publish(core, final=False)
+            self.metrics.samples.inc(local_samples)
+            for member in map(int, active.nonzero().flatten().tolist()):
+                self.trained[member] += agreed.member_samples[member]
+                self.members.versions[member] += 1
+                if self.cfg.rank == 0 and self.members.versions[member] % cfg.publish_every == 0:
+                    self.publish(core, member)
             if report.due():
                 self.report()
         if self.cfg.rank == 0:
-            self.publish(core, final=True)
+            for member in range(population):  # the last one says final: the coordinator has them all
+                self.publish(core, member, final=member == population - 1)
         self.report()
         return EXIT_OK
 
-    def publish(self, core: torch.nn.Module, final: bool) -> None:
-        weights = wire.Weights(member=0, version=self.version, params=to_numpy_params(core), final=final)
+    def apply_decision(self, decision: wire.Message, core: PopulationActorCritic, optimizer: PopulationAdam) -> None:
+        """PBT on every rank at the same iteration: the target takes the source's weights and
+        optimizer state (and noise seeded by the decision id, the same everywhere) and new
+        hyperparameters; its version moves on and its queued data, another policy's, is dropped."""
+        assert isinstance(decision, wire.Decision) and decision.id == self.applied + 1
+        target, source = decision.target, decision.source
+        if source != target:
+            copy_member(core, optimizer, decision)
+            self.trained[target] = self.trained[source]
+        self.hyperparams[target] = dict(decision.hyperparams)
+        self.hp = ppo.MemberHyperparams.stack(self.hyperparams, core.flat.device)
+        self.members.replaced(target)
+        self.applied = decision.id
+        self.decisions = {i: f for i, f in self.decisions.items() if i > decision.id}
+        log.info("applied PBT decision %d: member %d ← %d", decision.id, target, source)
+        if self.cfg.rank == 0:
+            self.publish(core, target)
+            self.report()
+
+    def publish(self, core: PopulationActorCritic, member: int, final: bool = False) -> None:
+        weights = wire.Weights(member=member, version=self.members.versions[member],
+                               params=core.member_params(member), final=final)  # fmt: skip
         transport.send(self.control, weights)
 
     def report(self) -> None:
         lags, self.lags = self.lags, []
         transport.send(self.control, wire.LearnerReport(
-            name=self.name, rank=self.cfg.rank, policy_version=self.version,
+            name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
-            mean_policy_lag=float(np.mean(lags)) if lags else 0.0,
+            mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
         ))  # fmt: skip
 
     def close(self) -> None:
         for sock in (self.control, self.experience, self.directives):
             sock.close()
+
+
+def copy_member(core: PopulationActorCritic, optimizer: PopulationAdam, decision: wire.Decision) -> None:
+    """PBT exploit: target ← source, weights and optimizer state, plus the decision's noise."""
+    with torch.no_grad():
+        core.flat[decision.target] = core.flat[decision.source]
+        if decision.param_noise > 0:  # seeded by the decision: every rank draws the same noise
+            noise = torch.randn(core.flat.shape[1], generator=torch.Generator().manual_seed(decision.id))
+            core.flat[decision.target] += decision.param_noise * noise.to(core.flat.device)
+    optimizer.copy_member(decision.source, decision.target)
 
 
 def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> int:

@@ -1,27 +1,34 @@
-"""Asynchronous PPO with V-trace targets: the loss as a pure function, and one update step.
+"""Asynchronous PPO with V-trace targets for a whole population: the loss as a pure function, one
+vectorized update for every member at once, and the loop over members it is tested against.
 
 Data arrive from actors that acted with an older policy μ. Following decoupled PPO (Hilton et al.
 2021), the *proximal* policy is the learner's policy at the start of the update, π_old: V-trace
 corrects μ → π_old (clipped importance weights, in the advantages and value targets), and PPO's
 clip keeps the epochs near π_old. With fresh data (μ = π_old) this is plain PPO.
+
+Shapes: P members, each with T steps of B slots; per-sample tensors in the update are [P, n] with
+n = T·B and a validity mask. A member with no data this update has an all-False mask; it is
+*inactive*, and the optimizer leaves it untouched. A single agent is a population of one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import PPOConfig
+from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
-from rlmq.learners.networks import ActorCritic
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic
+from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
 
 
 class Batch(NamedTuple):
-    """Rollouts joined along the slot axis: time-major [T(+1), B, ...] tensors."""
+    """Every member's rollouts, joined along the slot axis: [P, T(+1), B, ...] tensors."""
 
     obs: Tensor
     actions: Tensor
@@ -32,7 +39,29 @@ class Batch(NamedTuple):
     valid: Tensor
 
 
+class MemberHyperparams(NamedTuple):
+    """Per-member hyperparameters as [P] tensors (PBT sets them; see config.TUNABLE)."""
+
+    learning_rate: Tensor
+    ent_coef: Tensor
+    clip_coef: Tensor
+    vf_coef: Tensor
+    gamma: Tensor
+    gae_lambda: Tensor
+    max_grad_norm: Tensor
+
+    @classmethod
+    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> MemberHyperparams:
+        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
+                     for name in cls._fields))  # fmt: skip
+
+
+assert MemberHyperparams._fields == TUNABLE, "MemberHyperparams must list exactly config.TUNABLE"
+
+
 class PPOLoss(NamedTuple):
+    """Per-member terms, each [P]."""
+
     total: Tensor
     pg_loss: Tensor
     v_loss: Tensor
@@ -41,25 +70,42 @@ class PPOLoss(NamedTuple):
     clip_fraction: Tensor
 
 
-def join_rollouts(rollouts: list[Rollout], device: torch.device) -> Batch:
-    def cat(name: str, dtype: np.dtype | None = None) -> Tensor:
-        joined = np.concatenate([getattr(r, name) for r in rollouts], axis=1)
-        return torch.from_numpy(joined if dtype is None else joined.astype(dtype)).to(device)
+def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int,
+                  device: torch.device) -> Batch:
+    """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid."""
+    population = len(per_member)
+    discrete = spec.action_kind == "discrete"
+    arrays = {
+        "obs": np.zeros((population, steps + 1, slots, spec.obs_dim), np.float32),
+        "actions": np.zeros((population, steps, slots) + (() if discrete else (spec.action_dim,)),
+                            np.int64 if discrete else np.float32),
+        "logprobs": np.zeros((population, steps, slots), np.float32),
+        "rewards": np.zeros((population, steps, slots), np.float32),
+        "terminated": np.zeros((population, steps, slots), bool),
+        "truncated": np.zeros((population, steps, slots), bool),
+        "valid": np.zeros((population, steps, slots), bool),
+    }
+    for member, rollouts in enumerate(per_member):
+        start = 0
+        for r in rollouts:
+            width = r.rewards.shape[1]
+            for name, array in arrays.items():
+                array[member, :, start : start + width] = getattr(r, name)
+            start += width
+    t = {name: torch.from_numpy(a).to(device) for name, a in arrays.items()}
+    return Batch(t["obs"], t["actions"], t["logprobs"], t["rewards"], t["terminated"], t["truncated"], t["valid"])
 
-    return Batch(
-        obs=cat("obs"),
-        actions=cat("actions"),
-        behaviour_logp=cat("logprobs"),
-        rewards=cat("rewards"),
-        terminated=cat("terminated"),
-        truncated=cat("truncated"),
-        valid=cat("valid"),
-    )
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum(-1)
 
 
-def mean_or_zero(x: Tensor) -> Tensor:
-    """Mean that is 0, not NaN, for an empty minibatch: every DDP rank must still backpropagate."""
-    return x.sum() / max(x.numel(), 1)
+def normalize_advantages(adv: Tensor, mask: Tensor) -> Tensor:
+    """Per member, over its valid samples (unbiased std, as torch.std); left alone below 2."""
+    count = mask.sum(-1, keepdim=True)
+    mean = masked_sum(adv, mask).unsqueeze(-1) / count.clamp(min=1)
+    var = masked_sum((adv - mean) ** 2, mask).unsqueeze(-1) / (count - 1).clamp(min=1)
+    return torch.where(count > 1, (adv - mean) / (var.sqrt() + 1e-8), adv)
 
 
 def ppo_loss(
@@ -69,79 +115,167 @@ def ppo_loss(
     new_values: Tensor,
     value_targets: Tensor,
     entropy: Tensor,
+    mask: Tensor,
+    norm: Tensor,
     *,
-    clip_coef: float,
-    ent_coef: float,
-    vf_coef: float,
+    clip_coef: Tensor,
+    ent_coef: Tensor,
+    vf_coef: Tensor,
 ) -> PPOLoss:
+    """Per-sample tensors [P, n]; `mask` [P, n]; `norm` and the coefficients [P]. Each member's
+    sums are divided by its `norm` (see `loss_normalizers`), not by its local sample count."""
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
-    pg_loss = mean_or_zero(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)))
-    v_loss = 0.5 * mean_or_zero((new_values - value_targets) ** 2)
-    mean_entropy = mean_or_zero(entropy)
+    clip = clip_coef.unsqueeze(-1)
+    clipped = ratio.clamp(1 - clip, 1 + clip)
+    pg_loss = masked_sum(torch.max(-advantages * ratio, -advantages * clipped), mask) / norm
+    v_loss = 0.5 * masked_sum((new_values - value_targets) ** 2, mask) / norm
+    mean_entropy = masked_sum(entropy, mask) / norm
     with torch.no_grad():
-        approx_kl = mean_or_zero((ratio - 1) - log_ratio)
-        clip_fraction = mean_or_zero(((ratio - 1).abs() > clip_coef).float())
+        count = mask.sum(-1).clamp(min=1)
+        approx_kl = masked_sum((ratio - 1) - log_ratio, mask) / count
+        clip_fraction = masked_sum(((ratio - 1).abs() > clip).float(), mask) / count
     total = pg_loss - ent_coef * mean_entropy + vf_coef * v_loss
     return PPOLoss(total, pg_loss, v_loss, mean_entropy, approx_kl, clip_fraction)
 
 
-def annealed(cfg: PPOConfig, trained_steps: int, total_steps: int) -> float:
+def loss_normalizers(global_counts: Tensor, minibatches: int, world_size: int) -> Tensor:
+    """What each member's loss sums are divided by, so that after DDP averages the ranks' gradients
+    each member's gradient is that of its mean loss over all ranks' samples in a minibatch
+    (≈ count / minibatches of them), however unevenly the ranks hold its data."""
+    return global_counts.clamp(min=1).to(torch.float32) / (minibatches * world_size)
+
+
+def annealed(cfg: PPOConfig, trained_steps: int, horizon_steps: int) -> float:
     """The fraction of the initial learning rate and clip range to use now."""
-    horizon = cfg.anneal_steps or total_steps
+    horizon = cfg.anneal_steps or horizon_steps
     return max(1.0 - trained_steps / horizon, cfg.anneal_floor)
+
+
+def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:
+    """Sample indices of each minibatch of each epoch (None: all of them, in order). The same
+    number of minibatches on every rank, whatever its sample count: DDP needs every rank to run
+    the same number of backward passes."""
+    if cfg.minibatches == 1:
+        return [None] * cfg.epochs
+    return [idx for _ in range(cfg.epochs)
+            for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)]  # fmt: skip
+
+
+def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, cfg: PPOConfig):  # type: ignore[no-untyped-def]
+    """π_old's log-probabilities, V-trace advantages and value targets, each [P, n]."""
+    population, rows, slots = batch.obs.shape[:3]
+    steps = rows - 1
+    with torch.no_grad():
+        values = core.value(batch.obs.reshape(population, rows * slots, -1)).view(population, rows, slots)
+        old_logp, _ = core.policy(batch.obs[:, :steps].reshape(population, steps * slots, -1),
+                                  batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]))
+
+        def time_major(x: Tensor) -> Tensor:  # [P, T, B] → [T, P·B], as vtrace takes it
+            return x.transpose(0, 1).reshape(x.shape[1], population * slots)
+
+        returns = vtrace(
+            time_major(batch.behaviour_logp), time_major(old_logp.view(population, steps, slots)),
+            time_major(batch.rewards), time_major(values), time_major(batch.terminated),
+            time_major(batch.truncated), time_major(batch.valid),
+            gamma=hp.gamma.repeat_interleave(slots), lam=hp.gae_lambda.repeat_interleave(slots),
+            rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+        )  # fmt: skip
+
+    def member_major(x: Tensor) -> Tensor:  # [T, P·B] → [P, n]
+        return x.view(steps, population, slots).transpose(0, 1).reshape(population, steps * slots)
+
+    return old_logp, member_major(returns.pg_advantages), member_major(returns.vs), returns.clipped_rhos
 
 
 def update(
     model: nn.Module,
-    core: ActorCritic,
-    optimizer: torch.optim.Optimizer,
+    core: PopulationActorCritic,
+    optimizer: PopulationAdam,
     batch: Batch,
+    hp: MemberHyperparams,
     cfg: PPOConfig,
-    generator: torch.Generator,
-    anneal: float = 1.0,
+    plan: Sequence[Tensor | None],
+    anneal: Tensor,
+    norm: Tensor,
+    active: Tensor,
 ) -> dict[str, float]:
-    """One PPO update on one rank's batch. `model` may be DDP-wrapped (gradients are all-reduced
-    in backward, so clipping below sees the global gradient); `core` is the bare module."""
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.learning_rate * anneal
-    steps, slots = batch.rewards.shape
-    with torch.no_grad():
-        flat_obs = batch.obs.flatten(0, 1)
-        old_logp_all, _, values_all = core(flat_obs[: steps * slots], batch.actions.flatten(0, 1))
-        bootstrap = core.value(batch.obs[-1]).squeeze(-1)
-        values = torch.cat([values_all.view(steps, slots), bootstrap[None]], dim=0)
-        old_logp = old_logp_all.view(steps, slots)
-        targets = vtrace(
-            batch.behaviour_logp, old_logp, batch.rewards, values,
-            batch.terminated, batch.truncated, batch.valid,
-            gamma=cfg.gamma, lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+    """One PPO update of every member on one rank's batch, vectorized over the members.
+
+    `model` may be DDP-wrapped (gradients are all-reduced in backward, so the per-member clipping
+    below sees the global gradient); `core` is the bare module. `anneal` [P] scales each member's
+    learning rate and clip range; `norm` [P] is from `loss_normalizers`; `active` [P] says which
+    members have data on some rank.
+    """
+    population, rows, slots = batch.obs.shape[:3]
+    old_logp, advantages, vs, clipped_rhos = _targets(core, batch, hp, cfg)
+    obs = batch.obs[:, :-1].reshape(population, (rows - 1) * slots, -1)
+    actions = batch.actions.reshape(population, (rows - 1) * slots, *batch.actions.shape[3:])
+    mask = batch.valid.reshape(population, -1).to(torch.float32)
+    lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
+    for idx in plan:
+        def pick(x: Tensor, idx: Tensor | None = idx) -> Tensor:
+            return x if idx is None else x[:, idx]
+
+        new_logp, entropy, new_values = model(pick(obs), pick(actions))
+        loss = ppo_loss(
+            new_logp, pick(old_logp), normalize_advantages(pick(advantages), pick(mask)), new_values,
+            pick(vs), entropy, pick(mask), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
         )  # fmt: skip
+        optimizer.zero_grad()
+        loss.total.sum().backward()
+        assert core.flat.grad is not None
+        clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm)
+        optimizer.step(lr, active)
+    weight = active.to(torch.float32) / active.sum().clamp(min=1)
+    stats = {name: float((value.detach() * weight).sum()) for name, value in loss._asdict().items()}
+    stats["mean_rho"] = float(clipped_rhos.mean())
+    return stats
 
-    keep = batch.valid.flatten()
-    obs = batch.obs[:-1].flatten(0, 1)[keep]
-    actions = batch.actions.flatten(0, 1)[keep]
-    old_logp_flat = old_logp.flatten()[keep]
-    advantages = targets.pg_advantages.flatten()[keep]
-    vs = targets.vs.flatten()[keep]
 
-    for _epoch in range(cfg.epochs):
-        order = torch.randperm(obs.shape[0], generator=generator)
-        # The same number of minibatches on every rank, whatever its sample count: DDP needs
-        # every rank to run the same number of backward passes.
-        for idx in torch.tensor_split(order, cfg.minibatches):
-            new_logp, entropy, new_values = model(obs[idx], actions[idx])
-            adv = advantages[idx]
-            if adv.numel() > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+def update_each_member(
+    nets: Sequence[ActorCritic],
+    optimizers: Sequence[torch.optim.Optimizer],
+    batch: Batch,
+    hp: MemberHyperparams,
+    cfg: PPOConfig,
+    plan: Sequence[Tensor | None],
+    anneal: Tensor,
+    norm: Tensor,
+    active: Tensor,
+) -> None:
+    """The reference `update` is tested against: a Python loop over members, each an ordinary
+    `ActorCritic` with its own `torch.optim.Adam` (lr set per member) and `clip_grad_norm_`."""
+    for m, (net, optimizer) in enumerate(zip(nets, optimizers, strict=True)):
+        if not active[m]:
+            continue
+        one = slice(m, m + 1)
+        rows, slots = batch.obs.shape[1:3]
+        obs_all = batch.obs[m].reshape(rows * slots, -1)
+        actions = batch.actions[m].reshape((rows - 1) * slots, *batch.actions.shape[3:])
+        with torch.no_grad():
+            values = net.value(obs_all).view(rows, slots)
+            old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
+            returns = vtrace(batch.behaviour_logp[m], old_logp.view(rows - 1, slots), batch.rewards[m], values,
+                             batch.terminated[m], batch.truncated[m], batch.valid[m], gamma=float(hp.gamma[m]),
+                             lam=float(hp.gae_lambda[m]), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)  # fmt: skip
+        obs = obs_all[: (rows - 1) * slots]
+        advantages, vs = returns.pg_advantages.reshape(1, -1), returns.vs.reshape(1, -1)
+        mask = batch.valid[m].reshape(1, -1).to(torch.float32)
+        for group in optimizer.param_groups:
+            group["lr"] = float(hp.learning_rate[m] * anneal[m])
+        for idx in plan:
+            def pick(x: Tensor, idx: Tensor | None = idx) -> Tensor:
+                return x if idx is None else x[:, idx]
+
+            sel = slice(None) if idx is None else idx
+            new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
             loss = ppo_loss(
-                new_logp, old_logp_flat[idx], adv, new_values, vs[idx], entropy,
-                clip_coef=cfg.clip_coef * anneal, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
+                new_logp, pick(old_logp.unsqueeze(0)), normalize_advantages(pick(advantages), pick(mask)),
+                new_values, pick(vs), entropy, pick(mask), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
+                ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
             )  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
-            loss.total.backward()
-            nn.utils.clip_grad_norm_(core.parameters(), cfg.max_grad_norm, foreach=True)
+            loss.total.sum().backward()
+            nn.utils.clip_grad_norm_(net.parameters(), float(hp.max_grad_norm[m]))
             optimizer.step()
-    stats = {name: float(value.detach()) for name, value in loss._asdict().items()}
-    stats["mean_rho"] = float(targets.clipped_rhos.mean())
-    return stats

@@ -3,6 +3,7 @@ sockets, counts it in `rlmq_rejected_messages_total`, and then still answers a v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.request
@@ -86,13 +87,15 @@ def write_run_config(tmp_path: Path, **fields: Any) -> Path:
     return path
 
 
-def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str) -> dict[str, Any]:
-    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str,
+                      env: dict[str, str] | None = None, ports: dict[str, int] | None = None,
+                      name: str = "coordinator", **config: Any) -> dict[str, Any]:  # fmt: skip
+    ports = ports or {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
     service = start_service(
-        "coordinator", "coordinator", "--run", run_id, "--redis-url", redis_url,
-        "--run-config", str(write_run_config(tmp_path)), "--metrics-port", str(ports["metrics"]),
+        name, "coordinator", "--run", run_id, "--redis-url", redis_url,
+        "--run-config", str(write_run_config(tmp_path, **config)), "--metrics-port", str(ports["metrics"]),
         "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
-        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}",
+        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", env=env,
     )  # fmt: skip
     return {"service": service, **ports}
 
@@ -159,15 +162,17 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     out_of_range = _rollout(actions=np.full((8, 4), 7, np.int64))  # 2 actions in CartPole
     sock.send(wire.encode(_rollout()))  # no credit held: dropped, or the budget means nothing
     wait_for(lambda: rejected_total(learner_metrics) >= 1, 10, "the uncredited rollout refused")
-    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1)))
+    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1, member=0)))
     assert isinstance(receive(sock), wire.Credit)
     too_long = _rollout(steps=9)  # the run's rollouts are 8 steps
     bad = [*BAD_FRAMES, *SEMANTIC_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs),
-           wire.encode(out_of_range), wire.encode(too_long)]
+           wire.encode(out_of_range), wire.encode(too_long), wire.encode(dataclasses.replace(_rollout(), member=1)),
+           wire.encode(wire.Hello(role="actor", name="b", pid=2, member=1)),  # a population of one
+           wire.encode(wire.Hello(role="actor", name="c", pid=3))]  # no member: not an assigned actor
     for frame in bad:
         sock.send(frame)
     wait_for(lambda: rejected_total(learner_metrics) >= 1 + len(bad), 10, "rejects counted")
-    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1)))  # the credit was spent
+    sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1, member=0)))  # the credit was spent
     assert isinstance(receive(sock), wire.Credit)
     sock.send(wire.encode(_rollout()))
     assert isinstance(receive(sock), wire.Credit), "a valid rollout after garbage is accepted"
@@ -278,3 +283,60 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
     assert store.status()["env_steps"] == 100
     actor.close()
     learner.close()
+
+
+def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    """The coordinator dies (a failpoint) right after logging decision 1 to the Redis stream; the
+    restarted one applies it, exactly once, and hands it to the learners; a third start finds
+    nothing left to apply."""
+    config = {"population": 3, "pbt": {"interval": 100, "fitness_episodes": 2}}
+    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+    first = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="first",
+                              env={"RLMQ_FAILPOINT": "pbt-after-append"}, **config)  # fmt: skip
+    store = RunStore.connect(redis_url, run_id)
+    wait_for(lambda: store.members(), 30, "the population in Redis")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{ports['control']}")
+    for member, value in enumerate((10.0, 100.0, 50.0)):  # fitness first, then the steps
+        sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=0,
+                                               episode_returns=np.full(2, value),
+                                               episode_lengths=np.full(2, 10, np.int64))))  # fmt: skip
+    wait_for(lambda: all(len(store.recent_returns(m)) == 2 for m in range(3)), 10, "the returns")
+    for member in range(3):
+        sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=200)))
+    assert first["service"].process.wait(30) == 86, first["service"].log()
+    (logged,) = store.decisions()
+    assert (logged["id"], logged["target"], logged["source"], logged["kind"]) == (1, 0, 1, "exploit")
+    assert store.applied_decision() == 0 and store.members()[0]["generation"] == 0  # logged, not applied
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
+    sub.connect(f"tcp://127.0.0.1:{ports['broadcast']}")
+    second = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="second", **config)
+    wait_for(lambda: store.applied_decision() == 1, 30, "the logged decision applied")
+    assert sub.poll(10_000), "the decision is handed to the learners"
+    sent = wire.decode(sub.recv_multipart()[1])
+    assert isinstance(sent, wire.Decision) and (sent.id, sent.target, sent.source) == (1, 0, 1)
+    assert sent.hyperparams == logged["hyperparams"]
+    record = store.members()[0]
+    assert (record["generation"], record["parent"], record["hyperparams"]) == (1, 1, logged["hyperparams"])
+    assert store.recent_returns(0) == []  # earned by the weights member 0 no longer has
+    # Learner rank 0 reports it applied: the coordinator stops repeating it.
+    sock.send(wire.encode(wire.LearnerReport(name="learner-0", rank=0, policy_version=0, updates=0, samples=0,
+                                             stale_dropped=0, mean_policy_lag=0.0, applied_decision=1)))
+    wait_for(lambda: store.status().get("learner_applied_decision") == 1, 10, "the learner's report")
+    assert second["service"].stop() == 0
+
+    # Meanwhile member 2, now the worst judged member, was replaced too (decision 2): fine, as long
+    # as every logged decision is applied and each id is logged once.
+    logged_ids = [d["id"] for d in store.decisions()]
+    assert logged_ids == list(range(1, len(logged_ids) + 1)) and store.applied_decision() == len(logged_ids)
+    third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **config)
+    time.sleep(1.5)  # a few ticks: time to (wrongly) apply or decide anything again
+    assert third["service"].alive(), third["service"].log()
+    assert [d["id"] for d in store.decisions()] == logged_ids and store.applied_decision() == len(logged_ids)
+    assert store.members()[0]["generation"] == 1
+    sock.close()
+    sub.close()

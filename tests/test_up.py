@@ -151,6 +151,7 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     (["--env", "Blackjack-v1"], "not a Box"),
     (["--algo", "dqn"], "algo 'dqn' is not one of"),
     (["--num-envs", "0"], "num_envs must be at least 1"),
+    (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
 ])  # fmt: skip
 def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
     up = start_up(tmp_path / "run", *args)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, PPOConfig, RunConfig
+from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig, RunConfig
 
 # --- valid messages -------------------------------------------------------------------------
 
@@ -145,7 +145,18 @@ MESSAGES: list[tuple[str, Any]] = [
         ),
     ),
     ("directive", wire.Directive(kind="stop", reason="target reached")),
+    ("decision", wire.Decision(id=3, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5), param_noise=0.01)),
+    ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
+    (
+        "assign-learner-population",
+        wire.Assign(
+            run="run-c", member=0, actor_index=-1, config=RunConfig(population=2), env_spec=ENV_SPEC,
+            learner_endpoints=(), hyperparams=(dict.fromkeys(TUNABLE, 0.1), dict.fromkeys(TUNABLE, 0.2)),
+            member_weights=(dataclasses.replace(WEIGHTS, member=1),), applied_decision=4,
+        ),
+    ),
 ]
+DECISION = dict(MESSAGES)["decision"]
 
 
 def assert_same(a: Any, b: Any, where: str = "message") -> None:
@@ -164,6 +175,10 @@ def assert_same(a: Any, b: Any, where: str = "message") -> None:
         assert a.keys() == b.keys(), where
         for k in a:
             assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
 
@@ -298,6 +313,16 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         **fields_of(ASSIGN)["env_spec"], "action_low": [math.nan]}}), "non_finite"),
     ("unknown-nested-field", assign_config_with(colour="red"), "unknown_field"),
     ("nested-str-for-int", assign_config_with(num_envs="16"), "bad_type"),
+    ("decision-id-0", with_field(DECISION, id=0), "bad_value"),
+    ("decision-unknown-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "tau": 0.1}),
+     "bad_value"),
+    ("decision-missing-hyperparam", with_field(DECISION, hyperparams={"gamma": 0.9}), "bad_value"),
+    ("decision-negative-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": -1.0}),
+     "bad_value"),
+    ("decision-nan-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": math.nan}),
+     "non_finite"),
+    ("assign-hyperparams-count", with_field(ASSIGN, hyperparams=[dict.fromkeys(TUNABLE, 0.1)] * 2), "bad_value"),
+    ("hello-member-below", with_field(HELLO, member=-2), "bad_value"),
     ("params-list", with_field(WEIGHTS, params=[1, 2]), "bad_type"),
     ("params-bytes-key", with_field(WEIGHTS, params={b"w": array("float32", [3], F32_3)}), "bad_type"),
     # values the message itself refuses

@@ -1,5 +1,6 @@
-"""One rank of a real gloo world for tests/test_ddp.py: trains on rank-specific data, then saves
-its parameters and optimizer state for the test to compare. Run as a script (not imported)."""
+"""One rank of a real gloo world for tests/test_ddp.py: trains a population on rank-specific data,
+applies a PBT decision that only rank 0 received, then saves its parameters and optimizer state for
+the test to compare. Run as a script (not imported)."""
 
 from __future__ import annotations
 
@@ -9,58 +10,89 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rlmq.common.config import EnvSpec, PPOConfig
+from rlmq.common import wire
+from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo
-from rlmq.learners.networks import ActorCritic
+from rlmq.learners.learner import copy_member
+from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.optim import PopulationAdam
+
+SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+POPULATION, STEPS, SLOTS = 3, 16, 8
+DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
 
 
-def rollout(rng: np.random.Generator, steps: int = 16, slots: int = 8) -> Rollout:
-    done = rng.random((steps, slots)) < 0.1
-    valid = np.ones((steps, slots), bool)
+def rollout(rng: np.random.Generator, member: int) -> Rollout:
+    done = rng.random((STEPS, SLOTS)) < 0.1
+    valid = np.ones((STEPS, SLOTS), bool)
     valid[1:] = ~done[:-1]
     return Rollout(
-        member=0, policy_version=0, actor="t",
-        obs=rng.standard_normal((steps + 1, slots, 4)).astype(np.float32),
-        actions=rng.integers(0, 2, (steps, slots)).astype(np.int64),
-        logprobs=np.full((steps, slots), np.log(0.5), np.float32),
-        rewards=rng.random((steps, slots)).astype(np.float32),
-        terminated=done & (rng.random((steps, slots)) < 0.5), truncated=np.zeros((steps, slots), bool),
+        member=member, policy_version=0, actor="t",
+        obs=rng.standard_normal((STEPS + 1, SLOTS, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, (STEPS, SLOTS)).astype(np.int64),
+        logprobs=np.full((STEPS, SLOTS), np.log(0.5), np.float32),
+        rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
+        terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool),
         valid=valid,
     )  # fmt: skip
+
+
+def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
+          per_member: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator) -> None:  # fmt: skip
+    device = torch.device("cpu")
+    local = [sum(r.num_steps for r in rs) for rs in per_member]
+    agreed = distributed.agree(True, False, local, 0, device)
+    assert agreed.everyone_ready and not agreed.stop
+    samples = torch.tensor(agreed.member_samples)
+    hp = ppo.MemberHyperparams.stack([{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
+                                       "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
+    ppo.update(model, core, optimizer, ppo.join_rollouts(per_member, SPEC, STEPS, 2 * SLOTS, device), hp, cfg,
+               ppo.minibatch_plan(STEPS * 2 * SLOTS, cfg, generator), torch.ones(POPULATION),
+               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0)  # fmt: skip
 
 
 def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
-    spec = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
-    core = ActorCritic(spec, (32, 32))
+    core = PopulationActorCritic(SPEC, (32, 32), POPULATION)
     device = torch.device("cpu")
     distributed.init_world(rank, world, "127.0.0.1", port, device)
     model = DistributedDataParallel(core)
-    optimizer = torch.optim.Adam(core.parameters(), lr=3e-3, fused=True)  # as the learner's
+    optimizer = PopulationAdam(core.flat)
     cfg = PPOConfig(epochs=2, minibatches=3, max_grad_norm=0.1)
     rng = np.random.default_rng(100 + rank)  # different data on each rank
     generator = torch.Generator().manual_seed(rank)
-    before = [p.detach().clone() for p in core.parameters()]
+    before = core.flat.detach().clone()
     for _ in range(updates):
-        # Uneven batches: rank 1 holds more rollouts, so its minibatches differ in size.
-        batch = ppo.join_rollouts([rollout(rng) for _ in range(1 + rank)], device)
-        agreed = distributed.agree(True, False, 1, device)
-        assert agreed.everyone_has_batch and not agreed.stop
-        ppo.update(model, core, optimizer, batch, cfg, generator)
-    # Rank 1 keeps 2 valid samples for 3 minibatches: one of its minibatches is empty, and it
-    # must still run that backward pass (with a zero loss), or rank 0 waits in DDP forever.
-    sparse = rollout(rng)
+        # Uneven: rank 1 holds two rollouts of member 0 and none of member 1; member 2 has no data
+        # anywhere (inactive: it must not move at all).
+        train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
+                                       [rollout(rng, 1)] if rank == 0 else [], []], cfg, generator)
+    # Rank 1 keeps 2 valid samples of member 0 for 3 minibatches: one of its minibatches is empty,
+    # and it must still run that backward pass (with a zero loss), or rank 0 waits in DDP forever.
+    sparse = rollout(rng, 0)
     if rank == 1:
         sparse.valid[:] = False
         sparse.valid[0, :2] = True
-    ppo.update(model, core, optimizer, ppo.join_rollouts([sparse], device), cfg, generator)
-    # One rank without a batch: nobody updates; one rank stopping: everybody stops.
-    assert not distributed.agree(rank == 0, False, 5, device).everyone_has_batch
-    assert distributed.agree(True, rank == 1, 5, device).stop
-    moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(core.parameters(), before, strict=True))
-    torch.save({"params": core.state_dict(), "optim": optimizer.state_dict()["state"], "moved": moved}, out)
+    train(model, core, optimizer, [[sparse], [rollout(rng, 1)], []], cfg, generator)
+    inactive_unmoved = bool(torch.equal(core.flat.detach()[2], before[2]))
+    # A PBT decision only rank 0 received reaches every rank through the agreement.
+    frame = wire.encode(DECISION) if rank == 0 else b""
+    agreed = distributed.agree(False, False, [0] * POPULATION, len(frame), device)
+    decision = wire.decode(distributed.share(frame, agreed.decision_bytes, device))
+    assert isinstance(decision, wire.Decision) and decision == DECISION
+    copy_member(core, optimizer, decision)
+    copied = core.flat.detach().clone()
+    assert torch.equal(optimizer.exp_avg[2], optimizer.exp_avg[0])
+    train(model, core, optimizer, [[rollout(rng, 0)], [rollout(rng, 1)], [rollout(rng, 2)]], cfg, generator)
+    # One rank not ready: nobody updates; one rank stopping: everybody stops.
+    assert not distributed.agree(rank == 0, False, [5] * POPULATION, 0, device).everyone_ready
+    assert distributed.agree(True, rank == 1, [5] * POPULATION, 0, device).stop
+    torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
+                "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
+                "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),
+                "inactive_unmoved": inactive_unmoved}, out)  # fmt: skip
     distributed.shutdown()
 
 

@@ -1,0 +1,156 @@
+"""The population as the coordinator keeps it: member records, which actor collects for which
+member, fitness, and the PBT decisions (the selection rules themselves: pbt.py).
+
+A decision is taken when a member has trained `pbt.interval` env steps since the last one about it:
+
+    log it to the Redis stream under the next id
+    → apply it to the member records (one transaction, which also records the applied id)
+    → send it to the learners, again every tick until learner rank 0 reports it applied
+
+A coordinator that dies between logging and applying finds the logged decision when it restarts
+and applies it then; the stream refuses a second entry under the same id. So no decision is lost,
+and none is applied twice — learners too apply each id once, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from rlmq.common import wire
+from rlmq.common.config import TUNABLE, RunConfig
+from rlmq.coordinator import pbt
+from rlmq.coordinator.store import RECENT_EPISODES, RunStore
+
+log = logging.getLogger("rlmq.coordinator")
+FAILPOINT_AFTER_APPEND = "pbt-after-append"  # tests: die between logging and applying a decision
+EXIT_FAILPOINT = 86
+
+
+class Population:
+    def __init__(self, store: RunStore, run_config: RunConfig, failpoint: str = "") -> None:
+        self.store, self.run_config, self.failpoint = store, run_config, failpoint
+        self.size = run_config.population
+        self.records = store.members()
+        if not self.records:
+            base = {name: float(getattr(run_config.ppo, name)) for name in TUNABLE}
+            drawn = pbt.initial_hyperparams(base, run_config.pbt.ranges, self.size, run_config.seed)
+            self.records = {m: {"hyperparams": hp, "generation": 0, "parent": -1, "steps_at_decision": 0}
+                            for m, hp in enumerate(drawn)}  # fmt: skip
+            store.put_members(self.records)
+        self.applied = store.applied_decision()
+        for entry in store.decisions(after=self.applied):  # logged, then the coordinator died
+            log.info("applying decision %d, logged before a restart", entry["id"])
+            self.apply(entry)
+        self.learner_applied = int(store.status().get("learner_applied_decision", 0))
+        self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard, monotonic)
+
+    # --- actors -------------------------------------------------------------------------------
+
+    def check(self, member: int) -> None:
+        if not 0 <= member < self.size:
+            raise wire.WireError("unknown_member", f"member {member} of {self.size}")
+
+    def assign(self, actor: str, timeout_s: float) -> int:
+        """The member an actor collects for: its old one if it is known (a restarted actor), else
+        the member with the fewest live actors, then the fewest env steps. With fewer actors than
+        members, the members left without an actor wait (and take no part in PBT) until one comes."""
+        now = time.monotonic()
+        if actor in self.actors:
+            member = self.actors[actor][0]
+        else:
+            load = [0] * self.size
+            for m, heard in self.actors.values():
+                load[m] += now - heard < timeout_s
+            steps = self.store.member_steps()
+            member = min(range(self.size), key=lambda m: (load[m], steps.get(m, 0), m))
+        self.actors[actor] = (member, now)
+        return member
+
+    def heard(self, actor: str, member: int) -> None:
+        self.actors[actor] = (member, time.monotonic())
+
+    # --- fitness ------------------------------------------------------------------------------
+
+    def recent_returns(self) -> dict[int, list[float]]:
+        return {m: self.store.recent_returns(m) for m in range(self.size)}
+
+    def fitness(self, recent: dict[int, list[float]]) -> dict[int, float]:
+        """Mean return of each member's last `fitness_episodes` episodes, for members with that many."""
+        k = self.run_config.pbt.fitness_episodes
+        return {m: float(np.mean(r[:k])) for m, r in recent.items() if len(r) >= k}
+
+    def best(self, recent: dict[int, list[float]]) -> tuple[int, float | None, int]:
+        """(member, mean of its last 100 returns, how many) for the member with the highest mean."""
+        means = {m: float(np.mean(r)) for m, r in recent.items() if r}
+        if not means:
+            return 0, None, 0
+        member = max(means, key=lambda m: (means[m], -m))
+        return member, means[member], len(recent[member][:RECENT_EPISODES])
+
+    # --- decisions ----------------------------------------------------------------------------
+
+    def tick(self, recent: dict[int, list[float]]) -> None:
+        """Decide about every member that has trained `interval` env steps since the last time."""
+        if self.size == 1:
+            return
+        steps = self.store.member_steps()
+        for target in range(self.size):
+            if steps.get(target, 0) - self.records[target]["steps_at_decision"] >= self.run_config.pbt.interval:
+                self.decide(target, steps.get(target, 0), self.fitness(recent))
+
+    def decide(self, target: int, steps: int, fitness: dict[int, float]) -> None:
+        decision_id = self.applied + 1
+        hyperparams = [self.records[m]["hyperparams"] for m in range(self.size)]
+        choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams,
+                            pbt.decision_rng(self.run_config.seed, decision_id))  # fmt: skip
+        if choice is None:  # it carries on; judge it again after another interval
+            self.records[target] = {**self.records[target], "steps_at_decision": steps}
+            self.store.put_members({target: self.records[target]})
+            return
+        entry = {
+            "id": decision_id, "time": time.time(), "target": target, "source": choice.source,
+            "kind": "explore" if choice.source == target else "exploit",
+            "hyperparams": choice.hyperparams, "previous": self.records[target]["hyperparams"],
+            "generation": self.records[choice.source]["generation"] + 1, "env_steps": steps,
+            "fitness": {str(m): fitness.get(m) for m in (target, choice.source)},
+        }  # fmt: skip
+        self.store.append_decision(entry)
+        if self.failpoint == FAILPOINT_AFTER_APPEND:
+            log.error("failpoint %s: exiting between logging and applying decision %d", self.failpoint, decision_id)
+            os._exit(EXIT_FAILPOINT)
+        self.apply(entry)
+
+    def apply(self, entry: dict[str, Any]) -> None:
+        target = int(entry["target"])
+        record = {"hyperparams": entry["hyperparams"], "generation": entry["generation"],
+                  "parent": entry["source"], "steps_at_decision": entry["env_steps"]}  # fmt: skip
+        self.store.apply_decision(entry["id"], target, record, copied=entry["source"] != target)
+        self.records[target], self.applied = record, entry["id"]
+        log.info("PBT decision %d: member %d ← member %d (%s), %s", entry["id"], target, entry["source"],
+                 entry["kind"], ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry["hyperparams"].items())
+                                          if v != entry["previous"].get(k)))  # fmt: skip
+
+    def for_learners(self) -> list[wire.Decision]:
+        """Applied decisions learner rank 0 has not yet reported applying, oldest first."""
+        if self.learner_applied >= self.applied:
+            return []
+        return [self.to_message(e) for e in self.store.decisions(after=self.learner_applied)
+                if e["id"] <= self.applied]  # fmt: skip
+
+    def to_message(self, entry: dict[str, Any]) -> wire.Decision:
+        noise = self.run_config.pbt.param_noise if entry["kind"] == "exploit" else 0.0
+        return wire.Decision(id=entry["id"], target=entry["target"], source=entry["source"],
+                             hyperparams=entry["hyperparams"], param_noise=noise)  # fmt: skip
+
+    def learner_reported(self, applied: int) -> None:
+        if applied > self.learner_applied:
+            self.learner_applied = applied
+            self.store.set_status(learner_applied_decision=applied)
+
+    def hyperparams(self) -> tuple[dict[str, float], ...]:
+        return tuple(self.records[m]["hyperparams"] for m in range(self.size))

@@ -1,0 +1,63 @@
+"""Adam and gradient clipping for a population stacked into one [P, D] parameter.
+
+Each member has its own learning rate and clipping norm, and its own step count. A member that
+had no data in an update is *inactive*: its parameters, moments and step count stay exactly as
+they were (a plain Adam step on a zero gradient would still move it along its momentum). The
+maths is torch.optim.Adam's (no weight decay, no amsgrad), row by row; the tests hold the two
+against each other.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def clip_grad_norm_per_member(grad: Tensor, max_norm: Tensor) -> Tensor:
+    """Scale each member's gradient row to norm ≤ max_norm[m] (as `clip_grad_norm_`); returns the
+    norms before clipping. Under DDP this runs after the all-reduce: clipping is non-linear."""
+    norms = torch.linalg.vector_norm(grad, dim=1)
+    grad.mul_((max_norm / (norms + 1e-6)).clamp(max=1.0).unsqueeze(1))
+    return norms
+
+
+class PopulationAdam:
+    def __init__(self, param: Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-5) -> None:
+        self.param, self.betas, self.eps = param, betas, eps
+        self.exp_avg = torch.zeros_like(param)
+        self.exp_avg_sq = torch.zeros_like(param)
+        self.steps = torch.zeros(param.shape[0], dtype=param.dtype, device=param.device)
+
+    def zero_grad(self) -> None:
+        self.param.grad = None
+
+    @torch.no_grad()
+    def step(self, lr: Tensor, active: Tensor | None = None) -> None:
+        """One Adam step; `lr` [P] per member, `active` [P] bool (None: all)."""
+        grad = self.param.grad
+        assert grad is not None, "step() before backward()"
+        beta1, beta2 = self.betas
+        if active is None or bool(active.all()):
+            self.steps += 1
+            self.exp_avg.lerp_(grad, 1 - beta1)
+            self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            self.param.sub_(self._update(lr))
+            return
+        keep = active.unsqueeze(1)
+        self.steps += active.to(self.steps.dtype)
+        self.exp_avg.copy_(torch.where(keep, self.exp_avg.lerp(grad, 1 - beta1), self.exp_avg))
+        self.exp_avg_sq.copy_(torch.where(keep, self.exp_avg_sq * beta2 + (1 - beta2) * grad * grad, self.exp_avg_sq))
+        self.param.sub_(torch.where(keep, self._update(lr), 0.0))
+
+    def _update(self, lr: Tensor) -> Tensor:
+        beta1, beta2 = self.betas
+        steps = self.steps.clamp(min=1)  # an inactive member may never have stepped
+        step_size = (lr / (1 - beta1**steps)).unsqueeze(1)
+        denom = (self.exp_avg_sq.sqrt() / (1 - beta2**steps).sqrt().unsqueeze(1)).add_(self.eps)
+        return step_size * self.exp_avg / denom
+
+    @torch.no_grad()
+    def copy_member(self, source: int, target: int) -> None:
+        """PBT exploit: the target takes the source's optimizer state (its weights: the caller)."""
+        for state in (self.exp_avg, self.exp_avg_sq, self.steps):
+            state[target] = state[source]

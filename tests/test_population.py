@@ -1,0 +1,148 @@
+"""The vectorized population update against the loop over members it replaces."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from rlmq.common import wire
+from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
+from rlmq.learners import ppo
+from rlmq.learners.learner import copy_member
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic
+from rlmq.learners.optim import PopulationAdam
+
+DISCRETE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+CONTINUOUS = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0), action_high=(2.0, 2.0))
+
+
+def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: int) -> ppo.Batch:
+    g = torch.Generator().manual_seed(seed)
+    shape = (population, steps, slots)
+    if spec.action_kind == "discrete":
+        actions = torch.randint(0, spec.action_dim, shape, generator=g)
+    else:
+        actions = torch.randn(*shape, spec.action_dim, generator=g)
+    return ppo.Batch(
+        obs=torch.randn(population, steps + 1, slots, spec.obs_dim, generator=g),
+        actions=actions,
+        behaviour_logp=-torch.rand(shape, generator=g) - 0.2,
+        rewards=torch.randn(shape, generator=g),
+        terminated=torch.rand(shape, generator=g) < 0.05,
+        truncated=torch.rand(shape, generator=g) < 0.03,
+        valid=torch.rand(shape, generator=g) < 0.95,
+    )
+
+
+def stacked_from(nets: list[ActorCritic], spec: EnvSpec) -> PopulationActorCritic:
+    pop = PopulationActorCritic(spec, (16, 16), len(nets))
+    for m, net in enumerate(nets):
+        pop.load_member(m, {k: v.detach().numpy() for k, v in net.state_dict().items()})
+    return pop
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS], ids=["discrete", "continuous"])
+def test_stacked_forward_is_each_members_forward(spec: EnvSpec) -> None:
+    torch.manual_seed(0)
+    nets = [ActorCritic(spec, (16, 16)) for _ in range(3)]
+    for net in nets[1:]:  # members must differ, or a mixed-up member axis would go unseen
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    pop = stacked_from(nets, spec)
+    batch = random_batch(spec, 3, 5, 4, seed=1)
+    obs, actions = batch.obs[:, :-1].reshape(3, 20, -1), batch.actions.reshape(3, 20, *batch.actions.shape[3:])
+    logp, entropy, value = pop(obs, actions)
+    for m, net in enumerate(nets):
+        ref = net(obs[m], actions[m])
+        for got, want in zip((logp[m], entropy[m], value[m]), ref, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        params = pop.member_params(m)
+        assert all(np.array_equal(params[k], v.detach().numpy()) for k, v in net.state_dict().items())
+
+
+def test_members_initialise_as_single_agents_do() -> None:
+    torch.manual_seed(7)
+    single = ActorCritic(DISCRETE, (16, 16))
+    torch.manual_seed(7)
+    pop = PopulationActorCritic(DISCRETE, (16, 16), 3)
+    assert all(np.array_equal(pop.member_params(0)[k], v.detach().numpy()) for k, v in single.state_dict().items())
+    assert not np.array_equal(pop.member_params(1)["policy.0.weight"], pop.member_params(0)["policy.0.weight"])
+
+
+@pytest.mark.parametrize("spec,minibatches", [(DISCRETE, 2), (CONTINUOUS, 1)], ids=["discrete-2mb", "continuous"])
+def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int) -> None:
+    """Four members with different learning rates, clip ranges, discounts and anneal fractions;
+    one of them inactive (no data): after several updates each member's weights and Adam
+    moments equal those of its own ActorCritic + torch.optim.Adam + clip_grad_norm_."""
+    population = 4
+    torch.manual_seed(3)
+    pop = PopulationActorCritic(spec, (16, 16), population)
+    nets = []
+    for m in range(population):
+        net = ActorCritic(spec, (16, 16))
+        net.load_state_dict({k: torch.from_numpy(v) for k, v in pop.member_params(m).items()})
+        nets.append(net)
+    adams = [torch.optim.Adam(net.parameters(), lr=1.0, eps=1e-5) for net in nets]
+    optimizer = PopulationAdam(pop.flat)
+    members = [{"learning_rate": lr, "ent_coef": 0.01 * m, "clip_coef": 0.1 + 0.05 * m, "vf_coef": 0.5,
+                "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
+               for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
+    hp = ppo.MemberHyperparams.stack(members, torch.device("cpu"))
+    cfg = PPOConfig(epochs=3, minibatches=minibatches)
+    anneal = torch.tensor([1.0, 0.5, 0.8, 1.0])
+    before_inactive = pop.flat.detach()[3].clone()
+    for step in range(3):
+        batch = random_batch(spec, population, 6, 5, seed=10 + step)
+        batch = batch._replace(valid=batch.valid.clone())
+        batch.valid[3] = False  # member 3 has no data anywhere: inactive
+        active = batch.valid.flatten(1).any(1)
+        norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
+        plan = ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+        stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
+        ppo.update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
+        assert all(np.isfinite(v) for v in stats.values())
+    for m, (net, adam) in enumerate(zip(nets, adams, strict=True)):
+        got = pop.member_params(m)
+        for name, want in net.state_dict().items():
+            np.testing.assert_allclose(got[name], want.numpy(), rtol=2e-4, atol=2e-6, err_msg=f"member {m} {name}")
+        if m == 3:
+            continue
+        moments = torch.cat([adam.state[p]["exp_avg"].reshape(-1) for p in net.parameters()])
+        # parameters() and state_dict() share an order here (no buffers)
+        torch.testing.assert_close(optimizer.exp_avg[m], moments, rtol=2e-4, atol=1e-7)
+        assert int(optimizer.steps[m]) == int(adam.state[next(net.parameters())]["step"])
+    assert torch.equal(pop.flat.detach()[3], before_inactive)  # untouched, momentum or not
+    assert int(optimizer.steps[3]) == 0
+
+
+def test_a_pbt_copy_moves_weights_and_optimizer_state() -> None:
+    torch.manual_seed(0)
+    pop = PopulationActorCritic(DISCRETE, (16, 16), 3)
+    optimizer = PopulationAdam(pop.flat)
+    pop.flat.grad = torch.randn_like(pop.flat)
+    optimizer.step(torch.full((3,), 1e-3))
+    with torch.no_grad():
+        pop.flat[2] = pop.flat[0]
+    optimizer.copy_member(0, 2)
+    assert torch.equal(pop.flat[2], pop.flat[0]) and torch.equal(optimizer.exp_avg_sq[2], optimizer.exp_avg_sq[0])
+    assert not torch.equal(pop.flat[1], pop.flat[0])
+    copied = copy.deepcopy(pop.member_params(2))
+    assert all(np.array_equal(copied[k], v) for k, v in pop.member_params(0).items())
+
+
+def test_parameter_noise_is_seeded_by_the_decision() -> None:
+    """Every rank applies a decision on its own: the noise must come out the same everywhere."""
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        pop = PopulationActorCritic(DISCRETE, (16, 16), 2)
+        decision = wire.Decision(id=5, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.1), param_noise=0.02)
+        copy_member(pop, PopulationAdam(pop.flat), decision)
+        results.append(pop.flat.detach().clone())
+    assert torch.equal(results[0], results[1])
+    noise = results[0][1] - results[0][0]
+    assert abs(float(noise.std()) - 0.02) < 0.003
