@@ -1,4 +1,5 @@
-"""The run directory: config, final checkpoint (atomic), metrics CSV, summary JSON, learning curve."""
+"""The run directory: config, final checkpoint (atomic), metrics CSV, summary JSON, learning curve;
+with a population also the PBT lineage (lineage.json, lineage.png)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from rlmq.common.config import EnvSpec, RunConfig
 from rlmq.coordinator.store import RunStore
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 CSV_FIELDS = ("time", "env_steps", "episodes", "mean_return", "steps_per_s", "policy_lag")
 
@@ -40,62 +47,160 @@ def atomic(path: Path) -> Iterator[Path]:
     os.replace(tmp, path)
 
 
-def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig) -> int | None:
-    """The latest published weights as a torch checkpoint (load with weights_only=True)."""
-    weights = store.weights(0)
-    if weights is None:
+def write_checkpoint(
+    path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig
+) -> int | None:
+    """Every member's latest published weights as a torch checkpoint (load with weights_only=True).
+
+    "params" and "version" are the best member's, where a single agent's were before populations:
+    a loader that knows nothing of populations gets the policy worth keeping. "members" holds them
+    all (plain dicts of tensors, ints, floats and strings, as weights_only requires)."""
+    published = {m: w for m in range(run_config.population) if (w := store.weights(m)) is not None}
+    if not published:
         return None
     import torch  # only here: `rlmq up` itself stays light until the run is over
 
+    best = int(store.status().get("best_member", 0))
+    if best not in published:  # no weights of its own in Redis yet: still keep a policy
+        best = min(published)
+    records = store.members()
+    members = {
+        member: {
+            "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
+            "version": weights.version,
+            "hyperparams": {
+                k: float(v) for k, v in records.get(member, {}).get("hyperparams", {}).items()
+            },
+            "generation": int(records.get(member, {}).get("generation", 0)),
+            "parent": int(records.get(member, {}).get("parent", -1)),
+        }
+        for member, weights in published.items()
+    }
     state = {
-        "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
-        "version": weights.version,
+        # the same tensors as in "members": torch.save stores each storage once
+        "params": members[best]["params"],
+        "version": members[best]["version"],
+        "best_member": best,
+        "members": members,
         "env_spec": dataclasses.asdict(spec),
         "run_config": json.loads(json.dumps(dataclasses.asdict(run_config))),
     }
     with atomic(path) as tmp:
         torch.save(state, tmp)
-    return weights.version
+    return published[best].version
 
 
-def write_csv(path: Path, progress: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, progress: list[dict[str, Any]], population: int = 1) -> None:
+    """One row per progress sample; with a population, also each member's recent mean return."""
+    member_fields = [f"member_{m}" for m in range(population)] if population > 1 else []
+    rows = [
+        {
+            **sample,
+            **{f"member_{m}": sample.get("members", {}).get(str(m)) for m in range(population)},
+        }
+        for sample in progress
+    ]
     with atomic(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=[*CSV_FIELDS, *member_fields], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(progress)
+        writer.writerows(rows)
 
 
-def plot_curve(path: Path, progress: list[dict[str, Any]], title: str, target: float | None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = [(p["env_steps"], p["mean_return"]) for p in progress if p.get("mean_return") is not None]
+def plot_curve(
+    path: Path,
+    progress: list[dict[str, Any]],
+    title: str,
+    target: float | None,
+    population: int = 1,
+) -> None:
+    plt = _pyplot()
+    points = [
+        (p["env_steps"], p["mean_return"]) for p in progress if p.get("mean_return") is not None
+    ]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    if points:
+    if population > 1:
+        draw_member_curves(ax, progress, population)
+        if points:  # the upper envelope of the members' lines: what the target is judged on
+            ax.plot(
+                *zip(*points, strict=True),
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label="best member",
+            )
+    elif points:
         ax.plot(*zip(*points, strict=True), label="mean return (last 100 episodes)")
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", label=f"target {target:g}")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
+    ax.set_ylabel("return" if population == 1 else "mean return (member's last ≤100 episodes)")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8 if population > 1 else None)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    save_figure(path, fig)
+
+
+def save_figure(path: Path, fig: Figure) -> None:
     with atomic(path) as tmp:
         fig.savefig(tmp)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
-def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig,
-                  launched: float, outcome: str) -> dict[str, Any]:
+def write_lineage(path: Path, decisions: list[dict[str, Any]], run_steps: list[float]) -> None:
+    """The PBT decision log, oldest first, as the coordinator logged it: the lineage without the
+    plot. `run_env_steps` is where each decision stands in lineage.png (see decision_run_steps)."""
+    entries = [{**d, "run_env_steps": round(x)} for d, x in zip(decisions, run_steps, strict=True)]
+    with atomic(path) as tmp:
+        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
+
+
+def member_summaries(store: RunStore, population: int) -> list[dict[str, Any]]:
+    records, steps = store.members(), store.member_steps()
+    summaries = []
+    for member in range(population):
+        record, recent = records.get(member, {}), store.recent_returns(member)
+        summaries.append(
+            {
+                "member": member,
+                "generation": int(record.get("generation", 0)),
+                "parent": int(record.get("parent", -1)),
+                "env_steps": steps.get(member, 0),
+                "mean_return_last_100": sum(recent) / len(recent) if recent else None,
+                "hyperparams": record.get("hyperparams", {}),
+            }
+        )
+    return summaries
+
+
+def write_results(
+    run_dir: Path,
+    store: RunStore,
+    spec: EnvSpec,
+    run_config: RunConfig,
+    launched: float,
+    outcome: str,
+) -> dict[str, Any]:
     status = store.status()
     progress = store.progress()
+    population = run_config.population
+    title = f"{run_config.algo} on {run_config.env_id}" + (
+        f", population {population}" if population > 1 else ""
+    )
     version = write_checkpoint(run_dir / "checkpoint.pt", store, spec, run_config)
-    write_csv(run_dir / "metrics.csv", progress)
-    plot_curve(run_dir / "learning_curve.png", progress, f"{run_config.algo} on {run_config.env_id}",
-               run_config.target_return)
+    write_csv(run_dir / "metrics.csv", progress, population)
+    plot_curve(
+        run_dir / "learning_curve.png", progress, title, run_config.target_return, population
+    )
+    decisions = store.decisions()
+    if population > 1:
+        run_steps = decision_run_steps(decisions, progress)
+        write_lineage(run_dir / "lineage.json", decisions, run_steps)
+        end_steps = float(status.get("env_steps", progress[-1]["env_steps"] if progress else 0))
+        save_figure(
+            run_dir / "lineage.png",
+            lineage_figure(decisions, run_steps, population, end_steps, f"PBT lineage: {title}"),
+        )
     first_step = status.get("first_step_at")
     ended = status.get("ended_at") or time.time()
     summary = {
@@ -107,8 +212,12 @@ def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: Run
         # Counted when the run ended; actors winding down add a few more to `env_steps`.
         "env_steps": int(status.get("env_steps_at_end", status.get("env_steps", 0))),
         "episodes": int(status.get("episodes", 0)),
-        "mean_return_last_100": status.get("mean_return"),
-        "policy_version": version,
+        "mean_return_last_100": status.get("mean_return"),  # the best member's
+        "policy_version": version,  # the best member's (checkpoint "params")
+        "population": population,
+        "best_member": int(status.get("best_member", 0)),
+        "pbt_decisions": store.applied_decision(),
+        "members": member_summaries(store, population),
         "startup_s": None if first_step is None else first_step - launched,
         "train_wall_s": None if first_step is None else ended - first_step,
         "total_wall_s": ended - launched,
@@ -117,3 +226,108 @@ def write_results(run_dir: Path, store: RunStore, spec: EnvSpec, run_config: Run
     with atomic(run_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+# --- population plots ------------------------------------------------------------------------
+
+LABELLED_DECISIONS = 60  # more generation labels than this would cover the arrows
+LEGEND_MEMBERS = 12  # more members than this get lines but no legend entries
+
+
+def _pyplot() -> Any:
+    """matplotlib, imported only when a plot is drawn: `rlmq up` stays light until the run ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def member_color(member: int) -> Any:
+    from matplotlib import colormaps
+
+    return colormaps["tab10" if member < 10 else "tab20"](member % 20)
+
+
+def draw_member_curves(ax: Axes, progress: Sequence[Mapping[str, Any]], population: int) -> None:
+    """One line per member: the mean of its recent episodes (≤ 100) at each progress sample,
+    against the run's total env steps."""
+    steps = np.array([p["env_steps"] for p in progress], dtype=float)
+    for member in range(population):
+        # None (no episodes since its last copy: its old returns were dropped) becomes NaN: a gap
+        values = np.array([p.get("members", {}).get(str(member)) for p in progress], dtype=float)
+        if np.isnan(values).all():
+            continue
+        label = f"member {member}" if population <= LEGEND_MEMBERS else None
+        ax.plot(steps, values, color=member_color(member), linewidth=1, label=label)
+
+
+def decision_run_steps(
+    decisions: Sequence[Mapping[str, Any]], progress: Sequence[Mapping[str, Any]]
+) -> list[float]:
+    """Where each decision lies on the run's env-step axis.
+
+    A decision records only its target's own env steps, and members collect at different rates,
+    so that count puts decisions about different members on different clocks: an arrow from the
+    source's row would stand at a step count the source never had then. The run's total env steps
+    are one clock for all members; they are interpolated from the progress samples at the
+    decision's time. Without progress samples there is no such clock: the target's steps are used.
+    The coordinator logs that clock itself (`run_env_steps`); the rest serves logs without it.
+    """
+    if all("run_env_steps" in d for d in decisions):
+        return [float(d["run_env_steps"]) for d in decisions]
+    if not progress:
+        return [float(d.get("env_steps", 0)) for d in decisions]
+    times = np.array([p["time"] for p in progress], dtype=float)
+    steps = np.array([p["env_steps"] for p in progress], dtype=float)
+    order = np.argsort(times, kind="stable")
+    at = np.interp([float(d["time"]) for d in decisions], times[order], steps[order])
+    return [float(x) for x in at]
+
+
+def lineage_figure(
+    decisions: Sequence[Mapping[str, Any]],
+    run_steps: Sequence[float],
+    population: int,
+    end_steps: float,
+    title: str,
+) -> Figure:
+    """Rows are members, x is the run's env steps. Each exploit decision is an arrow from the
+    source's row to the target's (the target takes the source's weights), each explore-only
+    decision a dot on the target's row; `g<n>` is the generation the target has from then on."""
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    end = max([end_steps, *run_steps, 1.0])
+    fig, ax = plt.subplots(figsize=(9, min(1.6 + 0.45 * population, 24)), dpi=100)
+    for member in range(population):
+        ax.hlines(member, 0, end, color=member_color(member), linewidth=2, alpha=0.35)
+        ax.text(0, member - 0.12, " g0", fontsize=7, color="dimgray")
+    labelled = len(decisions) <= LABELLED_DECISIONS
+    for decision, x in zip(decisions, run_steps, strict=True):
+        target, source = int(decision["target"]), int(decision["source"])
+        if source == target:
+            ax.plot(x, target, "o", color=member_color(target), markersize=5, zorder=3)
+        else:
+            ax.annotate(
+                "",
+                xy=(x, target),
+                xytext=(x, source),
+                arrowprops={"arrowstyle": "-|>", "color": member_color(source), "linewidth": 1.2},
+                zorder=3,
+            )
+        if labelled:
+            ax.text(x, target - 0.12, f" g{decision['generation']}", fontsize=7, color="dimgray")
+    ax.set_yticks(range(population), [f"member {m}" for m in range(population)])
+    ax.set_ylim(population - 0.5, -0.5)  # member 0 on top, as in `rlmq status`
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel("env steps (whole run)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    exploit = Line2D([], [], color="gray", marker=">", label="exploit: source → target")
+    explore = Line2D([], [], color="gray", marker="o", linestyle="", label="explore only")
+    # beside the axes: over them it would hide decisions, and below them it meets the x label
+    ax.legend(handles=[exploit, explore], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -5,20 +5,39 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
+from rlmq.common.config import TUNABLE, HyperRange, RunConfig
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rlmq.coordinator.store import RunStore
+
+WIDTH = 100  # the population table and decisions wrap to stay within this many columns
+RECENT_DECISIONS = 5
+SHORT_NAMES = {
+    "learning_rate": "lr",
+    "ent_coef": "ent",
+    "clip_coef": "clip",
+    "vf_coef": "vf",
+    "gamma": "gamma",
+    "gae_lambda": "lambda",
+    "max_grad_norm": "grad_norm",
+}
 
 
 def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
     if redis_url is None or run is None:
         info_path = run_dir / "run.json"
         if not info_path.exists():
-            print(f"error: no run at {run_dir} (no run.json); pass --run-dir of an `rlmq up` run, "
-                  "or --redis-url and --run", file=sys.stderr)
+            print(
+                f"error: no run at {run_dir} (no run.json); pass --run-dir of an `rlmq up` run, "
+                "or --redis-url and --run",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         info = json.loads(info_path.read_text())
         redis_url, run = redis_url or info["redis_url"], run or info["run"]
@@ -26,25 +45,156 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
     try:
         status = store.status()
         learners = store.learners()
+        config = store.load_config()
+        run_config = None if config is None else config[0]
+        population_view = (
+            PopulationView.read(store, run_config.population)
+            if run_config is not None and run_config.population > 1
+            else None
+        )
     except redis.ConnectionError:
         print(f"error: cannot reach Redis at {redis_url}: is the run still up?", file=sys.stderr)
         return EXIT_FAILED
     if not status:
         print(f"error: Redis at {redis_url} holds no run {run!r}", file=sys.stderr)
         return EXIT_USAGE
-    config = store.load_config()
     print(f"run {run}  state {status.get('state')}  {status.get('detail') or ''}")
     if config is not None:
         rc, spec = config
-        print(f"  {rc.algo} on {rc.env_id} ({spec.action_kind} actions, obs {spec.obs_dim}); "
-              f"target {rc.target_return}, budget {rc.total_steps:,} env steps")
+        print(
+            f"  {rc.algo} on {rc.env_id} ({spec.action_kind} actions, obs {spec.obs_dim}); "
+            f"target {rc.target_return}, budget {rc.total_steps:,} env steps"
+        )
     mean = status.get("mean_return")
-    print(f"  env steps {int(status.get('env_steps', 0)):,}  ({float(status.get('steps_per_s', 0)):,.0f}/s)  "
-          f"episodes {int(status.get('episodes', 0)):,}  mean return (last 100) "
-          f"{'—' if mean is None else f'{mean:.1f}'}")
-    print(f"  policy version {status.get('policy_version', 0)}  policy lag {float(status.get('policy_lag', 0)):.1f}  "
-          f"actors {status.get('actors', 0)}  learners {len(learners)}")
+    print(
+        f"  env steps {int(status.get('env_steps', 0)):,}  ({float(status.get('steps_per_s', 0)):,.0f}/s)  "
+        f"episodes {int(status.get('episodes', 0)):,}  mean return (last 100) "
+        f"{'—' if mean is None else f'{mean:.1f}'}"
+    )
+    print(
+        f"  policy version {status.get('policy_version', 0)}  policy lag {float(status.get('policy_lag', 0)):.1f}  "
+        f"actors {status.get('actors', 0)}  learners {len(learners)}"
+    )
     updated = status.get("updated_at")
     if updated is not None:
         print(f"  updated {time.time() - float(updated):.1f} s ago")
+    if run_config is not None and population_view is not None:
+        best = int(status.get("best_member", 0))
+        for line in population_lines(run_config, best, population_view):
+            print(line)
     return EXIT_OK
+
+
+@dataclass(frozen=True)
+class PopulationView:
+    """What the population table shows, read from Redis in one go (so under one error guard)."""
+
+    members: dict[int, dict[str, Any]]  # member → record (hyperparams, generation, parent, ...)
+    member_steps: dict[int, int]
+    returns: dict[int, list[float]]  # member → its recent episode returns, newest first
+    decisions: list[dict[str, Any]]  # the PBT log, oldest first
+    applied: int  # id of the last decision applied to the member records
+
+    @classmethod
+    def read(cls, store: RunStore, population: int) -> PopulationView:
+        return cls(
+            members=store.members(),
+            member_steps=store.member_steps(),
+            returns={m: store.recent_returns(m) for m in range(population)},
+            decisions=store.decisions(),
+            applied=store.applied_decision(),
+        )
+
+
+def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> list[str]:
+    ranges = run_config.pbt.ranges
+    k = run_config.pbt.fitness_episodes
+    lines = [
+        "",
+        f"  population of {run_config.population}  (* best; fitness: mean of the last {k} episodes)",
+        f"    {'member':>6}  {'gen':>3}  {'parent':>6}  {'env steps':>11}  {'fitness':>8}  "
+        f"{'last 100':>8}  hyperparameters",
+    ]
+    for member in range(run_config.population):
+        record = view.members.get(member, {})
+        recent = view.returns.get(member, [])
+        parent = int(record.get("parent", -1))
+        row = (
+            f"  {'*' if member == best else ' '} {member:>6}  {record.get('generation', 0):>3}  "
+            f"{'-' if parent < 0 else parent:>6}  {view.member_steps.get(member, 0):>11,}  "
+            f"{_mean(recent[:k]) if len(recent) >= k else '—':>8}  {_mean(recent) if recent else '—':>8}  "
+        )
+        lines += wrap(row, hyperparam_words(record.get("hyperparams", {}), ranges))
+    if view.decisions:
+        shown = view.decisions[-RECENT_DECISIONS:]
+        # logged but not applied: the coordinator stopped in between (it applies them on restart)
+        pending = int(view.decisions[-1]["id"]) - view.applied
+        lines += [
+            "",
+            f"  PBT decisions: {view.applied} applied"
+            + (f", {pending} logged but not yet applied" if pending > 0 else "")
+            + f"; the last {len(shown)}:",
+            f"  {'id':>5}  {'kind':<7}  {'member ← source':<22}  {'env steps':>11}  {'gen':>3}  "
+            "changed (old → new)",
+        ]
+        for decision in shown:
+            move = f"member {decision['target']} ← member {decision['source']}"
+            row = (
+                f"  {decision['id']:>5}  {decision['kind']:<7}  {move:<22}  "
+                f"{int(decision.get('env_steps', 0)):>11,}  {decision.get('generation', 0):>3}  "
+            )
+            lines += wrap(row, changed_words(decision, ranges))
+    else:
+        lines += ["", "  PBT decisions: none yet"]
+    return lines
+
+
+def _mean(values: Sequence[float]) -> str:
+    return f"{sum(values) / len(values):.1f}"
+
+
+def format_value(value: float, hyper_range: HyperRange | None) -> str:
+    # Log-ranged values (learning rates) span decades: only an exponent keeps them comparable.
+    return f"{value:.1e}" if hyper_range is not None and hyper_range.log else f"{value:.3g}"
+
+
+def _ordered(names: Mapping[str, Any]) -> list[str]:
+    return sorted(names, key=lambda n: (TUNABLE.index(n) if n in TUNABLE else len(TUNABLE), n))
+
+
+def hyperparam_words(
+    hyperparams: Mapping[str, float], ranges: Mapping[str, HyperRange]
+) -> list[str]:
+    """`lr 1.2e-03`, `ent 0.004`: the ranged hyperparameters only, as the others never change."""
+    return [
+        f"{SHORT_NAMES.get(name, name)} {format_value(hyperparams[name], ranges[name])}"
+        for name in _ordered(ranges)
+        if name in hyperparams
+    ]
+
+
+def changed_words(decision: Mapping[str, Any], ranges: Mapping[str, HyperRange]) -> list[str]:
+    new, old = decision.get("hyperparams", {}), decision.get("previous", {})
+    words = []
+    for name in _ordered(new):
+        if name in old and old[name] == new[name]:
+            continue
+        before = "?" if name not in old else format_value(old[name], ranges.get(name))
+        words.append(
+            f"{SHORT_NAMES.get(name, name)} {before} → {format_value(new[name], ranges.get(name))}"
+        )
+    return words or ["none"]
+
+
+def wrap(prefix: str, words: Sequence[str], width: int = WIDTH) -> list[str]:
+    """`prefix` then `words` two spaces apart; words that would pass `width` go on continuation
+    lines indented to where the first word began, so the table's columns stay readable."""
+    lines, line = [], prefix
+    for word in words:
+        started = len(line) > len(prefix)
+        if started and len(line) + 2 + len(word) > width:
+            lines.append(line.rstrip())
+            line, started = " " * len(prefix), False
+        line += ("  " if started else "") + word
+    lines.append(line.rstrip())
+    return lines

@@ -24,7 +24,7 @@ from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.service import EXIT_OK, RateTimer, StopFlag
 from rlmq.coordinator.population import Population
-from rlmq.coordinator.store import RECENT_EPISODES, RunStore
+from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
@@ -196,10 +196,10 @@ class Coordinator:
         status = self.store.status()
         steps = int(status.get("env_steps", 0))
         recent = self.population.recent_returns()
-        self.population.tick(recent)
+        self.population.tick(recent, steps)
         for decision in self.population.for_learners():  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
-        best, mean_return, episodes = self.population.best(recent)
+        best, mean_return, full_record = self.population.best(recent)
         now = time.monotonic()
         then, steps_then = self.last_steps
         rate = (steps - steps_then) / max(now - then, 1e-9)
@@ -220,7 +220,7 @@ class Coordinator:
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
                                     "members": member_means})  # fmt: skip
         target = self.run_config.target_return
-        if target is not None and episodes >= RECENT_EPISODES and mean_return is not None and mean_return >= target:
+        if target is not None and full_record and mean_return is not None and mean_return >= target:
             who = f" (member {best})" if self.population.size > 1 else ""
             self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
         elif steps >= self.run_config.total_steps:

@@ -47,7 +47,7 @@ class Population:
             log.info("applying decision %d, logged before a restart", entry["id"])
             self.apply(entry)
         self.learner_applied = int(store.status().get("learner_applied_decision", 0))
-        self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard, monotonic)
+        self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard: monotonic s)
 
     # --- actors -------------------------------------------------------------------------------
 
@@ -84,26 +84,30 @@ class Population:
         k = self.run_config.pbt.fitness_episodes
         return {m: float(np.mean(r[:k])) for m, r in recent.items() if len(r) >= k}
 
-    def best(self, recent: dict[int, list[float]]) -> tuple[int, float | None, int]:
-        """(member, mean of its last 100 returns, how many) for the member with the highest mean."""
-        means = {m: float(np.mean(r)) for m, r in recent.items() if r}
-        if not means:
-            return 0, None, 0
-        member = max(means, key=lambda m: (means[m], -m))
-        return member, means[member], len(recent[member][:RECENT_EPISODES])
+    def best(self, recent: dict[int, list[float]]) -> tuple[int, float | None, bool]:
+        """(member, mean of its last ≤100 returns, whether those are a full 100) for the best member:
+        the highest mean among members with 100 episodes, else among those with `fitness_episodes`,
+        else among any — a member with a few lucky episodes (just after a copy) must not outrank one
+        with a long record."""
+        for enough in (RECENT_EPISODES, self.run_config.pbt.fitness_episodes, 1):
+            means = {m: float(np.mean(r)) for m, r in recent.items() if len(r) >= enough}
+            if means:
+                member = max(means, key=lambda m: (means[m], -m))
+                return member, means[member], len(recent[member]) >= RECENT_EPISODES
+        return 0, None, False
 
     # --- decisions ----------------------------------------------------------------------------
 
-    def tick(self, recent: dict[int, list[float]]) -> None:
+    def tick(self, recent: dict[int, list[float]], run_env_steps: int) -> None:
         """Decide about every member that has trained `interval` env steps since the last time."""
         if self.size == 1:
             return
         steps = self.store.member_steps()
         for target in range(self.size):
             if steps.get(target, 0) - self.records[target]["steps_at_decision"] >= self.run_config.pbt.interval:
-                self.decide(target, steps.get(target, 0), self.fitness(recent))
+                self.decide(target, steps.get(target, 0), self.fitness(recent), run_env_steps)
 
-    def decide(self, target: int, steps: int, fitness: dict[int, float]) -> None:
+    def decide(self, target: int, steps: int, fitness: dict[int, float], run_env_steps: int) -> None:
         decision_id = self.applied + 1
         hyperparams = [self.records[m]["hyperparams"] for m in range(self.size)]
         choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams,
@@ -117,7 +121,7 @@ class Population:
             "kind": "explore" if choice.source == target else "exploit",
             "hyperparams": choice.hyperparams, "previous": self.records[target]["hyperparams"],
             "generation": self.records[choice.source]["generation"] + 1, "env_steps": steps,
-            "fitness": {str(m): fitness.get(m) for m in (target, choice.source)},
+            "run_env_steps": run_env_steps, "fitness": {str(m): f for m, f in fitness.items()},
         }  # fmt: skip
         self.store.append_decision(entry)
         if self.failpoint == FAILPOINT_AFTER_APPEND:
