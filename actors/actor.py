@@ -23,7 +23,7 @@ from rlmq.actors.collector import Collector
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
-from rlmq.common.models import NumpyPolicy
+from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
 
 log = logging.getLogger("rlmq.actor")
@@ -73,7 +73,7 @@ class Actor:
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
-        self.spec = spec
+        self.spec, self.algo = spec, run_cfg.algo
         self.policy: NumpyPolicy | None = None
         if assign.weights is not None:
             self.apply_weights(assign.weights)
@@ -178,7 +178,7 @@ class Actor:
 
     def apply_weights(self, weights: wire.Weights) -> None:
         try:
-            self.policy = NumpyPolicy(dict(weights.params), self.spec)
+            self.policy = make_policy(self.algo, dict(weights.params), self.spec)
         except (KeyError, ValueError) as exc:
             self.reject(wire.WireError("bad_weights", str(exc)))
             return

@@ -118,7 +118,7 @@ def up(
     env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
     algo: Annotated[str | None, _opt("Algorithm: ppo.")] = None,
     total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
-    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes reaches it.")] = None,
+    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) reaches it.")] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
     population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,

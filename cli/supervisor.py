@@ -184,7 +184,7 @@ def format_progress(status: dict[str, Any], elapsed: float, actors: int) -> str:
 
 def run_up(cfg: UpConfig) -> int:
     try:
-        spec = envs.probe(cfg.run_config.env_id)
+        spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo)
     except envs.EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -15,12 +15,25 @@ from typing import Any, TypeVar
 
 import tomllib
 
-ALGORITHMS = ("ppo",)
-# The hyperparameters population-based training may set per member (fields of PPOConfig).
+ALGORITHMS = ("ppo", "sac")
+# The hyperparameters population-based training may set per member: fields of the algorithm's
+# config (PPOConfig, SACConfig).
 TUNABLE = ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
+TUNABLE_BY_ALGO = {"ppo": TUNABLE, "sac": ("learning_rate", "gamma", "tau")}
+ALL_TUNABLE = frozenset(name for names in TUNABLE_BY_ALGO.values() for name in names)
 # Where each must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
-                   "vf_coef": (0.0, 1e9, True)}
+                   "vf_coef": (0.0, 1e9, True), "tau": (0.0, 1.0, False)}
+
+
+def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
+    """What is out of bounds in a member's tunable hyperparameters (e.g. γ > 1), by name."""
+    problems = []
+    for name, value in hyperparams.items():
+        lo, hi, lo_inclusive = _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
+        if not ((lo <= value if lo_inclusive else lo < value) and value <= hi):
+            problems.append(f"{name} = {value:g} outside {'[' if lo_inclusive else '('}{lo:g}, {hi:g}]")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,47 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class ReplayConfig:
+    """What every off-policy algorithm shares: each learner rank's replay shard and how often the
+    learners train from it (learners/trainers.py, OffPolicyTrainer)."""
+
+    batch_size: int = 256  # per rank and member
+    buffer_size: int = 100_000  # transitions per rank and member
+    learning_starts: int = 1_000  # env steps of a member before its first update
+    replay_ratio: float = 1.0  # gradient updates per env step (of each member, over all ranks)
+    publish_every: int = 1  # rank 0 sends weights to the coordinator every N learner iterations
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be positive" for name in ("batch_size", "buffer_size", "replay_ratio",
+                    "publish_every") if getattr(self, name) <= 0]  # fmt: skip
+        if self.learning_starts < 0:
+            problems.append("learning_starts must not be negative")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class SACConfig(ReplayConfig):
+    """Soft actor-critic (Haarnoja et al. 2018) with twin critics, target critics and automatic
+    entropy tuning (learners/sac.py)."""
+
+    # RL-Zoo's Pendulum-v1 settings for SB3 (lr 1e-3, the rest SB3's defaults).
+    learning_rate: float = 1e-3  # actor, critics and temperature
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak step of the target critics
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    target_entropy: float | None = None  # None: −(action dimensions)
+    init_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.learning_rate > 0 and self.init_temperature > 0 and 0 < self.gamma <= 1 and 0 < self.tau <= 1):
+            raise ValueError("sac: need learning_rate > 0, init_temperature > 0, 0 < gamma ≤ 1, 0 < tau ≤ 1")
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError("sac.hidden_sizes must be positive")
+
+
+@dataclass(frozen=True)
 class HyperRange:
     """Where population-based training may put one hyperparameter."""
 
@@ -109,8 +163,8 @@ class PBTConfig:
         if not 0 <= self.resample_probability <= 1 or self.param_noise < 0:
             problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
         for name, r in self.ranges.items():
-            if name not in TUNABLE:
-                problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(TUNABLE)}")
+            if name not in ALL_TUNABLE:
+                problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(sorted(ALL_TUNABLE))}")
                 continue
             lo, hi, lo_inclusive = _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
             if not (r.low <= r.high and (lo <= r.low if lo_inclusive else lo < r.low) and r.high <= hi):
@@ -131,7 +185,8 @@ class RunConfig:
     num_envs: int = 8  # vector-env slots per actor
     rollout_length: int = 32  # steps per rollout message
     total_steps: int = 1_000_000  # env-step budget summed over all actors
-    target_return: float | None = None  # stop once the mean of the last 100 episodes reaches it
+    target_return: float | None = None  # stop once the mean of the last `return_window` episodes reaches it
+    return_window: int = 100  # episodes (of one member) the mean return is taken over; at most 100
     seed: int = 0
     hidden_sizes: tuple[int, ...] = (64, 64)
     report_interval_s: float = 0.5  # actor and learner heartbeat period
@@ -145,13 +200,28 @@ class RunConfig:
     # learners update without them (members with slow actors, or none, must not stall the rest).
     batch_wait_s: float = 0.05
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
     population: int = 1  # members trained together; more than 1 turns on population-based training
     pbt: PBTConfig = field(default_factory=PBTConfig)
 
+    @property
+    def algo_config(self) -> PPOConfig | SACConfig:
+        return self.sac if self.algo == "sac" else self.ppo
+
+    def base_hyperparams(self) -> dict[str, float]:
+        """The algorithm's tunable hyperparameters as the config sets them (each member's start
+        when they are not ranged)."""
+        return {name: float(getattr(self.algo_config, name)) for name in TUNABLE_BY_ALGO[self.algo]}
+
     def __post_init__(self) -> None:
         problems = []
+        if not 1 <= self.return_window <= 100:
+            problems.append("return_window must be in [1, 100]")
         if not 1 <= self.population <= 256:
             problems.append("population must be in [1, 256]")
+        tunable = TUNABLE_BY_ALGO.get(self.algo, ())
+        if self.population > 1 and any(name not in tunable for name in self.pbt.ranges):
+            problems.append(f"pbt.ranges: {self.algo} tunes only {', '.join(tunable)}")
         if self.algo not in ALGORITHMS:
             problems.append(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
         for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):

@@ -81,13 +81,23 @@ def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
     raise EnvError(f"{env_id}: action space {action_space} is not supported; use Discrete or a 1-D Box")
 
 
-def probe(env_id: str) -> EnvSpec:
-    """The spec of `env_id`, from a throwaway one-slot vector env."""
+# The action spaces each algorithm can act in.
+ACTION_KINDS = {"ppo": ("discrete", "continuous"), "sac": ("continuous",)}
+
+
+def probe(env_id: str, algo: str | None = None) -> EnvSpec:
+    """The spec of `env_id`, from a throwaway one-slot vector env; with `algo`, checked against
+    the action spaces that algorithm supports (the error names the ones that fit)."""
     env = make_vector_env(env_id, 1)
     try:
-        return describe(env, env_id)
+        spec = describe(env, env_id)
     finally:
         env.close()
+    if algo is not None and spec.action_kind not in ACTION_KINDS[algo]:
+        fitting = [a for a, kinds in ACTION_KINDS.items() if spec.action_kind in kinds]
+        raise EnvError(f"{algo} needs {' or '.join(ACTION_KINDS[algo])} actions and {env_id} has "
+                       f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")  # fmt: skip
+    return spec
 
 
 def flatten_obs(obs: Any, num_envs: int) -> np.ndarray:

@@ -9,6 +9,7 @@ otherwise import it 64 times) and, at these sizes, is cheaper per call than torc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,9 +29,11 @@ def policy_layer_names(params: Params) -> list[tuple[str, str]]:
 
 
 class NumpyPolicy:
-    """Samples actions and their log-probabilities from a tanh MLP policy."""
+    """Samples actions and their log-probabilities from a tanh MLP policy (PPO's)."""
 
-    def __init__(self, params: Params, spec: EnvSpec) -> None:
+    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None,
+                 activation: Callable[[np.ndarray], np.ndarray] = np.tanh) -> None:  # fmt: skip
+        self.activation = activation
         names = policy_layer_names(params)
         if not names:
             raise ValueError("weights hold no policy.* layers")
@@ -44,17 +47,18 @@ class NumpyPolicy:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
                 raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")
             width = weight.shape[1]
-        if width != spec.action_dim:
-            raise ValueError(f"policy gives {width} outputs, the action space needs {spec.action_dim}")
+        if width != (outputs or spec.action_dim):
+            raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
         self.discrete = spec.action_kind == "discrete"
-        self._log_std = None if self.discrete else params["log_std"].astype(np.float32)
+        # PPO's Gaussian keeps a state-free log-std; a policy with its own outputs (SAC) does not.
+        self._log_std = None if self.discrete or outputs else params["log_std"].astype(np.float32)
         if self._log_std is not None and self._log_std.shape != (spec.action_dim,):
             raise ValueError(f"log_std {self._log_std.shape} does not fit {spec.action_dim} actions")
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         x = obs
         for weight, bias in self._layers[:-1]:
-            x = np.tanh(x @ weight + bias)
+            x = self.activation(x @ weight + bias)
         weight, bias = self._layers[-1]
         out: np.ndarray = x @ weight + bias
         return out
@@ -69,6 +73,39 @@ class NumpyPolicy:
         actions = out + np.exp(self._log_std) * noise
         logp = -(0.5 * noise * noise + self._log_std + _HALF_LOG_2PI).sum(axis=-1)
         return actions, logp.astype(np.float32)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0, out=x)
+
+
+class SquashedGaussianPolicy(NumpyPolicy):
+    """SAC's policy: a ReLU MLP giving mean and log-std; actions tanh-squashed into the env's
+    bounds. Must match learners/sac.py (`Actor`, LOG_STD_MIN/MAX)."""
+
+    def __init__(self, params: Params, spec: EnvSpec) -> None:
+        if spec.action_kind != "continuous":
+            raise ValueError("SAC needs continuous actions")
+        super().__init__(params, spec, outputs=2 * spec.action_dim, activation=_relu)
+        low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
+        high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
+        self._scale, self._bias = (high - low) / 2, (high + low) / 2
+        self._log_std = None
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        mean, log_std = np.split(self.forward(obs), 2, axis=-1)
+        noise = rng.standard_normal(mean.shape, dtype=np.float32)
+        action = np.tanh(mean + np.exp(np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)) * noise)
+        # Off-policy learners do not use the behaviour log-probability.
+        return (action * self._scale + self._bias).astype(np.float32), np.zeros(len(obs), np.float32)
+
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def make_policy(algo: str, params: Params, spec: EnvSpec) -> NumpyPolicy:
+    """The actors' policy for `algo`; raises KeyError/ValueError for weights that do not fit."""
+    return SquashedGaussianPolicy(params, spec) if algo == "sac" else NumpyPolicy(params, spec)
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from rlmq.common.config import TUNABLE, EnvSpec, RunConfig
+from rlmq.common.config import ALL_TUNABLE, TUNABLE_BY_ALGO, EnvSpec, RunConfig, hyperparam_problems
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -115,7 +115,9 @@ class Assign:
 
     def __post_init__(self) -> None:
         _require(len(self.hyperparams) in (0, self.config.population), "Assign.hyperparams: one per member")
-        _require(all(set(h) == set(TUNABLE) for h in self.hyperparams), "Assign.hyperparams: every tunable")
+        tunable = set(TUNABLE_BY_ALGO[self.config.algo])
+        _require(all(set(h) == tunable for h in self.hyperparams), "Assign.hyperparams: the algorithm's tunables")
+        _require(not any(hyperparam_problems(h) for h in self.hyperparams), "Assign.hyperparams out of bounds")
         _require(all(0 <= w.member < self.config.population for w in self.member_weights), "Assign: member")
         _counts(self, "applied_decision")
 
@@ -252,9 +254,10 @@ class Decision:
     def __post_init__(self) -> None:
         _counts(self, "target", "source")
         _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
-        _require(set(self.hyperparams) == set(TUNABLE), f"Decision.hyperparams must name {', '.join(TUNABLE)}")
-        _require(all(v >= 0 for v in self.hyperparams.values()) and self.param_noise >= 0,
-                 "Decision: negative hyperparameter")  # fmt: skip
+        _require(bool(self.hyperparams) and set(self.hyperparams) <= ALL_TUNABLE,
+                 f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}")  # fmt: skip
+        _require(self.param_noise >= 0, "Decision.param_noise is negative")
+        _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")
 
 
 # PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".

@@ -21,8 +21,8 @@ import zmq
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
-from rlmq.common.models import NumpyPolicy
-from rlmq.common.service import EXIT_OK, RateTimer, StopFlag
+from rlmq.common.models import make_policy
+from rlmq.common.service import EXIT_OK, EXIT_USAGE, RateTimer, StopFlag
 from rlmq.coordinator.population import Population
 from rlmq.coordinator.store import RunStore
 
@@ -43,7 +43,7 @@ class Coordinator:
 
         saved = store.load_config()
         if saved is None:
-            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id)
+            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id, cfg.run_config.algo)
             store.save_config(self.run_config, self.spec)
             store.set_status(state="running", reason="", started_at=time.time(), env_steps=0, episodes=0)
         else:  # a restart: Redis holds the truth
@@ -59,6 +59,7 @@ class Coordinator:
         self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in learners.items()}
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
         self.publisher = learners[0]["identity"].encode() if 0 in learners else None
+        self.fresh_from: dict[int, int] = {}  # member → first weights version after its last PBT copy
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
@@ -112,7 +113,9 @@ class Coordinator:
             weights=None if learner else self.latest_weights.get(member),
             hyperparams=self.population.hyperparams() if learner else (),
             member_weights=tuple(self.latest_weights[m] for m in sorted(self.latest_weights)) if learner else (),
-            applied_decision=self.population.applied if learner else 0,
+            # The learners' own count: decisions after it are sent to them again and re-applied, so
+            # that a restarted world makes the copies its predecessor had not made yet.
+            applied_decision=self.population.learner_applied if learner else 0,
         )  # fmt: skip
         self.control.send_multipart([identity, wire.encode(assign)])
 
@@ -128,6 +131,8 @@ class Coordinator:
             self.first_step_at = report.first_step_at
             self.store.set_status(first_step_at=report.first_step_at)
         returns = report.episode_returns.tolist()
+        if report.policy_version < self.fresh_from.get(report.member, 0):
+            returns = []  # the member's weights were replaced since (PBT)
         self.store.add_episodes(report.member, returns)
         self.metrics.episodes.inc(len(returns))
         if report.rejected:
@@ -135,8 +140,13 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
-        if report.rank == 0:
-            self.population.learner_reported(report.applied_decision)
+        if report.rank == 0 and identity == self.publisher:
+            for target in self.population.learner_reported(report.applied_decision):
+                # Rank 0 published the copy before this report: episodes played before it were
+                # the old policy's and must not count towards the member's new fitness.
+                latest = self.latest_weights.get(target)
+                self.fresh_from[target] = latest.version if latest is not None else 0
+                self.store.clear_returns(target)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
 
@@ -149,7 +159,7 @@ class Coordinator:
         if latest is not None and weights.version < latest.version:
             raise wire.WireError("stale_weights", f"version {weights.version} < {latest.version}")
         try:  # every actor would choke on weights that do not fit: refuse them here, once
-            NumpyPolicy(dict(weights.params), self.spec)
+            make_policy(self.run_config.algo, dict(weights.params), self.spec)
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights[weights.member] = weights
@@ -257,7 +267,11 @@ def _actor_index(name: str, default: int) -> int:
 
 def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
     store = RunStore.connect(cfg.redis_url, cfg.run)
-    coordinator = Coordinator(cfg, store, stop)
+    try:
+        coordinator = Coordinator(cfg, store, stop)
+    except envs.EnvError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
     try:
         return coordinator.run()
     finally:

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, RunConfig
+from rlmq.common.config import RunConfig
 from rlmq.coordinator import pbt
-from rlmq.coordinator.store import RECENT_EPISODES, RunStore
+from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
 FAILPOINT_AFTER_APPEND = "pbt-after-append"  # tests: die between logging and applying a decision
@@ -37,7 +37,7 @@ class Population:
         self.size = run_config.population
         self.records = store.members()
         if not self.records:
-            base = {name: float(getattr(run_config.ppo, name)) for name in TUNABLE}
+            base = run_config.base_hyperparams()
             drawn = pbt.initial_hyperparams(base, run_config.pbt.ranges, self.size, run_config.seed)
             self.records = {m: {"hyperparams": hp, "generation": 0, "parent": -1, "steps_at_decision": 0}
                             for m, hp in enumerate(drawn)}  # fmt: skip
@@ -85,15 +85,16 @@ class Population:
         return {m: float(np.mean(r[:k])) for m, r in recent.items() if len(r) >= k}
 
     def best(self, recent: dict[int, list[float]]) -> tuple[int, float | None, bool]:
-        """(member, mean of its last ≤100 returns, whether those are a full 100) for the best member:
-        the highest mean among members with 100 episodes, else among those with `fitness_episodes`,
-        else among any — a member with a few lucky episodes (just after a copy) must not outrank one
-        with a long record."""
-        for enough in (RECENT_EPISODES, self.run_config.pbt.fitness_episodes, 1):
-            means = {m: float(np.mean(r)) for m, r in recent.items() if len(r) >= enough}
+        """(member, mean of its last `return_window` returns, whether it has that many) for the best
+        member: the highest mean among members with a full window, else among those with
+        `fitness_episodes`, else among any — a member with a few lucky episodes (just after a copy)
+        must not outrank one with a long record."""
+        window = self.run_config.return_window
+        for enough in (window, min(self.run_config.pbt.fitness_episodes, window), 1):
+            means = {m: float(np.mean(r[:window])) for m, r in recent.items() if len(r) >= enough}
             if means:
                 member = max(means, key=lambda m: (means[m], -m))
-                return member, means[member], len(recent[member]) >= RECENT_EPISODES
+                return member, means[member], len(recent[member]) >= window
         return 0, None, False
 
     # --- decisions ----------------------------------------------------------------------------
@@ -110,8 +111,8 @@ class Population:
     def decide(self, target: int, steps: int, fitness: dict[int, float], run_env_steps: int) -> None:
         decision_id = self.applied + 1
         hyperparams = [self.records[m]["hyperparams"] for m in range(self.size)]
-        choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams,
-                            pbt.decision_rng(self.run_config.seed, decision_id))  # fmt: skip
+        rng = pbt.decision_rng(self.run_config.seed, decision_id * 1024 + target)  # targets decide apart
+        choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams, rng)
         if choice is None:  # it carries on; judge it again after another interval
             self.records[target] = {**self.records[target], "steps_at_decision": steps}
             self.store.put_members({target: self.records[target]})
@@ -123,7 +124,8 @@ class Population:
             "generation": self.records[choice.source]["generation"] + 1, "env_steps": steps,
             "run_env_steps": run_env_steps, "fitness": {str(m): f for m, f in fitness.items()},
         }  # fmt: skip
-        self.store.append_decision(entry)
+        if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
+            entry = self.store.decisions(after=decision_id - 1)[0]
         if self.failpoint == FAILPOINT_AFTER_APPEND:
             log.error("failpoint %s: exiting between logging and applying decision %d", self.failpoint, decision_id)
             os._exit(EXIT_FAILPOINT)
@@ -151,10 +153,16 @@ class Population:
         return wire.Decision(id=entry["id"], target=entry["target"], source=entry["source"],
                              hyperparams=entry["hyperparams"], param_noise=noise)  # fmt: skip
 
-    def learner_reported(self, applied: int) -> None:
-        if applied > self.learner_applied:
-            self.learner_applied = applied
-            self.store.set_status(learner_applied_decision=applied)
+    def learner_reported(self, applied: int) -> list[int]:
+        """Learner rank 0 has applied decisions up to `applied` (capped at ours: a report cannot
+        make us skip one); returns the members they gave new weights."""
+        applied = min(applied, self.applied)
+        if applied <= self.learner_applied:
+            return []
+        entries = self.store.decisions(after=self.learner_applied)
+        self.learner_applied = applied
+        self.store.set_status(learner_applied_decision=applied)
+        return [e["target"] for e in entries if e["id"] <= applied and e["source"] != e["target"]]
 
     def hyperparams(self) -> tuple[dict[str, float], ...]:
         return tuple(self.records[m]["hyperparams"] for m in range(self.size))

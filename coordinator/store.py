@@ -99,6 +99,9 @@ class RunStore:
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]
 
+    def clear_returns(self, member: int) -> None:
+        self.redis.delete(self.key("returns", member))
+
     def put_members(self, records: dict[int, dict[str, Any]]) -> None:
         self.redis.hset(self.key("members"), mapping={str(m): json.dumps(r, sort_keys=True) for m, r in records.items()})
 

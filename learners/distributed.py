@@ -54,6 +54,13 @@ def agree(ready: bool, stop: bool, member_samples: list[int], decision_bytes: in
     return Agreement(ready_ranks == dist.get_world_size(), stops > 0, samples, length)
 
 
+def share_any_length(frame: bytes, device: torch.device) -> bytes:
+    """Rank 0's `frame` on every rank, its length unknown to the others."""
+    length = torch.tensor([len(frame)], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    return share(frame, int(length.item()), device)
+
+
 def share(frame: bytes, length: int, device: torch.device) -> bytes:
     """Rank 0's `frame` (`length` bytes) on every rank: a broadcast of raw bytes, never pickle
     (torch's broadcast_object_list would unpickle whatever arrives)."""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import time
@@ -18,19 +19,18 @@ import time
 import numpy as np
 import torch
 import zmq
-from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import transport, wire
-from rlmq.common.config import TUNABLE, LearnerConfig, RunConfig
+from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
-from rlmq.learners import distributed, ppo
+from rlmq.learners import distributed
 from rlmq.learners.members import MemberQueues
-from rlmq.learners.networks import PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
+MAX_PENDING = 1024  # decisions held ahead of the one to apply next
 
 
 class Learner:
@@ -119,14 +119,16 @@ class Learner:
                 if isinstance(message, wire.Decision):
                     self.members.check(message.target)
                     self.members.check(message.source)
+                    if set(message.hyperparams) != set(self.hyperparams[message.target]):
+                        raise wire.WireError("bad_value", f"decision {message.id} sets {sorted(message.hyperparams)}")
             except wire.WireError as exc:
                 self.reject(exc)
                 continue
             if isinstance(message, wire.Directive) and message.kind == "stop":
                 log.info("coordinator says stop: %s", message.reason)
                 self.stop.set("directive")
-            elif isinstance(message, wire.Decision) and message.id > self.applied:  # repeats are normal
-                self.decisions[message.id] = parts[1]
+            elif isinstance(message, wire.Decision) and self.applied < message.id <= self.applied + MAX_PENDING:
+                self.decisions[message.id] = parts[1]  # repeats are normal; far-future ids are not kept
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -140,40 +142,44 @@ class Learner:
         self.run_cfg: RunConfig = assign.config
         self.spec = assign.env_spec
         population = self.run_cfg.population
+        # Off-policy data stay useful however old: the lag gate is PPO's.
+        max_lag = self.run_cfg.ppo.max_policy_lag if self.run_cfg.algo == "ppo" else 2**62
         self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, self.cfg.credit_timeout_s,
-                                    self.run_cfg.ppo.rollouts_per_batch, self.run_cfg.ppo.max_policy_lag,
-                                    self.run_cfg.batch_wait_s)  # fmt: skip
-        base = {name: float(getattr(self.run_cfg.ppo, name)) for name in TUNABLE}
+                                    self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s)  # fmt: skip
+        base = self.run_cfg.base_hyperparams()
         self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
         self.applied = assign.applied_decision
+        for weights in assign.member_weights:
+            self.members.versions[weights.member] = weights.version
         device = distributed.pick_device(self.cfg.device)
         torch.manual_seed(self.run_cfg.seed)
-        core = PopulationActorCritic(self.spec, self.run_cfg.hidden_sizes, population).to(device)
-        for weights in assign.member_weights:  # a restarted world carries on from the last publication
-            core.load_member(weights.member, dict(weights.params))
-            self.members.versions[weights.member] = weights.version
         distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port, device)
-        log.info("rank %d/%d up on %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
-                 device, population, self.endpoint)  # fmt: skip
+        self.adopt_rank0_state(device)
+        log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
+                 device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
         try:
-            return self.train(core, device, max_updates)
+            trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
+                                   self.cfg.world_size, device)  # fmt: skip
+            trainer.set_hyperparams(self.hyperparams)
+            return self.train(trainer, device, max_updates)
         finally:
             distributed.shutdown()
 
-    def train(self, core: PopulationActorCritic, device: torch.device, max_updates: int | None) -> int:
-        cfg, population = self.run_cfg.ppo, self.run_cfg.population
-        model: torch.nn.Module = core
-        if self.cfg.world_size > 1:  # DDP broadcasts rank 0's parameters: replicas start equal
-            model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = PopulationAdam(core.flat)
-        self.hp = ppo.MemberHyperparams.stack(self.hyperparams, device)
-        generator = torch.Generator().manual_seed(self.run_cfg.seed * 1000 + self.cfg.rank)
+    def adopt_rank0_state(self, device: torch.device) -> None:
+        """Every rank takes rank 0's PBT state: each got its own Assign, and a decision applied
+        between two of them would leave the ranks training different hyperparameters (DDP makes
+        only the parameters equal)."""
+        state = {"applied": self.applied, "hyperparams": self.hyperparams, "versions": self.members.versions}
+        shared = json.loads(distributed.share_any_length(json.dumps(state).encode(), device))  # never pickle
+        self.applied, self.hyperparams, self.members.versions = (
+            shared["applied"], shared["hyperparams"], shared["versions"])  # fmt: skip
+
+    def train(self, trainer: Trainer, device: torch.device, max_updates: int | None) -> int:
+        population = self.run_cfg.population
+        publish_every = self.run_cfg.algo_config.publish_every
         if self.cfg.rank == 0:
             for member in range(population):
-                self.publish(core, member)
-        self.trained = [0] * population  # env steps each member trained on: drives its annealing
-        horizon = max(self.run_cfg.total_steps // population, 1)
-        slots = cfg.rollouts_per_batch * self.run_cfg.num_envs
+                self.publish(trainer, member)
         report = RateTimer(self.run_cfg.report_interval_s)
         updates_done = 0
         while True:
@@ -189,7 +195,10 @@ class Learner:
                                        self.members.batch_samples() if ready else [0] * population,
                                        len(offer), device)  # fmt: skip
             if agreed.decision_bytes:
-                self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)), core, optimizer)
+                replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)),
+                                               trainer)  # fmt: skip
+                if replaced is not None:  # its queued batch, another policy's, is gone on every rank
+                    agreed.member_samples[replaced] = 0
             if agreed.stop:
                 break
             if not agreed.everyone_ready:
@@ -200,14 +209,8 @@ class Learner:
             for lag in taken.lags:
                 self.metrics.policy_lag.observe(lag)
             self.lags += taken.lags
-            samples = torch.tensor(agreed.member_samples, device=device)
-            active = samples > 0
-            anneal = torch.tensor([ppo.annealed(cfg, t, horizon) for t in self.trained], device=device)
             started = time.perf_counter()
-            batch = ppo.join_rollouts(taken.rollouts, self.spec, self.run_cfg.rollout_length, slots, device)
-            plan = ppo.minibatch_plan(self.run_cfg.rollout_length * slots, cfg, generator)
-            norm = ppo.loss_normalizers(samples, cfg.minibatches, self.cfg.world_size)
-            stats = ppo.update(model, core, optimizer, batch, self.hp, cfg, plan, anneal, norm, active)
+            stats, updated = trainer.train(taken.rollouts, agreed.member_samples)
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)
@@ -217,41 +220,43 @@ class Learner:
             self.counts["samples"] += local_samples
             self.metrics.updates.inc()
             self.metrics.samples.inc(local_samples)
-            for member in map(int, active.nonzero().flatten().tolist()):
-                self.trained[member] += agreed.member_samples[member]
+            for member in updated:
                 self.members.versions[member] += 1
-                if self.cfg.rank == 0 and self.members.versions[member] % cfg.publish_every == 0:
-                    self.publish(core, member)
+                if self.cfg.rank == 0 and self.members.versions[member] % publish_every == 0:
+                    self.publish(trainer, member)
             if report.due():
                 self.report()
         if self.cfg.rank == 0:
             for member in range(population):  # the last one says final: the coordinator has them all
-                self.publish(core, member, final=member == population - 1)
+                self.publish(trainer, member, final=member == population - 1)
         self.report()
         return EXIT_OK
 
-    def apply_decision(self, decision: wire.Message, core: PopulationActorCritic, optimizer: PopulationAdam) -> None:
-        """PBT on every rank at the same iteration: the target takes the source's weights and
-        optimizer state (and noise seeded by the decision id, the same everywhere) and new
-        hyperparameters; its version moves on and its queued data, another policy's, is dropped."""
-        assert isinstance(decision, wire.Decision) and decision.id == self.applied + 1
-        target, source = decision.target, decision.source
-        if source != target:
-            copy_member(core, optimizer, decision)
-            self.trained[target] = self.trained[source]
-        self.hyperparams[target] = dict(decision.hyperparams)
-        self.hp = ppo.MemberHyperparams.stack(self.hyperparams, core.flat.device)
-        self.members.replaced(target)
+    def apply_decision(self, decision: wire.Message, trainer: Trainer) -> int | None:
+        """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
+        an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
+        the same everywhere); then its version moves on and its queued data, another policy's, is
+        dropped. Returns the target if its weights changed."""
+        if not isinstance(decision, wire.Decision) or decision.id != self.applied + 1:  # same bytes, same state
+            raise RuntimeError(f"decision {getattr(decision, 'id', '?')} offered after {self.applied}")
+        copied = decision.source != decision.target
+        if copied:
+            trainer.copy_member(decision)
+            self.members.replaced(decision.target)
+        self.hyperparams[decision.target] = dict(decision.hyperparams)
+        trainer.set_hyperparams(self.hyperparams)
         self.applied = decision.id
         self.decisions = {i: f for i, f in self.decisions.items() if i > decision.id}
-        log.info("applied PBT decision %d: member %d ← %d", decision.id, target, source)
+        log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
-            self.publish(core, target)
+            if copied:
+                self.publish(trainer, decision.target)
             self.report()
+        return decision.target if copied else None
 
-    def publish(self, core: PopulationActorCritic, member: int, final: bool = False) -> None:
+    def publish(self, trainer: Trainer, member: int, final: bool = False) -> None:
         weights = wire.Weights(member=member, version=self.members.versions[member],
-                               params=core.member_params(member), final=final)  # fmt: skip
+                               params=trainer.member_params(member), final=final)  # fmt: skip
         transport.send(self.control, weights)
 
     def report(self) -> None:
@@ -266,16 +271,6 @@ class Learner:
     def close(self) -> None:
         for sock in (self.control, self.experience, self.directives):
             sock.close()
-
-
-def copy_member(core: PopulationActorCritic, optimizer: PopulationAdam, decision: wire.Decision) -> None:
-    """PBT exploit: target ← source, weights and optimizer state, plus the decision's noise."""
-    with torch.no_grad():
-        core.flat[decision.target] = core.flat[decision.source]
-        if decision.param_noise > 0:  # seeded by the decision: every rank draws the same noise
-            noise = torch.randn(core.flat.shape[1], generator=torch.Generator().manual_seed(decision.id))
-            core.flat[decision.target] += decision.param_noise * noise.to(core.flat.device)
-    optimizer.copy_member(decision.source, decision.target)
 
 
 def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> int:

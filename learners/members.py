@@ -75,8 +75,9 @@ class MemberQueues:
         return dropped
 
     def batch_samples(self) -> list[int]:
-        """Env steps in each member's next batch; 0 for a member without one."""
-        return [sum(q[i][1].num_steps for i in range(self.need)) if len(q) >= self.need else 0
+        """Valid env steps in each member's next batch (what its loss is averaged over); 0 for a
+        member without one."""
+        return [sum(int(q[i][1].valid.sum()) for i in range(self.need)) if len(q) >= self.need else 0
                 for q in self.queues]  # fmt: skip
 
     def ready(self) -> bool:

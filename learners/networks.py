@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -63,22 +64,19 @@ def load_numpy_params(model: nn.Module, params: dict[str, np.ndarray]) -> None:
     model.load_state_dict(state, strict=True)
 
 
-class PopulationActorCritic(nn.Module):
-    """P members of `ActorCritic`, stacked: one forward pass for the whole population.
+class Stacked(nn.Module):
+    """The parameters of P members of one module, stacked: one forward pass for the whole population.
 
-    Every member's parameters are one row of a single [P, D] parameter, so DDP all-reduces one
-    tensor, the optimizer steps one tensor, and a PBT copy is one row assignment. The named tensors
-    of a member are views into its row, laid out as `ActorCritic`'s state dict (whose names the
-    actors read); the layers run as batched matmuls over the member axis (Fast Population-Based
-    RL, Flajolet et al. 2022).
+    Every member's parameters are one row of a single [P, D] parameter, so DDP (or a manual
+    all-reduce) syncs one tensor, the optimizer steps one tensor, and a PBT copy is one row
+    assignment. The named tensors of a member are views into its row, laid out as the member
+    module's state dict (whose names the actors read); `mlp` runs an `nn.Sequential` of Linears as
+    batched matmuls over the member axis (Fast Population-Based RL, Flajolet et al. 2022).
     """
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int) -> None:
+    def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
-        # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        members = [ActorCritic(spec, hidden_sizes) for _ in range(population)]
-        self.discrete = members[0].discrete
-        self.population = population
+        self.population = len(members)
         self.layout: dict[str, tuple[int, torch.Size]] = {}
         offset = 0
         for name, tensor in members[0].state_dict().items():
@@ -86,45 +84,27 @@ class PopulationActorCritic(nn.Module):
             offset += tensor.numel()
         rows = [torch.cat([t.reshape(-1) for t in m.state_dict().values()]) for m in members]
         self.flat = nn.Parameter(torch.stack(rows))
-        self.policy_layers = _linear_names(self.layout, "policy")
-        self.value_layers = _linear_names(self.layout, "value")
 
     def tensor(self, name: str) -> Tensor:
         """The named tensor of every member: [P, *shape], a view into `flat`."""
         offset, shape = self.layout[name]
         return self.flat[:, offset : offset + shape.numel()].view(self.population, *shape)
 
-    def _mlp(self, layers: list[tuple[str, str]], x: Tensor) -> Tensor:
+    def linear_names(self, prefix: str) -> list[tuple[str, str]]:
+        """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
+        count = sum(1 for name in self.layout if name.startswith(f"{prefix}.") and name.endswith(".weight"))
+        return [(f"{prefix}.{2 * i}.weight", f"{prefix}.{2 * i}.bias") for i in range(count)]
+
+    def mlp(self, layers: list[tuple[str, str]], x: Tensor, activation: Callable[[Tensor], Tensor]) -> Tensor:
+        """[P, N, in] → [P, N, out] through the named Linears, `activation` between them."""
         for i, (weight, bias) in enumerate(layers):
             x = torch.baddbmm(self.tensor(bias).unsqueeze(1), x, self.tensor(weight).transpose(1, 2))
             if i < len(layers) - 1:
-                x = torch.tanh(x)
+                x = activation(x)
         return x
 
-    def value(self, obs: Tensor) -> Tensor:
-        """[P, N, obs_dim] → [P, N]."""
-        return self._mlp(self.value_layers, obs).squeeze(-1)
-
-    def policy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """(log-probability of `actions`, entropy), each [P, N]."""
-        out = self._mlp(self.policy_layers, obs)
-        if self.discrete:  # by hand, as ActorCritic.forward
-            log_probs = torch.log_softmax(out, dim=-1)
-            logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-            return logp, -(log_probs.exp() * log_probs).sum(-1)
-        log_std = self.tensor("log_std").unsqueeze(1)  # [P, 1, A]
-        z = (actions - out) * torch.exp(-log_std)
-        logp = (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand_as(logp)
-        return logp, entropy
-
-    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(log-probability, entropy, value), each [P, N] — one call, so DDP sees every grad."""
-        logp, entropy = self.policy(obs, actions)
-        return logp, entropy, self.value(obs)
-
     def member_params(self, member: int) -> dict[str, np.ndarray]:
-        """One member's parameters under `ActorCritic`'s names, as the actors and Weights take them."""
+        """One member's parameters under the member module's names, as actors and Weights take them."""
         row = self.flat.detach()[member].to("cpu", torch.float32)
         return {name: row[o : o + s.numel()].view(s).numpy().copy() for name, (o, s) in self.layout.items()}
 
@@ -139,7 +119,34 @@ class PopulationActorCritic(nn.Module):
                 self.flat[member, offset : offset + shape.numel()] = value.reshape(-1).to(self.flat.device)
 
 
-def _linear_names(layout: dict[str, tuple[int, torch.Size]], prefix: str) -> list[tuple[str, str]]:
-    """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
-    count = sum(1 for name in layout if name.startswith(f"{prefix}.") and name.endswith(".weight"))
-    return [(f"{prefix}.{2 * i}.weight", f"{prefix}.{2 * i}.bias") for i in range(count)]
+class PopulationActorCritic(Stacked):
+    """P members of `ActorCritic`, stacked (see `Stacked`)."""
+
+    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int) -> None:
+        # Members are initialised exactly as single agents, one after the other (same RNG draws).
+        super().__init__([ActorCritic(spec, hidden_sizes) for _ in range(population)])
+        self.discrete = spec.action_kind == "discrete"
+        self.policy_layers = self.linear_names("policy")
+        self.value_layers = self.linear_names("value")
+
+    def value(self, obs: Tensor) -> Tensor:
+        """[P, N, obs_dim] → [P, N]."""
+        return self.mlp(self.value_layers, obs, torch.tanh).squeeze(-1)
+
+    def policy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """(log-probability of `actions`, entropy), each [P, N]."""
+        out = self.mlp(self.policy_layers, obs, torch.tanh)
+        if self.discrete:  # by hand, as ActorCritic.forward
+            log_probs = torch.log_softmax(out, dim=-1)
+            logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            return logp, -(log_probs.exp() * log_probs).sum(-1)
+        log_std = self.tensor("log_std").unsqueeze(1)  # [P, 1, A]
+        z = (actions - out) * torch.exp(-log_std)
+        logp = (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand_as(logp)
+        return logp, entropy
+
+    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(log-probability, entropy, value), each [P, N] — one call, so DDP sees every grad."""
+        logp, entropy = self.policy(obs, actions)
+        return logp, entropy, self.value(obs)

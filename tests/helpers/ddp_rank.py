@@ -14,9 +14,9 @@ from rlmq.common import wire
 from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo
-from rlmq.learners.learner import copy_member
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.trainers import copy_member
 
 SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
 POPULATION, STEPS, SLOTS = 3, 16, 8
@@ -64,11 +64,15 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     rng = np.random.default_rng(100 + rank)  # different data on each rank
     generator = torch.Generator().manual_seed(rank)
     before = core.flat.detach().clone()
-    for _ in range(updates):
-        # Uneven: rank 1 holds two rollouts of member 0 and none of member 1; member 2 has no data
-        # anywhere (inactive: it must not move at all).
+    for i in range(updates):
+        # Uneven: rank 1 holds two rollouts of member 0 and none of member 1; member 2 has data (on
+        # rank 0) in the first update only, then none anywhere: inactive, it must not move at all,
+        # though its Adam state has momentum.
         train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
-                                       [rollout(rng, 1)] if rank == 0 else [], []], cfg, generator)
+                                       [rollout(rng, 1)] if rank == 0 else [],
+                                       [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)  # fmt: skip
+        if i == 0:
+            after_first = core.flat.detach()[2].clone()
     # Rank 1 keeps 2 valid samples of member 0 for 3 minibatches: one of its minibatches is empty,
     # and it must still run that backward pass (with a zero loss), or rank 0 waits in DDP forever.
     sparse = rollout(rng, 0)
@@ -76,7 +80,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
         sparse.valid[:] = False
         sparse.valid[0, :2] = True
     train(model, core, optimizer, [[sparse], [rollout(rng, 1)], []], cfg, generator)
-    inactive_unmoved = bool(torch.equal(core.flat.detach()[2], before[2]))
+    inactive_unmoved = bool(torch.equal(core.flat.detach()[2], after_first)) and not torch.equal(after_first, before[2])
     # A PBT decision only rank 0 received reaches every rank through the agreement.
     frame = wire.encode(DECISION) if rank == 0 else b""
     agreed = distributed.agree(False, False, [0] * POPULATION, len(frame), device)

@@ -1,0 +1,145 @@
+"""Replay memory for the off-policy algorithms (SAC, TD3, DQN): one shard per learner rank.
+
+Each learner rank keeps only the transitions its own actors sent it and samples its minibatches
+from them; DDP then averages the gradients across ranks, so the ranks together train on the union
+of their shards without ever moving experience between them. Within a rank, every population member
+has its own ring buffer, stacked along a leading member axis ``[P, capacity, ...]`` so that one
+vectorized draw yields a member-major batch ``[P, B, ...]`` for the population's batched update.
+
+The memory is bounded and preallocated: the arrays are allocated once at full capacity, so a run
+that fits at start fits forever, and when a member's shard is full its oldest transitions are
+overwritten. Storage is NumPy (rollouts arrive as NumPy from the wire); batches leave as torch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlmq.common.wire import Rollout
+
+
+class Transitions(NamedTuple):
+    """A sampled batch, member-major."""
+
+    obs: Tensor  # [P, B, obs_dim] float32
+    actions: Tensor  # [P, B] int64 (discrete) or [P, B, action_dim] float32
+    rewards: Tensor  # [P, B] float32
+    next_obs: Tensor  # [P, B, obs_dim] float32
+    terminated: Tensor  # [P, B] float32: 1.0 where the episode ended for real (no bootstrap)
+
+
+class Replay:
+    """One ring buffer of transitions per population member, vectorized over members."""
+
+    def __init__(
+        self,
+        population: int,
+        capacity: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...],
+        action_dtype: np.dtype | type,
+    ) -> None:
+        if population < 1:
+            raise ValueError(f"Replay population must be at least 1, got {population}")
+        if capacity < 1:
+            raise ValueError(f"Replay capacity must be at least 1, got {capacity}")
+        if obs_dim < 1:
+            raise ValueError(f"Replay obs_dim must be at least 1, got {obs_dim}")
+        self.population, self.capacity, self.obs_dim = population, capacity, obs_dim
+        self.action_shape = tuple(action_shape)  # () for discrete actions, (A,) for continuous
+        shape = (population, capacity)
+        # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
+        # never written stay zero, which is what `sample` hands out for an empty member.
+        self._obs = np.zeros((*shape, obs_dim), np.float32)
+        self._next_obs = np.zeros((*shape, obs_dim), np.float32)
+        self._actions = np.zeros((*shape, *self.action_shape), np.dtype(action_dtype))
+        self._rewards = np.zeros(shape, np.float32)
+        self._terminated = np.zeros(shape, np.float32)
+        self._position = np.zeros(population, np.int64)  # the next row each member writes
+        self._size = np.zeros(population, np.int64)
+
+    def _check_member(self, member: int) -> None:
+        if not 0 <= member < self.population:
+            raise ValueError(f"member {member} out of range for a population of {self.population}")
+
+    def add_rollout(self, member: int, rollout: Rollout) -> int:
+        """Store every valid step of `rollout` as a transition of `member`; return how many."""
+        self._check_member(member)
+        obs_shape = rollout.obs.shape[2:]
+        if obs_shape != (self.obs_dim,):
+            raise ValueError(f"rollout obs are {obs_shape}, replay holds ({self.obs_dim},)")
+        if rollout.actions.shape[2:] != self.action_shape:
+            raise ValueError(
+                f"rollout actions are {rollout.actions.shape[2:]}, replay holds {self.action_shape}"
+            )
+        valid = rollout.valid
+        # Next-step autoreset: obs[t + 1] is the final observation of an episode ending at t, and the
+        # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
+        # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.
+        # Boolean indexing walks [T, N] row-major, so the rows come out oldest step first.
+        obs = rollout.obs[:-1][valid]
+        next_obs = rollout.obs[1:][valid]
+        actions = rollout.actions[valid]
+        rewards = rollout.rewards[valid]
+        terminated = rollout.terminated[valid]
+        added = int(obs.shape[0])
+        if added > self.capacity:  # only the newest `capacity` would survive the wrap anyway
+            keep = slice(added - self.capacity, None)
+            obs, next_obs, actions = obs[keep], next_obs[keep], actions[keep]
+            rewards, terminated = rewards[keep], terminated[keep]
+        count = int(obs.shape[0])
+        # Distinct rows, since count ≤ capacity: no write in this call lands on another.
+        rows = (self._position[member] + np.arange(count)) % self.capacity
+        self._obs[member, rows] = obs
+        self._next_obs[member, rows] = next_obs
+        self._actions[member, rows] = actions
+        self._rewards[member, rows] = rewards
+        self._terminated[member, rows] = terminated
+        self._position[member] = (self._position[member] + count) % self.capacity
+        self._size[member] = min(int(self._size[member]) + count, self.capacity)
+        return added
+
+    def size(self, member: int) -> int:
+        self._check_member(member)
+        return int(self._size[member])
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(s) for s in self._size]
+
+    def sample(
+        self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[Transitions, Tensor]:
+        """Draw `batch_size` transitions per member, uniformly with replacement from its own.
+
+        Returns the batch and a [P] bool `active` mask: False for members with nothing stored, whose
+        rows are zeros (the caller masks their loss rather than the batch changing shape).
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        active = self._size > 0
+        # One draw for the whole population. floor(u * size) can round up to `size` itself for
+        # u just below 1, hence the clamp; empty members draw row 0 and are zeroed below.
+        scaled = np.floor(rng.random((self.population, batch_size)) * self._size[:, None])
+        index = np.minimum(scaled.astype(np.int64), np.maximum(self._size - 1, 0)[:, None])
+        member = np.arange(self.population)[:, None]
+        arrays = [a[member, index] for a in (self._obs, self._actions, self._rewards,
+                                             self._next_obs, self._terminated)]  # fmt: skip
+        for array in arrays:
+            array[~active] = 0  # advanced indexing copied: the storage is untouched
+        tensors = [torch.from_numpy(array).to(device) for array in arrays]
+        batch = Transitions(*tensors)
+        return batch, torch.from_numpy(active).to(device)
+
+    def copy_member(self, source: int, target: int) -> None:
+        """Population-based training's exploit step: `target` takes a copy of `source`'s memory."""
+        self._check_member(source)
+        self._check_member(target)
+        for array in (self._obs, self._next_obs, self._actions, self._rewards, self._terminated):
+            array[target] = array[source]
+        self._position[target] = self._position[source]
+        self._size[target] = self._size[source]

@@ -1,0 +1,197 @@
+"""Soft actor-critic for a population, vectorized over members (Haarnoja et al. 2018b).
+
+A squashed-Gaussian policy, twin critics with Polyak-averaged target copies, and a temperature α
+tuned towards a target entropy. Every network holds all P members (`Stacked`), so one gradient
+step updates the whole population, each member with its own learning rate, discount and τ.
+
+Inside the learner actions live in [-1, 1]; actors scale them to the env's bounds
+(`common/models.py`), and transitions from the replay are scaled back here.
+
+Under several learner ranks there is no DDP wrapper: after each backward the gradient of the one
+network that loss trains is averaged across ranks (`sync`) before its own optimizer steps — each of
+the three optimizers is synced on its own (the lesson of Horovod's distributed SAC).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlmq.common.config import EnvSpec, SACConfig
+from rlmq.common.models import LOG_STD_MAX, LOG_STD_MIN  # the actors clamp it the same way
+from rlmq.learners.networks import Stacked
+from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.replay import Transitions
+
+Sync = Callable[[Tensor], None]  # averages a gradient across ranks, in place
+
+
+def relu_mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class Actor(nn.Module):
+    """`policy` outputs the mean and log-std of each action dimension, side by side."""
+
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.policy = relu_mlp([spec.obs_dim, *hidden, 2 * spec.action_dim])
+
+
+class Critic(nn.Module):
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.q1 = relu_mlp([spec.obs_dim + spec.action_dim, *hidden, 1])
+        self.q2 = relu_mlp([spec.obs_dim + spec.action_dim, *hidden, 1])
+
+
+def squashed_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """(tanh(mean + std·noise), its log-probability summed over action dimensions), with the
+    change-of-variables term of the tanh (SAC paper, appendix C)."""
+    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+    pre_tanh = mean + log_std.exp() * noise
+    action = torch.tanh(pre_tanh)
+    gaussian = -0.5 * noise * noise - log_std - 0.5 * math.log(2 * math.pi)
+    # log(1 − tanh²(u)) = 2·(log 2 − u − softplus(−2u)), stable where tanh saturates
+    squash = 2 * (math.log(2) - pre_tanh - nn.functional.softplus(-2 * pre_tanh))
+    return action, (gaussian - squash).sum(-1)
+
+
+def critic_target(reward: Tensor, terminated: Tensor, next_q: Tensor, next_logp: Tensor, alpha: Tensor,
+                  gamma: Tensor) -> Tensor:  # fmt: skip
+    """y = r + γ·(1 − terminated)·(min Q'(s', a') − α·log π(a'|s')); [P, B], per-member α, γ [P]."""
+    return reward + gamma[:, None] * (1 - terminated) * (next_q - alpha[:, None] * next_logp)
+
+
+def critic_loss(q1: Tensor, q2: Tensor, target: Tensor) -> Tensor:
+    """Per member [P]: mean squared error of both critics (as SB3: ½ Σ over the two, ×2 folded in)."""
+    return 0.5 * (((q1 - target) ** 2).mean(-1) + ((q2 - target) ** 2).mean(-1))
+
+
+def actor_loss(logp: Tensor, q: Tensor, alpha: Tensor) -> Tensor:
+    """Per member [P]: E[α·log π(a|s) − min Q(s, a)], a ~ π."""
+    return (alpha[:, None] * logp - q).mean(-1)
+
+
+def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> Tensor:
+    """Per member [P]: −log α · E[log π + H̄] (gradient raises α when entropy is below target)."""
+    return -(log_alpha[:, None] * (logp.detach() + target_entropy)).mean(-1)
+
+
+class SACHyperparams(NamedTuple):
+    learning_rate: Tensor  # [P]
+    gamma: Tensor
+    tau: Tensor
+
+    @classmethod
+    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> SACHyperparams:
+        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
+                     for name in cls._fields))  # fmt: skip
+
+
+class SAC:
+    """The population's networks and optimizers, and one gradient step of all of them."""
+
+    def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
+        self.cfg, self.population = cfg, population
+        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target.flat.requires_grad_(False)
+        with torch.no_grad():
+            self.target.flat.copy_(self.critic.flat)
+        self.log_alpha = nn.Parameter(torch.full((population, 1), math.log(cfg.init_temperature), device=device))
+        self.optimizers = {"actor": PopulationAdam(self.actor.flat, eps=1e-8),
+                           "critic": PopulationAdam(self.critic.flat, eps=1e-8),
+                           "temperature": PopulationAdam(self.log_alpha, eps=1e-8)}  # fmt: skip
+        self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
+        low = torch.tensor(spec.action_low or (-1.0,) * spec.action_dim, device=device)
+        high = torch.tensor(spec.action_high or (1.0,) * spec.action_dim, device=device)
+        self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        self.policy_layers, self.q_layers = self.actor.linear_names("policy"), {
+            q: self.critic.linear_names(q) for q in ("q1", "q2")}  # fmt: skip
+
+    def sample(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's policy."""
+        mean, log_std = self.actor.mlp(self.policy_layers, obs, torch.relu).chunk(2, dim=-1)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        return squashed_gaussian(mean, log_std, noise)
+
+    def q(self, critic: Stacked, obs: Tensor, action: Tensor) -> Tensor:
+        """min of the twin critics, [P, B] (and both, for the critic loss, via `q_pair`)."""
+        return torch.min(*self.q_pair(critic, obs, action))
+
+    def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        x = torch.cat([obs, action], dim=-1)
+        q1, q2 = (critic.mlp(self.q_layers[q], x, torch.relu).squeeze(-1) for q in ("q1", "q2"))
+        return q1, q2
+
+    def step(self, batch: Transitions, hp: SACHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
+             generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
+        """One gradient step of critics, actor and temperature, then the target critics' Polyak step.
+
+        `active` [P]: members that train (the same on every rank); `has_data` [P]: members this
+        rank holds transitions of — the others' rows are zeros, and their losses here count 0.
+        """
+        weight = has_data.to(batch.rewards.dtype)
+        actions = (batch.actions - self.action_bias) / self.action_scale
+        alpha = self.log_alpha.detach()[:, 0].exp()
+        with torch.no_grad():
+            next_action, next_logp = self.sample(batch.next_obs, generator)
+            target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
+                                   next_logp, alpha, hp.gamma)  # fmt: skip
+        q1, q2 = self.q_pair(self.critic, batch.obs, actions)
+        losses = {"critic": critic_loss(q1, q2, target) * weight}
+        self._descend("critic", self.critic.flat, losses["critic"], hp.learning_rate, active, sync)
+
+        self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
+        new_action, logp = self.sample(batch.obs, generator)
+        losses["actor"] = actor_loss(logp, self.q(self.critic, batch.obs, new_action), alpha) * weight
+        self._descend("actor", self.actor.flat, losses["actor"], hp.learning_rate, active, sync)
+        self.critic.flat.requires_grad_(True)
+
+        losses["temperature"] = temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
+        self._descend("temperature", self.log_alpha, losses["temperature"], hp.learning_rate, active, sync)
+        with torch.no_grad():  # inactive members' critics did not move: their targets need not either
+            tau = (hp.tau * active).unsqueeze(1)
+            self.target.flat.lerp_(self.critic.flat, tau)
+        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha, "entropy": -logp.detach().mean(-1)}
+
+    def _descend(self, name: str, param: Tensor, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
+        param.grad = None
+        loss.sum().backward()
+        assert param.grad is not None
+        sync(param.grad)
+        self.optimizers[name].step(lr, active)
+
+    def member_params(self, member: int) -> dict[str, np.ndarray]:
+        """What actors run: the policy network."""
+        return self.actor.member_params(member)
+
+    def load_member(self, member: int, params: dict[str, np.ndarray]) -> None:
+        self.actor.load_member(member, params)
+
+    def replicated(self) -> list[Tensor]:
+        return [self.actor.flat, self.critic.flat, self.target.flat, self.log_alpha]
+
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> SACHyperparams:
+        return SACHyperparams.stack(members, device)
+
+    @torch.no_grad()
+    def copy_member(self, source: int, target: int) -> None:
+        """PBT exploit: every network, the temperature and every optimizer's state."""
+        for stacked in (self.actor, self.critic, self.target):
+            stacked.flat[target] = stacked.flat[source]
+        self.log_alpha[target] = self.log_alpha[source]
+        for optimizer in self.optimizers.values():
+            optimizer.copy_member(source, target)
