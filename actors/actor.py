@@ -73,7 +73,7 @@ class Actor:
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
-        self.spec, self.algo = spec, run_cfg.algo
+        self.spec, self.run_config = spec, run_cfg
         self.policy: NumpyPolicy | None = None
         if assign.weights is not None:
             self.apply_weights(assign.weights)
@@ -178,7 +178,7 @@ class Actor:
 
     def apply_weights(self, weights: wire.Weights) -> None:
         try:
-            self.policy = make_policy(self.algo, dict(weights.params), self.spec)
+            self.policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps)
         except (KeyError, ValueError) as exc:
             self.reject(wire.WireError("bad_weights", str(exc)))
             return

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlmq.common.config import EnvSpec
+from rlmq.common.config import EnvSpec, RunConfig
 from rlmq.common.wire import Params
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -103,9 +103,12 @@ class SquashedGaussianPolicy(NumpyPolicy):
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-def make_policy(algo: str, params: Params, spec: EnvSpec) -> NumpyPolicy:
-    """The actors' policy for `algo`; raises KeyError/ValueError for weights that do not fit."""
-    return SquashedGaussianPolicy(params, spec) if algo == "sac" else NumpyPolicy(params, spec)
+def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0) -> NumpyPolicy:
+    """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps
+    (exploration schedules depend on it); raises KeyError/ValueError for weights that do not fit."""
+    if run_config.algo == "sac":
+        return SquashedGaussianPolicy(params, spec)
+    return NumpyPolicy(params, spec)
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

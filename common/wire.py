@@ -90,10 +90,12 @@ class Weights:
     version: int
     params: Params
     final: bool = False  # the learner's last publication before it stops
+    # Env steps the member has trained on: actors derive exploration schedules from it (ε, noise).
+    trained_steps: int = 0
 
     def __post_init__(self) -> None:
         _require(bool(self.params), "Weights.params is empty")
-        _counts(self, "member", "version")
+        _counts(self, "member", "version", "trained_steps")
 
 
 @dataclass(frozen=True)

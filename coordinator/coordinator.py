@@ -159,7 +159,7 @@ class Coordinator:
         if latest is not None and weights.version < latest.version:
             raise wire.WireError("stale_weights", f"version {weights.version} < {latest.version}")
         try:  # every actor would choke on weights that do not fit: refuse them here, once
-            make_policy(self.run_config.algo, dict(weights.params), self.spec)
+            make_policy(self.run_config, dict(weights.params), self.spec)
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights[weights.member] = weights

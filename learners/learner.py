@@ -256,7 +256,8 @@ class Learner:
 
     def publish(self, trainer: Trainer, member: int, final: bool = False) -> None:
         weights = wire.Weights(member=member, version=self.members.versions[member],
-                               params=trainer.member_params(member), final=final)  # fmt: skip
+                               params=trainer.member_params(member), final=final,
+                               trained_steps=trainer.trained_steps(member))  # fmt: skip
         transport.send(self.control, weights)
 
     def report(self) -> None:

@@ -28,6 +28,10 @@ Params = dict[str, np.ndarray]
 class Trainer(Protocol):
     def member_params(self, member: int) -> Params: ...
 
+    def trained_steps(self, member: int) -> int:
+        """Env steps the member has trained on (over all ranks), published with its weights."""
+        ...
+
     def load_member(self, member: int, params: Params) -> None: ...
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None: ...
@@ -79,6 +83,9 @@ class PPOTrainer:
 
     def member_params(self, member: int) -> Params:
         return self.core.member_params(member)
+
+    def trained_steps(self, member: int) -> int:
+        return self.trained[member]
 
     def load_member(self, member: int, params: Params) -> None:
         self.core.load_member(member, params)
@@ -153,6 +160,9 @@ class OffPolicyTrainer:
 
     def member_params(self, member: int) -> Params:
         return self.algorithm.member_params(member)
+
+    def trained_steps(self, member: int) -> int:
+        return self.stored[member]
 
     def load_member(self, member: int, params: Params) -> None:
         self.algorithm.load_member(member, params)
