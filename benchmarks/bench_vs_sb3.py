@@ -51,9 +51,10 @@ ENV_ID = "CartPole-v1"
 ZOO_TIMESTEPS = 100_000  # RL-Zoo's n_timesteps for PPO on CartPole-v1: the schedules' horizon
 
 
-def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = ENV_ID, algo: str = "ppo",
+             target: float = TARGET) -> dict[str, Any]:  # fmt: skip
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(args.actors), "--learners",
-            str(args.learners), "--env", ENV_ID, "--algo", "ppo", "--target-return", str(TARGET),
+            str(args.learners), "--env", env_id, "--algo", algo, "--target-return", str(target),
             "--seed", str(seed), "--run-dir", str(run_dir)]  # fmt: skip
     if args.rlmq_total_steps is not None:
         argv += ["--total-steps", str(args.rlmq_total_steps)]

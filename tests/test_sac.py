@@ -1,0 +1,123 @@
+"""SAC: the loss maths against hand computations, the vectorized step, a 2-rank world, PBT."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlmq.common.config import EnvSpec, SACConfig
+from rlmq.common.transport import free_port
+from rlmq.learners import sac
+from rlmq.learners.replay import Transitions
+
+PENDULUM = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
+HELPER = Path(__file__).parent / "helpers" / "sac_rank.py"
+
+
+def test_squashed_gaussian_log_probability_is_the_change_of_variables() -> None:
+    mean, log_std = torch.tensor([[0.3, -1.0]]), torch.tensor([[-0.5, 0.2]])
+    noise = torch.tensor([[1.5, -0.7]])
+    action, logp = sac.squashed_gaussian(mean, log_std, noise)
+    u = mean + log_std.exp() * noise
+    base = torch.distributions.Normal(mean, log_std.exp())
+    want = (base.log_prob(u) - torch.log(1 - torch.tanh(u) ** 2)).sum(-1)
+    torch.testing.assert_close(action, torch.tanh(u))
+    torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-5)
+    # far into the tanh's saturation the naive log(1 − tanh²) is −inf; ours stays finite
+    _, saturated = sac.squashed_gaussian(torch.tensor([[30.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]]))
+    assert torch.isfinite(saturated).all()
+    _, clamped = sac.squashed_gaussian(torch.zeros(1, 1), torch.tensor([[9.0]]), torch.zeros(1, 1))
+    expected = -sac.LOG_STD_MAX - 0.5 * math.log(2 * math.pi)  # log-std clamped to 2; tanh'(0) = 1
+    assert float(clamped) == pytest.approx(expected)
+
+
+def test_losses_by_hand() -> None:
+    reward = torch.tensor([[1.0, -2.0], [0.5, 0.0]])
+    terminated = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    next_q = torch.tensor([[10.0, 10.0], [4.0, -4.0]])
+    next_logp = torch.tensor([[-1.0, -1.0], [2.0, 0.0]])
+    alpha, gamma = torch.tensor([0.5, 0.1]), torch.tensor([0.9, 0.5])
+    target = sac.critic_target(reward, terminated, next_q, next_logp, alpha, gamma)
+    # member 0: 1 + 0.9·(10 + 0.5) = 10.45; terminated: −2; member 1: 0.5 + 0.5·(4 − 0.2) = 2.4; 0 + 0.5·(−4) = −2
+    torch.testing.assert_close(target, torch.tensor([[10.45, -2.0], [2.4, -2.0]]))
+    q1, q2 = torch.tensor([[10.0, -1.0], [2.4, 0.0]]), torch.tensor([[11.0, -2.0], [2.0, -2.0]])
+    # ½·(mean((q1 − y)²) + mean((q2 − y)²)) per member
+    m0 = 0.5 * ((0.45**2 + 1.0) / 2 + (0.55**2 + 0.0) / 2)
+    m1 = 0.5 * ((0.0 + 4.0) / 2 + (0.4**2 + 0.0) / 2)
+    torch.testing.assert_close(sac.critic_loss(q1, q2, target), torch.tensor([m0, m1]))
+    logp, q = torch.tensor([[-1.0, 1.0], [0.5, 0.5]]), torch.tensor([[2.0, 4.0], [1.0, 3.0]])
+    torch.testing.assert_close(sac.actor_loss(logp, q, alpha), torch.tensor([-3.0, -1.95]))
+    log_alpha = torch.tensor([0.0, math.log(2.0)])
+    # −log α · mean(log π + H̄) with H̄ = −1: member 0 → 0; member 1 → −ln 2 · (−0.5) = 0.3466
+    torch.testing.assert_close(sac.temperature_loss(log_alpha, logp, -1.0), torch.tensor([0.0, 0.5 * math.log(2.0)]))
+
+
+def batch_of(population: int, size: int, seed: int) -> Transitions:
+    g = torch.Generator().manual_seed(seed)
+    return Transitions(obs=torch.randn(population, size, 3, generator=g),
+                       actions=torch.rand(population, size, 1, generator=g) * 4 - 2,
+                       rewards=-torch.rand(population, size, generator=g) * 10,
+                       next_obs=torch.randn(population, size, 3, generator=g),
+                       terminated=torch.zeros(population, size))  # fmt: skip
+
+
+def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:
+    torch.manual_seed(0)
+    algo = sac.SAC(PENDULUM, SACConfig(hidden_sizes=(16, 16)), population=3, device=torch.device("cpu"))
+    hp = algo.hyperparams([{"learning_rate": lr, "gamma": 0.99, "tau": 0.01} for lr in (1e-3, 3e-3, 1e-2)],
+                          torch.device("cpu"))  # fmt: skip
+    before = [t.detach().clone() for t in algo.replicated()]
+    active, has_data = torch.tensor([True, True, False]), torch.tensor([True, True, False])
+    for step in range(5):
+        stats = algo.step(batch_of(3, 32, step), hp, active, has_data, lambda grad: None, None)
+    assert all(torch.isfinite(v).all() for v in stats.values())
+    for tensor, old in zip(algo.replicated(), before, strict=True):
+        assert not torch.equal(tensor[0], old[0]) and not torch.equal(tensor[1], old[1])
+        assert torch.equal(tensor[2], old[2]), "an inactive member moved"
+    # The targets trail the critics by τ per step.
+    target_moved = float((algo.target.flat.detach()[0] - before[2][0]).abs().max())
+    assert 0 < target_moved < float((algo.critic.flat.detach()[0] - before[1][0]).abs().max())
+    algo.copy_member(source=1, target=2)
+    for tensor in algo.replicated():
+        assert torch.equal(tensor[2], tensor[1])
+    for optimizer in algo.optimizers.values():
+        assert torch.equal(optimizer.exp_avg[2], optimizer.exp_avg[1]) and optimizer.steps[2] == optimizer.steps[1]
+
+
+def test_two_ranks_keep_every_network_and_optimizer_identical(tmp_path: Path) -> None:
+    """Each rank samples its own data; every optimizer's gradient is averaged before it steps."""
+    port, outs = free_port(), [tmp_path / f"rank{r}.pt" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(HELPER), str(r), "2", str(port), str(outs[r])]) for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    a, b = (torch.load(o, weights_only=True) for o in outs)
+    assert a["moved"] > 0
+    for key in a:
+        if key != "moved":
+            assert torch.equal(a[key], b[key]), f"{key} differs between ranks"
+
+
+@pytest.mark.slow
+def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
+    config = tmp_path / "sac-pbt.json"
+    config.write_text(json.dumps({
+        "env_id": "Pendulum-v1", "algo": "sac", "population": 2, "total_steps": 9000, "num_envs": 4,
+        "rollout_length": 16, "sac": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64},
+        "pbt": {"interval": 1600, "fitness_episodes": 4, "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}},
+    }))  # fmt: skip
+    run_dir = tmp_path / "run"
+    up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--config",
+                         str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert up.returncode == 0, up.stdout + up.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pbt_decisions"] >= 1, summary
+    (first, *_) = json.loads((run_dir / "lineage.json").read_text())
+    assert first["kind"] == "exploit" and first["target"] != first["source"]
+    learner_log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert f"applied PBT decision 1: member {first['target']} ← {first['source']}" in learner_log
