@@ -116,7 +116,7 @@ def up(
     actors: Annotated[int, _opt("Actor processes.", min=1)] = 4,
     learners: Annotated[int, _opt("Learner processes (one torch.distributed world).", min=1)] = 1,
     env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
-    algo: Annotated[str | None, _opt("Algorithm: ppo.")] = None,
+    algo: Annotated[str | None, _opt("Algorithm: ppo, sac, td3 or dqn.")] = None,
     total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
     target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) reaches it.")] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,

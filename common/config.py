@@ -15,11 +15,12 @@ from typing import Any, TypeVar
 
 import tomllib
 
-ALGORITHMS = ("ppo", "sac")
+ALGORITHMS = ("ppo", "sac", "td3", "dqn")
 # The hyperparameters population-based training may set per member: fields of the algorithm's
-# config (PPOConfig, SACConfig).
+# config (PPOConfig, SACConfig, TD3Config, DQNConfig).
 TUNABLE = ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
-TUNABLE_BY_ALGO = {"ppo": TUNABLE, "sac": ("learning_rate", "gamma", "tau")}
+TUNABLE_BY_ALGO = {"ppo": TUNABLE, "sac": ("learning_rate", "gamma", "tau"),
+                   "td3": ("learning_rate", "gamma", "tau"), "dqn": ("learning_rate", "gamma")}
 ALL_TUNABLE = frozenset(name for names in TUNABLE_BY_ALGO.values() for name in names)
 # Where each must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
@@ -123,6 +124,84 @@ class SACConfig(ReplayConfig):
 
 
 @dataclass(frozen=True)
+class TD3Config(ReplayConfig):
+    """Twin delayed DDPG (Fujimoto et al. 2018): a deterministic actor, twin critics, target actor
+    and critics, target policy smoothing, delayed actor and target updates (learners/td3.py)."""
+
+    # SB3's TD3 defaults (RL-Zoo's Pendulum-v1 entry changes only γ, buffer and warm-up), with
+    # SAC's 256×256 nets rather than SB3's 400×300.
+    learning_rate: float = 1e-3  # actor and critics
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak step of the target actor and critics
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    policy_delay: int = 2  # the actor and the targets move once per this many critic steps
+    target_noise: float = 0.2  # std of the target policy smoothing noise, in [-1, 1] action units
+    noise_clip: float = 0.5  # ... clipped to ±this
+    # Actors add Gaussian noise of this std × half the action range, then clip to the bounds; until
+    # the member has `learning_starts` env steps they act uniformly at random (as SB3 and the paper).
+    exploration_noise: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = {
+            "learning_rate > 0": self.learning_rate > 0,
+            "0 < gamma <= 1": 0 < self.gamma <= 1,
+            "0 < tau <= 1": 0 < self.tau <= 1,
+            "policy_delay >= 1": self.policy_delay >= 1,
+            "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0":
+                min(self.target_noise, self.noise_clip, self.exploration_noise) >= 0,
+            "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
+        }  # fmt: skip
+        problems = [f"td3: {rule}" for rule, ok in checks.items() if not ok]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class DQNConfig(ReplayConfig):
+    """Deep Q-network (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016), a hard-
+    copied target network, Huber loss and ε-greedy actors (learners/dqn.py)."""
+
+    # RL-Zoo's CartPole-v1 settings for SB3: lr 2.3e-3, batch 64, buffer 100 k, learning_starts 1 k,
+    # γ 0.99, 256×256, exploration over 16 % of the run down to ε 0.04. RL-Zoo trains 128 gradient
+    # steps after every 256 env steps (train_freq 256, gradient_steps 128): replay_ratio 0.5.
+    batch_size: int = 64
+    replay_ratio: float = 0.5
+    learning_rate: float = 2.3e-3
+    gamma: float = 0.99
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    # Gradient steps between two hard copies of the Q network into the target. RL-Zoo's 10 counts
+    # env steps, and SB3 checks it only while collecting: the target is refreshed during each
+    # 256-step collection phase and then held fixed through the 128 gradient steps that follow, so
+    # in gradient steps RL-Zoo's target lags by up to 128 steps. Here learners train while actors
+    # collect, so the interval counts gradient steps: 128 keeps RL-Zoo's target lag (and with the
+    # run's default 8 × 32-step rollouts and replay_ratio 0.5, one refresh per rollout as there).
+    target_update_interval: int = 128
+    max_grad_norm: float | None = 10.0  # per member, on the rank-averaged gradient; None: no clipping
+    # ε falls linearly from initial to final over exploration_fraction × RunConfig.total_steps /
+    # population env steps of the member (computed by the actors from the weights' trained_steps).
+    exploration_fraction: float = 0.16
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.04
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = {
+            "learning_rate > 0": self.learning_rate > 0,
+            "0 < gamma <= 1": 0 < self.gamma <= 1,
+            "target_update_interval >= 1": self.target_update_interval >= 1,
+            "max_grad_norm > 0 (or None)": self.max_grad_norm is None or self.max_grad_norm > 0,
+            "0 <= exploration_fraction <= 1": 0 <= self.exploration_fraction <= 1,
+            "0 <= exploration_final_eps, exploration_initial_eps <= 1":
+                0 <= self.exploration_final_eps <= 1 and 0 <= self.exploration_initial_eps <= 1,
+            "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
+        }  # fmt: skip
+        problems = [f"dqn: {rule}" for rule, ok in checks.items() if not ok]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
 class HyperRange:
     """Where population-based training may put one hyperparameter."""
 
@@ -132,7 +211,8 @@ class HyperRange:
 
 
 def _default_ranges() -> dict[str, HyperRange]:
-    return {"learning_rate": HyperRange(5e-4, 5e-3, log=True), "ent_coef": HyperRange(0.0, 0.01)}
+    # The learning rate only: every algorithm tunes it (configs/pbt-cartpole.toml adds PPO's ent_coef).
+    return {"learning_rate": HyperRange(5e-4, 5e-3, log=True)}
 
 
 @dataclass(frozen=True)
@@ -201,12 +281,15 @@ class RunConfig:
     batch_wait_s: float = 0.05
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sac: SACConfig = field(default_factory=SACConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
     population: int = 1  # members trained together; more than 1 turns on population-based training
     pbt: PBTConfig = field(default_factory=PBTConfig)
 
     @property
-    def algo_config(self) -> PPOConfig | SACConfig:
-        return self.sac if self.algo == "sac" else self.ppo
+    def algo_config(self) -> PPOConfig | SACConfig | TD3Config | DQNConfig:
+        off_policy: dict[str, SACConfig | TD3Config | DQNConfig] = {"sac": self.sac, "td3": self.td3, "dqn": self.dqn}
+        return off_policy.get(self.algo, self.ppo)
 
     def base_hyperparams(self) -> dict[str, float]:
         """The algorithm's tunable hyperparameters as the config sets them (each member's start

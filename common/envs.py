@@ -82,7 +82,8 @@ def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
 
 
 # The action spaces each algorithm can act in.
-ACTION_KINDS = {"ppo": ("discrete", "continuous"), "sac": ("continuous",)}
+ACTION_KINDS = {"ppo": ("discrete", "continuous"), "sac": ("continuous",), "td3": ("continuous",),
+                "dqn": ("discrete",)}
 
 
 def probe(env_id: str, algo: str | None = None) -> EnvSpec:

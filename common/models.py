@@ -103,11 +103,65 @@ class SquashedGaussianPolicy(NumpyPolicy):
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
+class DeterministicPolicy(NumpyPolicy):
+    """TD3's policy: a ReLU MLP with a tanh output in [-1, 1] (learners/td3.py, `Actor`), scaled to
+    the env's bounds, plus Gaussian noise of std `noise` × half the range, clipped to the bounds.
+    During `warmup` (before the member trains) actions are uniform within the bounds instead."""
+
+    def __init__(self, params: Params, spec: EnvSpec, noise: float, warmup: bool) -> None:
+        if spec.action_kind != "continuous":
+            raise ValueError("TD3 needs continuous actions")
+        super().__init__(params, spec, outputs=spec.action_dim, activation=_relu)
+        low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
+        high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
+        self._scale, self._bias = (high - low) / 2, (high + low) / 2
+        self.noise, self.warmup = noise, warmup
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        shape = (len(obs), len(self._scale))
+        if self.warmup:
+            action = rng.uniform(-1.0, 1.0, shape)
+        else:  # clipped here, not only at env.step: the learner must see the action that was taken
+            action = np.clip(np.tanh(self.forward(obs)) + self.noise * rng.standard_normal(shape), -1.0, 1.0)
+        return (action * self._scale + self._bias).astype(np.float32), np.zeros(len(obs), np.float32)
+
+
+class EpsilonGreedyPolicy(NumpyPolicy):
+    """DQN's policy: the argmax of a ReLU Q network (learners/dqn.py, `QNetwork`, whose Linears are
+    `policy.{2i}`), or with probability `epsilon` a uniformly random action."""
+
+    def __init__(self, params: Params, spec: EnvSpec, epsilon: float) -> None:
+        if spec.action_kind != "discrete":
+            raise ValueError("DQN needs discrete actions")
+        super().__init__(params, spec, activation=_relu)
+        self.epsilon, self.actions = epsilon, spec.action_dim
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        greedy = np.argmax(self.forward(obs), axis=-1)
+        explore = rng.random(len(obs)) < self.epsilon
+        action = np.where(explore, rng.integers(0, self.actions, len(obs)), greedy)
+        return action.astype(np.int64), np.zeros(len(obs), np.float32)
+
+
+def linear_epsilon(trained_steps: int, horizon: float, initial: float, final: float) -> float:
+    """ε of a linear schedule (SB3's): `initial` at 0 env steps to `final` at `horizon`, then flat."""
+    progress = 1.0 if horizon <= 0 else min(trained_steps / horizon, 1.0)
+    return initial + progress * (final - initial)
+
+
 def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0) -> NumpyPolicy:
     """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps
     (exploration schedules depend on it); raises KeyError/ValueError for weights that do not fit."""
     if run_config.algo == "sac":
         return SquashedGaussianPolicy(params, spec)
+    if run_config.algo == "td3":
+        td3 = run_config.td3
+        return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts)
+    if run_config.algo == "dqn":
+        dqn = run_config.dqn
+        horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
+        epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
+        return EpsilonGreedyPolicy(params, spec, epsilon)
     return NumpyPolicy(params, spec)
 
 

@@ -17,10 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 from rlmq.common import wire
 from rlmq.common.config import EnvSpec, ReplayConfig, RunConfig
 from rlmq.learners import ppo
+from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
 from rlmq.learners.optim import PopulationAdam
 from rlmq.learners.replay import Replay, Transitions
 from rlmq.learners.sac import SAC, Sync
+from rlmq.learners.td3 import TD3
 
 Params = dict[str, np.ndarray]
 
@@ -205,6 +207,12 @@ def make_trainer(spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights,
     if run_cfg.algo == "sac":
         sac = SAC(spec, run_cfg.sac, run_cfg.population, device)
         trainer = OffPolicyTrainer(sac, spec, run_cfg, weights, rank, world_size, device)
+    elif run_cfg.algo == "td3":
+        td3 = TD3(spec, run_cfg.td3, run_cfg.population, device)
+        trainer = OffPolicyTrainer(td3, spec, run_cfg, weights, rank, world_size, device)
+    elif run_cfg.algo == "dqn":
+        dqn = DQN(spec, run_cfg.dqn, run_cfg.population, device)
+        trainer = OffPolicyTrainer(dqn, spec, run_cfg, weights, rank, world_size, device)
     else:
         trainer = PPOTrainer(spec, run_cfg, weights, rank, world_size, device)
     return trainer

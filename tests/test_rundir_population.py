@@ -17,7 +17,7 @@ import torch
 from rlmq.cli import rundir
 from rlmq.cli.status import show_status
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig, RunConfig
+from rlmq.common.config import TUNABLE, EnvSpec, HyperRange, PBTConfig, PPOConfig, RunConfig
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.networks import ActorCritic
 
@@ -50,7 +50,8 @@ def store(redis_client: redis.Redis, run_id: str) -> RunStore:
 def population_run(store: RunStore) -> dict[str, Any]:
     """Three members; member 1 is the best; member 2 copied member 1 (decision 1), member 0
     explored (decision 2)."""
-    run_config = RunConfig(population=3, target_return=475.0)
+    ranges = {"learning_rate": HyperRange(5e-4, 5e-3, log=True), "ent_coef": HyperRange(0.0, 0.01)}
+    run_config = RunConfig(population=3, target_return=475.0, pbt=PBTConfig(ranges=ranges))
     store.save_config(run_config, SPEC)
     records: dict[int, dict[str, Any]] = {
         0: {"hyperparams": hyperparams(3.0e-3, 0.004), "generation": 0, "parent": -1, "steps_at_decision": 0},

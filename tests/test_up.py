@@ -149,7 +149,7 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, words", [
     (["--env", "NoSuchEnv-v0"], "unknown env"),
     (["--env", "Blackjack-v1"], "not a Box"),
-    (["--algo", "dqn"], "algo 'dqn' is not one of"),
+    (["--algo", "a2c"], "algo 'a2c' is not one of"),
     (["--num-envs", "0"], "num_envs must be at least 1"),
     (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
     (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete

@@ -331,7 +331,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("credit-huge", pack("Credit", {"count": 5000}), "bad_value"),
     ("directive-unknown", pack("Directive", {"kind": "dance"}), "bad_value"),
     ("nested-post-init", assign_config_with(num_envs=0), "bad_value"),
-    ("nested-bad-algo", assign_config_with(algo="dqn"), "bad_value"),
+    ("nested-bad-algo", assign_config_with(algo="a2c"), "bad_value"),
     # arrays
     ("array-not-list", with_field(REPORT, episode_returns=b"\x00" * 8), "bad_type"),
     ("array-two-items", with_field(REPORT, episode_returns=["float64", [1]]), "bad_type"),

@@ -1,0 +1,141 @@
+"""Deep Q-network for a population, vectorized over members (Mnih et al. 2015), with double-Q
+targets (van Hasselt et al. 2016).
+
+The Q network regresses, under the Huber loss, towards r + γ·Q_target(s', argmax_a Q(s', a)): the
+online network picks the next action, the target network values it. The target network is a hard
+copy of the online one, refreshed every `target_update_interval` gradient steps (as SB3 with its
+default τ = 1). Every network holds all P members (`Stacked`), so one gradient step updates the
+whole population, each member with its own learning rate and discount.
+
+The Q network is what actors run (`common/models.py`, `EpsilonGreedyPolicy`): its Linears are
+`policy.{2i}` so that the actors' layer reader takes it as it is. ε comes from the member's env
+steps, which travel with its weights.
+
+As in learners/sac.py, several learner ranks share no DDP wrapper: after the backward the gradient
+is averaged across ranks (`sync`), then clipped per member (clipping is not linear: it must see the
+global gradient), then Adam steps. The step counter that times the target copies lives here and
+advances once per `step`, which every rank calls equally often.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlmq.common.config import DQNConfig, EnvSpec
+from rlmq.learners.networks import Stacked
+from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
+from rlmq.learners.replay import Transitions
+from rlmq.learners.sac import Sync, relu_mlp
+
+
+class QNetwork(nn.Module):
+    """`policy` maps an observation to one value per action (named for the actors' reader)."""
+
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.policy = relu_mlp([spec.obs_dim, *hidden, spec.action_dim])
+
+
+def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,
+                    gamma: Tensor) -> Tensor:  # fmt: skip
+    """y = r + γ·(1 − terminated)·Q_target(s', argmax_a Q_online(s', a)); next Qs [P, B, n],
+    rewards [P, B], per-member γ [P]."""
+    next_action = next_q_online.argmax(-1, keepdim=True)
+    next_value = next_q_target.gather(-1, next_action).squeeze(-1)
+    return reward + gamma[:, None] * (1 - terminated) * next_value
+
+
+def q_loss(q: Tensor, target: Tensor) -> Tensor:
+    """Per member [P]: the mean Huber loss (smooth L1, δ = 1, as SB3) of Q(s, a) against y."""
+    return nn.functional.smooth_l1_loss(q, target, reduction="none").mean(-1)
+
+
+class DQNHyperparams(NamedTuple):
+    learning_rate: Tensor  # [P]
+    gamma: Tensor
+
+    @classmethod
+    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> DQNHyperparams:
+        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
+                     for name in cls._fields))  # fmt: skip
+
+
+class DQN:
+    """The population's Q and target networks and optimizer, and one gradient step of all of them."""
+
+    def __init__(self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device) -> None:
+        self.cfg, self.population = cfg, population
+        self.q = Stacked([QNetwork(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target = Stacked([QNetwork(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target.flat.requires_grad_(False)
+        with torch.no_grad():
+            self.target.flat.copy_(self.q.flat)
+        self.optimizers = {"q": PopulationAdam(self.q.flat, eps=1e-8)}
+        self.max_grad_norm = None if cfg.max_grad_norm is None else torch.full((population,), cfg.max_grad_norm,
+                                                                               device=device)  # fmt: skip
+        self.layers = self.q.linear_names("policy")
+        self.steps = 0  # gradient steps taken: the target is refreshed when it is a multiple of the interval
+
+    def values(self, network: Stacked, obs: Tensor) -> Tensor:
+        """Q of every action, [P, B, n]."""
+        return network.mlp(self.layers, obs, torch.relu)
+
+    @torch.no_grad()
+    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor) -> Tensor:
+        return double_q_target(reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs),
+                               gamma)  # fmt: skip
+
+    def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
+             generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
+        """One gradient step of the Q network; every `target_update_interval`-th step then copies it
+        into the target (active members only: the others did not move).
+
+        `active` [P]: members that train (the same on every rank); `has_data` [P]: members this
+        rank holds transitions of — the others' rows are zeros, and their losses here count 0.
+        `generator` is unused: nothing here is random.
+        """
+        weight = has_data.to(batch.rewards.dtype)
+        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma)
+        q = self.values(self.q, batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        loss = q_loss(q, target) * weight
+        self.q.flat.grad = None
+        loss.sum().backward()
+        grad = self.q.flat.grad
+        assert grad is not None
+        sync(grad)
+        stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
+        if self.max_grad_norm is not None:
+            stats["grad_norm"] = clip_grad_norm_per_member(grad, self.max_grad_norm)
+        self.optimizers["q"].step(hp.learning_rate, active)
+        self.steps += 1
+        if self.steps % self.cfg.target_update_interval == 0:
+            with torch.no_grad():
+                self.target.flat.copy_(torch.where(active.unsqueeze(1), self.q.flat, self.target.flat))
+        return stats
+
+    def member_params(self, member: int) -> dict[str, np.ndarray]:
+        """What actors run: the Q network."""
+        return self.q.member_params(member)
+
+    def load_member(self, member: int, params: dict[str, np.ndarray]) -> None:
+        """A restarted world resumes the published Q network; its target starts from it too."""
+        self.q.load_member(member, params)
+        self.target.load_member(member, params)
+
+    def replicated(self) -> list[Tensor]:
+        return [self.q.flat, self.target.flat]
+
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> DQNHyperparams:
+        return DQNHyperparams.stack(members, device)
+
+    @torch.no_grad()
+    def copy_member(self, source: int, target: int) -> None:
+        """PBT exploit: the Q and target networks and the optimizer's state."""
+        for stacked in (self.q, self.target):
+            stacked.flat[target] = stacked.flat[source]
+        self.optimizers["q"].copy_member(source, target)

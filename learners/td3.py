@@ -1,0 +1,174 @@
+"""Twin delayed DDPG for a population, vectorized over members (Fujimoto et al. 2018).
+
+A deterministic actor, twin critics, and Polyak-averaged target copies of both. The critics learn
+towards r + γ·min Q'(s', μ'(s') + clipped noise) — target policy smoothing, with the smaller of the
+twin targets — every gradient step; the actor (ascending Q1) and the targets move only every
+`policy_delay` critic steps. Every network holds all P members (`Stacked`), so one gradient step
+updates the whole population, each member with its own learning rate, discount and τ.
+
+Inside the learner actions live in [-1, 1]; actors scale them to the env's bounds and add the
+exploration noise (`common/models.py`, `DeterministicPolicy`); transitions are scaled back here.
+
+As in learners/sac.py, several learner ranks share no DDP wrapper: after each backward the
+gradient of the one network that loss trains is averaged across ranks (`sync`) before its own
+optimizer steps. The step counter that delays the actor lives here and advances once per `step`,
+which every rank calls equally often, so all ranks update their actors at the same steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlmq.common.config import EnvSpec, TD3Config
+from rlmq.learners.networks import Stacked
+from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.replay import Transitions
+from rlmq.learners.sac import Critic, Sync, relu_mlp
+
+
+class Actor(nn.Module):
+    """`policy` outputs one pre-tanh value per action dimension (the actors read these names)."""
+
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.policy = relu_mlp([spec.obs_dim, *hidden, spec.action_dim])
+
+
+def smoothed_target_action(target_action: Tensor, noise: Tensor, target_noise: float, noise_clip: float) -> Tensor:
+    """Target policy smoothing: clip(μ'(s') + clip(σ·ε, −c, c), −1, 1), with ε ~ N(0, 1) given."""
+    return (target_action + (target_noise * noise).clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
+
+
+def critic_target(reward: Tensor, terminated: Tensor, next_q1: Tensor, next_q2: Tensor, gamma: Tensor) -> Tensor:
+    """y = r + γ·(1 − terminated)·min(Q1', Q2')(s', ã); [P, B], per-member γ [P]."""
+    return reward + gamma[:, None] * (1 - terminated) * torch.min(next_q1, next_q2)
+
+
+def critic_loss(q1: Tensor, q2: Tensor, target: Tensor) -> Tensor:
+    """Per member [P]: the two critics' mean squared errors, summed (each critic its own, as SB3)."""
+    return ((q1 - target) ** 2).mean(-1) + ((q2 - target) ** 2).mean(-1)
+
+
+def actor_loss(q1: Tensor) -> Tensor:
+    """Per member [P]: −E[Q1(s, μ(s))] (the paper's deterministic policy gradient through Q1)."""
+    return -q1.mean(-1)
+
+
+class TD3Hyperparams(NamedTuple):
+    learning_rate: Tensor  # [P]
+    gamma: Tensor
+    tau: Tensor
+
+    @classmethod
+    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> TD3Hyperparams:
+        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
+                     for name in cls._fields))  # fmt: skip
+
+
+class TD3:
+    """The population's networks and optimizers, and one gradient step of all of them."""
+
+    def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
+        self.cfg, self.population = cfg, population
+        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target_actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target_critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        with torch.no_grad():
+            for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
+                target.flat.requires_grad_(False)
+                target.flat.copy_(online.flat)
+        self.optimizers = {"actor": PopulationAdam(self.actor.flat, eps=1e-8),
+                           "critic": PopulationAdam(self.critic.flat, eps=1e-8)}  # fmt: skip
+        low = torch.tensor(spec.action_low or (-1.0,) * spec.action_dim, device=device)
+        high = torch.tensor(spec.action_high or (1.0,) * spec.action_dim, device=device)
+        self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        self.policy_layers = self.actor.linear_names("policy")
+        self.q_layers = {q: self.critic.linear_names(q) for q in ("q1", "q2")}
+        self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay
+        self.last_actor_loss = torch.zeros(population, device=device)
+
+    def act(self, actor: Stacked, obs: Tensor) -> Tensor:
+        """Each member's deterministic action in [-1, 1], [P, B, A]."""
+        return torch.tanh(actor.mlp(self.policy_layers, obs, torch.relu))
+
+    def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        x = torch.cat([obs, action], dim=-1)
+        q1, q2 = (critic.mlp(self.q_layers[q], x, torch.relu).squeeze(-1) for q in ("q1", "q2"))
+        return q1, q2
+
+    @torch.no_grad()
+    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor, noise: Tensor) -> Tensor:
+        """The critics' target [P, B] from the target networks, with the smoothing noise `noise`
+        (standard normal, [P, B, A]) passed in."""
+        next_action = smoothed_target_action(self.act(self.target_actor, next_obs), noise, self.cfg.target_noise,
+                                             self.cfg.noise_clip)  # fmt: skip
+        return critic_target(reward, terminated, *self.q_pair(self.target_critic, next_obs, next_action), gamma)
+
+    def step(self, batch: Transitions, hp: TD3Hyperparams, active: Tensor, has_data: Tensor, sync: Sync,
+             generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
+        """One gradient step of the critics; every `policy_delay`-th also one of the actor, then
+        the Polyak step of both targets.
+
+        `active` [P]: members that train (the same on every rank); `has_data` [P]: members this
+        rank holds transitions of — the others' rows are zeros, and their losses here count 0.
+        """
+        weight = has_data.to(batch.rewards.dtype)
+        actions = (batch.actions - self.action_bias) / self.action_scale
+        noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, noise)
+        q1, q2 = self.q_pair(self.critic, batch.obs, actions)
+        losses = {"critic": critic_loss(q1, q2, target) * weight}
+        self._descend("critic", self.critic.flat, losses["critic"], hp.learning_rate, active, sync)
+        self.critic_steps += 1
+
+        if self.critic_steps % self.cfg.policy_delay == 0:
+            self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
+            q1_new, _ = self.q_pair(self.critic, batch.obs, self.act(self.actor, batch.obs))
+            self.last_actor_loss = actor_loss(q1_new) * weight
+            self._descend("actor", self.actor.flat, self.last_actor_loss, hp.learning_rate, active, sync)
+            self.critic.flat.requires_grad_(True)
+            with torch.no_grad():  # inactive members did not move: their targets need not either
+                tau = (hp.tau * active).unsqueeze(1)
+                self.target_actor.flat.lerp_(self.actor.flat, tau)
+                self.target_critic.flat.lerp_(self.critic.flat, tau)
+        # The actor's loss of its latest step, so that a mean over steps is not diluted by the
+        # steps in between that leave the actor alone.
+        losses["actor"] = self.last_actor_loss
+        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
+
+    def _descend(self, name: str, param: Tensor, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
+        param.grad = None
+        loss.sum().backward()
+        assert param.grad is not None
+        sync(param.grad)
+        self.optimizers[name].step(lr, active)
+
+    def member_params(self, member: int) -> dict[str, np.ndarray]:
+        """What actors run: the actor network."""
+        return self.actor.member_params(member)
+
+    def load_member(self, member: int, params: dict[str, np.ndarray]) -> None:
+        """A restarted world resumes the published actor; its target starts from it too."""
+        self.actor.load_member(member, params)
+        self.target_actor.load_member(member, params)
+
+    def replicated(self) -> list[Tensor]:
+        return [self.actor.flat, self.critic.flat, self.target_actor.flat, self.target_critic.flat]
+
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> TD3Hyperparams:
+        return TD3Hyperparams.stack(members, device)
+
+    @torch.no_grad()
+    def copy_member(self, source: int, target: int) -> None:
+        """PBT exploit: every network (online and target) and every optimizer's state."""
+        for stacked in (self.actor, self.critic, self.target_actor, self.target_critic):
+            stacked.flat[target] = stacked.flat[source]
+        self.last_actor_loss[target] = self.last_actor_loss[source]
+        for optimizer in self.optimizers.values():
+            optimizer.copy_member(source, target)
