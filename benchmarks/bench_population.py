@@ -43,7 +43,7 @@ import torch
 from rlmq.common.config import EnvSpec, PPOConfig
 from rlmq.learners import ppo
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, per_member
 
 SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)  # CartPole-v1
 TARGET_RATIO, TARGET_POPULATION = 4.0, 8
@@ -127,7 +127,7 @@ def make_problem(population: int, args: argparse.Namespace, device: torch.device
     valid = batch.valid.flatten(1)
     return Problem(
         batch=batch,
-        hp=ppo.MemberHyperparams.stack(members, device),
+        hp=per_member(ppo.MemberHyperparams, members, device),
         cfg=cfg,
         plans=plans,
         anneal=torch.ones(population, device=device),

@@ -19,7 +19,6 @@ advances once per `step`, which every rank calls equally often.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -28,9 +27,9 @@ from torch import Tensor, nn
 
 from rlmq.common.config import DQNConfig, EnvSpec
 from rlmq.learners.networks import Stacked
-from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
+from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member, per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import Sync, relu_mlp
+from rlmq.learners.sac import relu_mlp
 
 
 class QNetwork(nn.Module):
@@ -59,10 +58,6 @@ class DQNHyperparams(NamedTuple):
     learning_rate: Tensor  # [P]
     gamma: Tensor
 
-    @classmethod
-    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> DQNHyperparams:
-        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
-                     for name in cls._fields))  # fmt: skip
 
 
 class DQN:
@@ -131,7 +126,7 @@ class DQN:
         return [self.q.flat, self.target.flat]
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> DQNHyperparams:
-        return DQNHyperparams.stack(members, device)
+        return per_member(DQNHyperparams, members, device)
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

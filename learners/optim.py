@@ -9,8 +9,20 @@ against each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
 import torch
 from torch import Tensor
+
+H = TypeVar("H")
+Sync = Callable[[Tensor], None]  # averages a gradient across learner ranks, in place
+
+
+def per_member(cls: type[H], members: Sequence[Mapping[str, float]], device: torch.device) -> H:
+    """A NamedTuple of hyperparameter tensors [P] (one per field of `cls`) from each member's values."""
+    fields: Any = cls._fields  # type: ignore[attr-defined]
+    return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device) for name in fields))
 
 
 def clip_grad_norm_per_member(grad: Tensor, max_norm: Tensor) -> Tensor:
@@ -61,3 +73,13 @@ class PopulationAdam:
         """PBT exploit: the target takes the source's optimizer state (its weights: the caller)."""
         for state in (self.exp_avg, self.exp_avg_sq, self.steps):
             state[target] = state[source]
+
+
+def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
+    """One optimizer's step on its own loss [P]: backward, the gradient averaged across ranks (each
+    optimizer is synced on its own), then Adam."""
+    optimizer.param.grad = None
+    loss.sum().backward()
+    assert optimizer.param.grad is not None
+    sync(optimizer.param.grad)
+    optimizer.step(lr, active)

@@ -13,7 +13,7 @@ n = T·B and a validity mask. A member with no data this update has an all-False
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -50,10 +50,6 @@ class MemberHyperparams(NamedTuple):
     gae_lambda: Tensor
     max_grad_norm: Tensor
 
-    @classmethod
-    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> MemberHyperparams:
-        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
-                     for name in cls._fields))  # fmt: skip
 
 
 assert MemberHyperparams._fields == TUNABLE, "MemberHyperparams must list exactly config.TUNABLE"

@@ -15,7 +15,6 @@ the three optimizers is synced on its own (the lesson of Horovod's distributed S
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -25,10 +24,8 @@ from torch import Tensor, nn
 from rlmq.common.config import EnvSpec, SACConfig
 from rlmq.common.models import LOG_STD_MAX, LOG_STD_MIN  # the actors clamp it the same way
 from rlmq.learners.networks import Stacked
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
-
-Sync = Callable[[Tensor], None]  # averages a gradient across ranks, in place
 
 
 def relu_mlp(sizes: list[int]) -> nn.Sequential:
@@ -93,10 +90,6 @@ class SACHyperparams(NamedTuple):
     gamma: Tensor
     tau: Tensor
 
-    @classmethod
-    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> SACHyperparams:
-        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
-                     for name in cls._fields))  # fmt: skip
 
 
 class SAC:
@@ -152,27 +145,21 @@ class SAC:
                                    next_logp, alpha, hp.gamma)  # fmt: skip
         q1, q2 = self.q_pair(self.critic, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
-        self._descend("critic", self.critic.flat, losses["critic"], hp.learning_rate, active, sync)
+        descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
         new_action, logp = self.sample(batch.obs, generator)
         losses["actor"] = actor_loss(logp, self.q(self.critic, batch.obs, new_action), alpha) * weight
-        self._descend("actor", self.actor.flat, losses["actor"], hp.learning_rate, active, sync)
+        descend(self.optimizers["actor"], losses["actor"], hp.learning_rate, active, sync)
         self.critic.flat.requires_grad_(True)
 
         losses["temperature"] = temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
-        self._descend("temperature", self.log_alpha, losses["temperature"], hp.learning_rate, active, sync)
+        descend(self.optimizers["temperature"], losses["temperature"], hp.learning_rate, active, sync)
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)
         return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha, "entropy": -logp.detach().mean(-1)}
 
-    def _descend(self, name: str, param: Tensor, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
-        param.grad = None
-        loss.sum().backward()
-        assert param.grad is not None
-        sync(param.grad)
-        self.optimizers[name].step(lr, active)
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the policy network."""
@@ -185,7 +172,7 @@ class SAC:
         return [self.actor.flat, self.critic.flat, self.target.flat, self.log_alpha]
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> SACHyperparams:
-        return SACHyperparams.stack(members, device)
+        return per_member(SACHyperparams, members, device)
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

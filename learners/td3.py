@@ -17,7 +17,6 @@ which every rank calls equally often, so all ranks update their actors at the sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -26,9 +25,9 @@ from torch import Tensor, nn
 
 from rlmq.common.config import EnvSpec, TD3Config
 from rlmq.learners.networks import Stacked
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import Critic, Sync, relu_mlp
+from rlmq.learners.sac import Critic, relu_mlp
 
 
 class Actor(nn.Module):
@@ -64,10 +63,6 @@ class TD3Hyperparams(NamedTuple):
     gamma: Tensor
     tau: Tensor
 
-    @classmethod
-    def stack(cls, members: Sequence[Mapping[str, float]], device: torch.device) -> TD3Hyperparams:
-        return cls(*(torch.tensor([m[name] for m in members], dtype=torch.float32, device=device)
-                     for name in cls._fields))  # fmt: skip
 
 
 class TD3:
@@ -124,14 +119,14 @@ class TD3:
         target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, noise)
         q1, q2 = self.q_pair(self.critic, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
-        self._descend("critic", self.critic.flat, losses["critic"], hp.learning_rate, active, sync)
+        descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
             q1_new, _ = self.q_pair(self.critic, batch.obs, self.act(self.actor, batch.obs))
             self.last_actor_loss = actor_loss(q1_new) * weight
-            self._descend("actor", self.actor.flat, self.last_actor_loss, hp.learning_rate, active, sync)
+            descend(self.optimizers["actor"], self.last_actor_loss, hp.learning_rate, active, sync)
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
                 tau = (hp.tau * active).unsqueeze(1)
@@ -142,12 +137,6 @@ class TD3:
         losses["actor"] = self.last_actor_loss
         return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
 
-    def _descend(self, name: str, param: Tensor, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
-        param.grad = None
-        loss.sum().backward()
-        assert param.grad is not None
-        sync(param.grad)
-        self.optimizers[name].step(lr, active)
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the actor network."""
@@ -162,7 +151,7 @@ class TD3:
         return [self.actor.flat, self.critic.flat, self.target_actor.flat, self.target_critic.flat]
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> TD3Hyperparams:
-        return TD3Hyperparams.stack(members, device)
+        return per_member(TD3Hyperparams, members, device)
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

@@ -19,9 +19,9 @@ from rlmq.common.config import EnvSpec, ReplayConfig, RunConfig
 from rlmq.learners import ppo
 from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, Sync, per_member
 from rlmq.learners.replay import Replay, Transitions
-from rlmq.learners.sac import SAC, Sync
+from rlmq.learners.sac import SAC
 from rlmq.learners.td3 import TD3
 
 Params = dict[str, np.ndarray]
@@ -93,7 +93,7 @@ class PPOTrainer:
         self.core.load_member(member, params)
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
-        self.hp = ppo.MemberHyperparams.stack(hyperparams, self.device)
+        self.hp = per_member(ppo.MemberHyperparams, hyperparams, self.device)
 
     def copy_member(self, decision: wire.Decision) -> None:
         copy_member(self.core, self.optimizer, decision)

@@ -16,6 +16,7 @@ from rlmq.common.config import DQNConfig, EnvSpec, PBTConfig, RunConfig, from_ma
 from rlmq.common.models import EpsilonGreedyPolicy, linear_epsilon, make_policy
 from rlmq.common.transport import free_port
 from rlmq.learners import dqn
+from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
 
 HELPER = Path(__file__).parent / "helpers" / "offpolicy_rank.py"
@@ -36,7 +37,7 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
 
 def hyperparams(learning_rates: list[float]) -> dqn.DQNHyperparams:
     members = [{"learning_rate": lr, "gamma": 0.9 + 0.03 * m} for m, lr in enumerate(learning_rates)]
-    return dqn.DQNHyperparams.stack(members, CPU)
+    return per_member(dqn.DQNHyperparams, members, CPU)
 
 
 def no_sync(grad: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ from rlmq.common import wire
 from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.learners import ppo
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
 
 DISCRETE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
@@ -92,7 +92,7 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     members = [{"learning_rate": lr, "ent_coef": 0.01 * m, "clip_coef": 0.1 + 0.05 * m, "vf_coef": 0.5,
                 "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
                for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
-    hp = ppo.MemberHyperparams.stack(members, torch.device("cpu"))
+    hp = per_member(ppo.MemberHyperparams, members, torch.device("cpu"))
     cfg = PPOConfig(epochs=3, minibatches=minibatches)
     anneal = torch.tensor([1.0, 0.5, 0.8, 1.0])
     for step in range(3):

@@ -16,6 +16,7 @@ from rlmq.common.config import EnvSpec, RunConfig, TD3Config, from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
 from rlmq.common.transport import free_port
 from rlmq.learners import td3
+from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
 from rlmq.learners.sac import Critic
 
@@ -39,7 +40,7 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
 
 def hyperparams(learning_rates: list[float]) -> td3.TD3Hyperparams:
     members = [{"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)} for m, lr in enumerate(learning_rates)]
-    return td3.TD3Hyperparams.stack(members, CPU)
+    return per_member(td3.TD3Hyperparams, members, CPU)
 
 
 def no_sync(grad: torch.Tensor) -> None:

@@ -15,7 +15,7 @@ from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo
 from rlmq.learners.networks import PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
 
 SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
@@ -39,15 +39,15 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
 
 
 def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
-          per_member: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator) -> None:  # fmt: skip
+          rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator) -> None:  # fmt: skip
     device = torch.device("cpu")
-    local = [sum(r.num_steps for r in rs) for rs in per_member]
+    local = [sum(r.num_steps for r in rs) for rs in rollouts]
     agreed = distributed.agree(True, False, local, 0, device)
     assert agreed.everyone_ready and not agreed.stop
     samples = torch.tensor(agreed.member_samples)
-    hp = ppo.MemberHyperparams.stack([{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
+    hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
                                        "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
-    ppo.update(model, core, optimizer, ppo.join_rollouts(per_member, SPEC, STEPS, 2 * SLOTS, device), hp, cfg,
+    ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, 2 * SLOTS, device), hp, cfg,
                ppo.minibatch_plan(STEPS * 2 * SLOTS, cfg, generator), torch.ones(POPULATION),
                ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0)  # fmt: skip
 
