@@ -29,6 +29,7 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
 log = logging.getLogger("rlmq.actor")
 GREETING_PERIOD_S = 5.0
 WEIGHTS_WAIT_S = 0.5
+WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
 
 
 class Actor:
@@ -83,11 +84,13 @@ class Actor:
         log.info("%s: member %d, %s × %d, learners %s", self.cfg.name, self.member,
                  run_cfg.env_id, run_cfg.num_envs, ", ".join(assign.learner_endpoints))
         report = RateTimer(run_cfg.report_interval_s)
+        starving = RateTimer(WEIGHTS_PULL_S)
         steps_total = 0
         try:
             while not self.stop.is_set():
                 self.read_broadcast(timeout_ms=0 if self.policy is not None else 100)
                 if self.policy is None:  # no weights yet: the learners are still starting
+                    self.pull_weights(hello, starving)
                     continue
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
@@ -149,6 +152,21 @@ class Actor:
                 self.report(collector)
             self.greet_learners()
         return None
+
+    def pull_weights(self, hello: wire.Hello, starving: RateTimer) -> None:
+        """Without weights for a while, ask the coordinator again: its Assign carries the latest.
+        The learner's first broadcast can go out before our subscription is connected (PUB drops
+        what no subscriber is there to take), and no second one comes until we send data."""
+        if starving.due():
+            transport.send(self.control, hello)
+        while self.control.poll(0, zmq.POLLIN):
+            try:
+                message = wire.decode(self.control.recv())
+            except wire.WireError as exc:
+                self.reject(exc)
+                continue
+            if isinstance(message, wire.Assign) and message.weights is not None and message.member == self.member:
+                self.apply_weights(message.weights)
 
     def await_weights(self, version: int) -> None:
         """Wait (at most WEIGHTS_WAIT_S) for the weights a learner said it holds: collecting with

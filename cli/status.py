@@ -66,9 +66,10 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
             f"target {rc.target_return}, budget {rc.total_steps:,} env steps"
         )
     mean = status.get("mean_return")
+    window = config[0].return_window if config is not None else 100
     print(
         f"  env steps {int(status.get('env_steps', 0)):,}  ({float(status.get('steps_per_s', 0)):,.0f}/s)  "
-        f"episodes {int(status.get('episodes', 0)):,}  mean return (last 100) "
+        f"episodes {int(status.get('episodes', 0)):,}  mean return (last {window}) "
         f"{'—' if mean is None else f'{mean:.1f}'}"
     )
     print(

@@ -75,6 +75,13 @@ class NumpyPolicy:
         return actions, logp.astype(np.float32)
 
 
+def scale_and_bias(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray]:
+    """How [-1, 1] maps onto the env's action bounds (unbounded: onto [-1, 1] itself)."""
+    low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
+    high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
+    return (high - low) / 2, (high + low) / 2
+
+
 def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0, out=x)
 
@@ -87,9 +94,7 @@ class SquashedGaussianPolicy(NumpyPolicy):
         if spec.action_kind != "continuous":
             raise ValueError("SAC needs continuous actions")
         super().__init__(params, spec, outputs=2 * spec.action_dim, activation=_relu)
-        low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
-        high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
-        self._scale, self._bias = (high - low) / 2, (high + low) / 2
+        self._scale, self._bias = scale_and_bias(spec)
         self._log_std = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -112,9 +117,7 @@ class DeterministicPolicy(NumpyPolicy):
         if spec.action_kind != "continuous":
             raise ValueError("TD3 needs continuous actions")
         super().__init__(params, spec, outputs=spec.action_dim, activation=_relu)
-        low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
-        high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
-        self._scale, self._bias = (high - low) / 2, (high + low) / 2
+        self._scale, self._bias = scale_and_bias(spec)
         self.noise, self.warmup = noise, warmup
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -242,6 +242,34 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     assert actor.alive(), actor.log()
 
 
+def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, fake_peers: Any) -> None:
+    """Assigned before any weights exist, the actor can miss the learner's first broadcast (a PUB
+    drops what comes before a subscriber connects); nothing else would be published until it sends
+    data, so it must ask the coordinator again."""
+    control, _pub, sink, (control_port, pub_port, sink_port) = fake_peers
+    actor = start_service("actor", "actor", "--name", "actor-1", "--coordinator", f"tcp://127.0.0.1:{control_port}",
+                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", "-1")  # fmt: skip
+    identity, _hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
+    assign = wire.Assign(run="t", member=0, actor_index=1, config=RunConfig(num_envs=4, rollout_length=8),
+                         env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",))
+    control.send_multipart([identity, wire.encode(assign)])  # no weights yet, and none broadcast
+    _identity, again = wait_for(lambda: control.poll(100) and control.recv_multipart(), 10, "a second hello")
+    assert isinstance(wire.decode(again), wire.Hello)
+    weights = wire.Weights(member=0, version=4, params=to_numpy_params(ActorCritic(CARTPOLE, (16,))))
+    control.send_multipart([identity, wire.encode(dataclasses.replace(assign, weights=weights))])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # grant credits until a rollout comes, collected with version 4
+        who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
+        assert who is not None, f"the actor went quiet:\n{actor.log()}"
+        message = wire.decode(frame)
+        if isinstance(message, wire.Rollout):
+            assert message.policy_version == 4
+            break
+        sink.send_multipart([who, wire.encode(wire.Credit(1, policy_version=4))])
+    else:
+        raise AssertionError("no rollout")
+
+
 def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path: Path, redis_url: str,
                                                     run_id: str) -> None:
     first = start_coordinator(start_service, tmp_path, redis_url, run_id)
