@@ -93,7 +93,7 @@ class PopulationView:
     members: dict[int, dict[str, Any]]  # member → record (hyperparams, generation, parent, ...)
     member_steps: dict[int, int]
     returns: dict[int, list[float]]  # member → its recent episode returns, newest first
-    decisions: list[dict[str, Any]]  # the PBT log, oldest first
+    decisions: list[dict[str, Any]]  # the newest entries of the PBT log, oldest first
     applied: int  # id of the last decision applied to the member records
 
     @classmethod
@@ -102,7 +102,7 @@ class PopulationView:
             members=store.members(),
             member_steps=store.member_steps(),
             returns={m: store.recent_returns(m) for m in range(population)},
-            decisions=store.decisions(),
+            decisions=store.last_decisions(RECENT_DECISIONS),
             applied=store.applied_decision(),
         )
 

@@ -60,6 +60,8 @@ class Population:
         the member with the fewest live actors, then the fewest env steps. With fewer actors than
         members, the members left without an actor wait (and take no part in PBT) until one comes."""
         now = time.monotonic()
+        # Forget actors long gone (a fleet replaces pods with new names): the map stays bounded.
+        self.actors = {name: (m, heard) for name, (m, heard) in self.actors.items() if now - heard < 10 * timeout_s}
         if actor in self.actors:
             member = self.actors[actor][0]
         else:

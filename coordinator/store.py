@@ -133,6 +133,11 @@ class RunStore:
         entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
         return [json.loads(fields[b"decision"]) for _id, fields in entries if fields]
 
+    def last_decisions(self, count: int) -> list[dict[str, Any]]:
+        """The newest `count` logged decisions, oldest first (no read of the whole log)."""
+        entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
+        return [json.loads(fields[b"decision"]) for _id, fields in reversed(entries) if fields]
+
     def applied_decision(self) -> int:
         return int(self.redis.get(self.key("pbt_applied")) or 0)
 

@@ -159,7 +159,8 @@ def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> 
 
 
 def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, cfg: PPOConfig):  # type: ignore[no-untyped-def]
-    """π_old's log-probabilities, V-trace advantages and value targets, each [P, n]."""
+    """π_old's log-probabilities, V-trace advantages and value targets, each [P, n], and the mean
+    clipped importance weight over the valid steps."""
     population, rows, slots = batch.obs.shape[:3]
     steps = rows - 1
     with torch.no_grad():
@@ -181,7 +182,9 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
     def member_major(x: Tensor) -> Tensor:  # [T, P·B] → [P, n]
         return x.view(steps, population, slots).transpose(0, 1).reshape(population, steps * slots)
 
-    return old_logp, member_major(returns.pg_advantages), member_major(returns.vs), returns.clipped_rhos
+    valid = time_major(batch.valid).to(returns.clipped_rhos.dtype)  # padding and autoreset steps: not data
+    mean_rho = (returns.clipped_rhos * valid).sum() / valid.sum().clamp(min=1)
+    return old_logp, member_major(returns.pg_advantages), member_major(returns.vs), mean_rho
 
 
 def update(
@@ -204,7 +207,7 @@ def update(
     members have data on some rank.
     """
     population, rows, slots = batch.obs.shape[:3]
-    old_logp, advantages, vs, clipped_rhos = _targets(core, batch, hp, cfg)
+    old_logp, advantages, vs, mean_rho = _targets(core, batch, hp, cfg)
     obs = batch.obs[:, :-1].reshape(population, (rows - 1) * slots, -1)
     actions = batch.actions.reshape(population, (rows - 1) * slots, *batch.actions.shape[3:])
     mask = batch.valid.reshape(population, -1).to(torch.float32)
@@ -225,7 +228,7 @@ def update(
         optimizer.step(lr, active)
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in loss._asdict().items()}
-    stats["mean_rho"] = float(clipped_rhos.mean())
+    stats["mean_rho"] = float(mean_rho)
     return stats
 
 
