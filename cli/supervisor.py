@@ -72,6 +72,7 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     log_path: Path = field(default_factory=Path)
+    metrics_port: int = 0
 
 
 class Supervisor:
@@ -101,6 +102,10 @@ class Supervisor:
                 "--torch-threads", str(self.cfg.torch_threads)]))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
+        for child in self.children:  # known ports, so that Prometheus can be told where to scrape
+            child.metrics_port = free_port()
+            child.argv += ["--metrics-port", str(child.metrics_port)]
+        write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children)
 
     def spawn(self, child: Child) -> None:
         child.log_path = self.log_dir / f"{child.name}.log"
@@ -172,6 +177,18 @@ class Supervisor:
         for child in self.children:
             assert child.process is not None
             child.process.wait()
+
+
+def write_scrape_targets(path: Path, run: str, children: list[Child]) -> None:
+    """Prometheus file_sd targets, one group per role: point a `file_sd_configs` job at this file
+    (Prometheus re-reads it when it changes) to scrape every process of the run."""
+    groups = []
+    for role in ("coordinator", "learner", "actor"):
+        targets = [f"127.0.0.1:{c.metrics_port}" for c in children if c.role == role]
+        if targets:
+            groups.append({"targets": targets, "labels": {"job": "rlmq", "role": role, "run": run}})
+    with rundir.atomic(path) as tmp:
+        tmp.write_text(json.dumps(groups, indent=2))
 
 
 def format_progress(status: dict[str, Any], elapsed: float, actors: int) -> str:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,12 @@ def test_sigint_leaves_no_process_behind(tmp_path: Path, interrupts: int) -> Non
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "2", "--learners", "2", "--total-steps", "100000000")
     wait_until_stepping(run_dir, up)
+    if interrupts == 1:  # while it runs: every process `rlmq up` lists for Prometheus serves rlmq_ metrics
+        groups = json.loads((run_dir / "prometheus_targets.json").read_text())
+        assert {g["labels"]["role"]: len(g["targets"]) for g in groups} == {"coordinator": 1, "learner": 2, "actor": 2}
+        for target in (t for g in groups for t in g["targets"]):
+            text = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
+            assert "rlmq_" in text, target
     tree = descendants(up.pid)
     assert sum("rlmq.cli actor" in c for c in tree.values()) == 2, tree
     assert any("server" in c for c in tree.values()), "the private Redis server runs under rlmq up"
