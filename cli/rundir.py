@@ -147,12 +147,11 @@ def save_figure(path: Path, fig: Figure) -> None:
     _pyplot().close(fig)
 
 
-def write_lineage(path: Path, decisions: list[dict[str, Any]], run_steps: list[float]) -> None:
+def write_lineage(path: Path, decisions: list[dict[str, Any]]) -> None:
     """The PBT decision log, oldest first, as the coordinator logged it: the lineage without the
-    plot. `run_env_steps` is where each decision stands in lineage.png (see decision_run_steps)."""
-    entries = [{**d, "run_env_steps": round(x)} for d, x in zip(decisions, run_steps, strict=True)]
+    plot. `run_env_steps` (the run's env steps when it was taken) is where it stands in lineage.png."""
     with atomic(path) as tmp:
-        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True))
+        tmp.write_text(json.dumps(decisions, indent=2, sort_keys=True))
 
 
 def member_summaries(store: RunStore, population: int) -> list[dict[str, Any]]:
@@ -194,12 +193,11 @@ def write_results(
     )
     decisions = store.decisions()
     if population > 1:
-        run_steps = decision_run_steps(decisions, progress)
-        write_lineage(run_dir / "lineage.json", decisions, run_steps)
+        write_lineage(run_dir / "lineage.json", decisions)
         end_steps = float(status.get("env_steps", progress[-1]["env_steps"] if progress else 0))
         save_figure(
             run_dir / "lineage.png",
-            lineage_figure(decisions, run_steps, population, end_steps, f"PBT lineage: {title}"),
+            lineage_figure(decisions, population, end_steps, f"PBT lineage: {title}"),
         )
     first_step = status.get("first_step_at")
     ended = status.get("ended_at") or time.time()
@@ -263,32 +261,8 @@ def draw_member_curves(ax: Axes, progress: Sequence[Mapping[str, Any]], populati
         ax.plot(steps, values, color=member_color(member), linewidth=1, label=label)
 
 
-def decision_run_steps(
-    decisions: Sequence[Mapping[str, Any]], progress: Sequence[Mapping[str, Any]]
-) -> list[float]:
-    """Where each decision lies on the run's env-step axis.
-
-    A decision records only its target's own env steps, and members collect at different rates,
-    so that count puts decisions about different members on different clocks: an arrow from the
-    source's row would stand at a step count the source never had then. The run's total env steps
-    are one clock for all members; they are interpolated from the progress samples at the
-    decision's time. Without progress samples there is no such clock: the target's steps are used.
-    The coordinator logs that clock itself (`run_env_steps`); the rest serves logs without it.
-    """
-    if all("run_env_steps" in d for d in decisions):
-        return [float(d["run_env_steps"]) for d in decisions]
-    if not progress:
-        return [float(d.get("env_steps", 0)) for d in decisions]
-    times = np.array([p["time"] for p in progress], dtype=float)
-    steps = np.array([p["env_steps"] for p in progress], dtype=float)
-    order = np.argsort(times, kind="stable")
-    at = np.interp([float(d["time"]) for d in decisions], times[order], steps[order])
-    return [float(x) for x in at]
-
-
 def lineage_figure(
     decisions: Sequence[Mapping[str, Any]],
-    run_steps: Sequence[float],
     population: int,
     end_steps: float,
     title: str,
@@ -299,6 +273,7 @@ def lineage_figure(
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
+    run_steps = [float(d["run_env_steps"]) for d in decisions]  # one clock for all members
     end = max([end_steps, *run_steps, 1.0])
     fig, ax = plt.subplots(figsize=(9, min(1.6 + 0.45 * population, 24)), dpi=100)
     for member in range(population):

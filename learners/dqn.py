@@ -59,7 +59,6 @@ class DQNHyperparams(NamedTuple):
     gamma: Tensor
 
 
-
 class DQN:
     """The population's Q and target networks and optimizer, and one gradient step of all of them."""
 

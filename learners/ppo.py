@@ -148,6 +148,11 @@ def annealed(cfg: PPOConfig, trained_steps: int, horizon_steps: int) -> float:
     return max(1.0 - trained_steps / horizon, cfg.anneal_floor)
 
 
+def pick(x: Tensor, idx: Tensor | None) -> Tensor:
+    """A minibatch's samples of a [P, n, ...] tensor (None: all of them)."""
+    return x if idx is None else x[:, idx]
+
+
 def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:
     """Sample indices of each minibatch of each epoch (None: all of them, in order). The same
     number of minibatches on every rank, whatever its sample count: DDP needs every rank to run
@@ -213,13 +218,10 @@ def update(
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     for idx in plan:
-        def pick(x: Tensor, idx: Tensor | None = idx) -> Tensor:
-            return x if idx is None else x[:, idx]
-
-        new_logp, entropy, new_values = model(pick(obs), pick(actions))
+        new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
         loss = ppo_loss(
-            new_logp, pick(old_logp), normalize_advantages(pick(advantages), pick(mask)), new_values,
-            pick(vs), entropy, pick(mask), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+            new_logp, pick(old_logp, idx), normalize_advantages(pick(advantages, idx), pick(mask, idx)), new_values,
+            pick(vs, idx), entropy, pick(mask, idx), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
         )  # fmt: skip
         optimizer.zero_grad()
         loss.total.sum().backward()
@@ -264,14 +266,11 @@ def update_each_member(
         for group in optimizer.param_groups:
             group["lr"] = float(hp.learning_rate[m] * anneal[m])
         for idx in plan:
-            def pick(x: Tensor, idx: Tensor | None = idx) -> Tensor:
-                return x if idx is None else x[:, idx]
-
             sel = slice(None) if idx is None else idx
             new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
             loss = ppo_loss(
-                new_logp, pick(old_logp.unsqueeze(0)), normalize_advantages(pick(advantages), pick(mask)),
-                new_values, pick(vs), entropy, pick(mask), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
+                new_logp, pick(old_logp.unsqueeze(0), idx), normalize_advantages(pick(advantages, idx), pick(mask, idx)),
+                new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
                 ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
             )  # fmt: skip
             optimizer.zero_grad(set_to_none=True)

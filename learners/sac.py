@@ -22,7 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from rlmq.common.config import EnvSpec, SACConfig
-from rlmq.common.models import LOG_STD_MAX, LOG_STD_MIN  # the actors clamp it the same way
+from rlmq.common.models import (  # as the actors clamp and scale
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    scale_and_bias,
+)
 from rlmq.learners.networks import Stacked
 from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
@@ -86,10 +90,11 @@ def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> 
 
 
 class SACHyperparams(NamedTuple):
+    """Per-member tunables of SAC (and TD3, which tunes the same ones), each [P]."""
+
     learning_rate: Tensor  # [P]
     gamma: Tensor
     tau: Tensor
-
 
 
 class SAC:
@@ -108,9 +113,8 @@ class SAC:
                            "critic": PopulationAdam(self.critic.flat, eps=1e-8),
                            "temperature": PopulationAdam(self.log_alpha, eps=1e-8)}  # fmt: skip
         self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
-        low = torch.tensor(spec.action_low or (-1.0,) * spec.action_dim, device=device)
-        high = torch.tensor(spec.action_high or (1.0,) * spec.action_dim, device=device)
-        self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        # The actors' mapping of [-1, 1] onto the env's bounds, so that replayed actions map back.
+        self.action_scale, self.action_bias = (torch.from_numpy(a).to(device) for a in scale_and_bias(spec))
         self.policy_layers, self.q_layers = self.actor.linear_names("policy"), {
             q: self.critic.linear_names(q) for q in ("q1", "q2")}  # fmt: skip
 

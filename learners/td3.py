@@ -17,17 +17,16 @@ which every rank calls equally often, so all ranks update their actors at the sa
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlmq.common.config import EnvSpec, TD3Config
+from rlmq.common.models import scale_and_bias
 from rlmq.learners.networks import Stacked
 from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import Critic, relu_mlp
+from rlmq.learners.sac import Critic, SACHyperparams, relu_mlp
 
 
 class Actor(nn.Module):
@@ -58,11 +57,7 @@ def actor_loss(q1: Tensor) -> Tensor:
     return -q1.mean(-1)
 
 
-class TD3Hyperparams(NamedTuple):
-    learning_rate: Tensor  # [P]
-    gamma: Tensor
-    tau: Tensor
-
+TD3Hyperparams = SACHyperparams  # the same tunables: learning_rate, gamma, tau
 
 
 class TD3:
@@ -80,9 +75,8 @@ class TD3:
                 target.flat.copy_(online.flat)
         self.optimizers = {"actor": PopulationAdam(self.actor.flat, eps=1e-8),
                            "critic": PopulationAdam(self.critic.flat, eps=1e-8)}  # fmt: skip
-        low = torch.tensor(spec.action_low or (-1.0,) * spec.action_dim, device=device)
-        high = torch.tensor(spec.action_high or (1.0,) * spec.action_dim, device=device)
-        self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        # The actors' mapping of [-1, 1] onto the env's bounds, so that replayed actions map back.
+        self.action_scale, self.action_bias = (torch.from_numpy(a).to(device) for a in scale_and_bias(spec))
         self.policy_layers = self.actor.linear_names("policy")
         self.q_layers = {q: self.critic.linear_names(q) for q in ("q1", "q2")}
         self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay

@@ -69,12 +69,12 @@ def population_run(store: RunStore) -> dict[str, Any]:
         {
             "id": 1, "time": T0 + 3.5, "target": 2, "source": 1, "kind": "exploit",
             "hyperparams": hyperparams(1.5e-3, 0.002), "previous": records[2]["hyperparams"],
-            "generation": 1, "env_steps": 20_000, "fitness": {"2": 10.0, "1": 460.0},
+            "generation": 1, "env_steps": 20_000, "run_env_steps": 35_000, "fitness": {"2": 10.0, "1": 460.0},
         },
         {
             "id": 2, "time": T0 + 6.0, "target": 0, "source": 0, "kind": "explore",
             "hyperparams": hyperparams(3.0e-3, 0.005), "previous": records[0]["hyperparams"],
-            "generation": 1, "env_steps": 21_000, "fitness": {"0": 115.0},
+            "generation": 1, "env_steps": 21_000, "run_env_steps": 60_000, "fitness": {"0": 115.0},
         },
     ]  # fmt: skip
     for entry in decisions:
@@ -174,7 +174,7 @@ def test_results_of_a_population_run(
         (1, "exploit", 2, 1),
         (2, "explore", 0, 0),
     ]
-    # the run's total steps at the decision's time, between progress samples 10,000 apart
+    # as the coordinator logged them: the run's env steps when each decision was taken
     assert [d["run_env_steps"] for d in lineage] == [35_000, 60_000]
     assert (
         lineage[0]["previous"]["learning_rate"] == 4.5e-3
@@ -216,8 +216,7 @@ def test_learning_curve_has_a_line_per_member_and_lineage_an_arrow_per_copy(
     plt.close(fig)
 
     decisions = store.decisions()
-    steps = rundir.decision_run_steps(decisions, progress)
-    fig = rundir.lineage_figure(decisions, steps, 3, 100_000, "lineage")
+    fig = rundir.lineage_figure(decisions, 3, 100_000, "lineage")
     arrows = [
         a for a in fig.axes[0].texts if isinstance(a, Annotation) and a.arrow_patch is not None
     ]
