@@ -176,7 +176,9 @@ class Actor:
             self.read_broadcast(timeout_ms=5)
 
     def read_broadcast(self, timeout_ms: int) -> None:
-        """Apply the newest weights waiting on the broadcast; obey a stop."""
+        """Apply the newest weights waiting on the broadcast; obey a stop. Every loop of the actor
+        passes here, waiting for credit or weights included: it is where the actor's heartbeat beats."""
+        self.metrics.heartbeat.beat()
         newest: wire.Weights | None = None
         while self.broadcast.poll(timeout_ms, zmq.POLLIN):
             timeout_ms = 0
@@ -207,8 +209,7 @@ class Actor:
         returns, lengths = collector.finished_episodes()
         steps, self.unreported_steps = self.unreported_steps, 0
         self.metrics.episodes.inc(len(returns))
-        for value in returns:
-            self.metrics.episode_return.observe(value)
+        self.metrics.episode_return.observe_many(returns)
         transport.send(self.control, wire.ActorReport(
             name=self.cfg.name, member=self.member, env_steps=steps, episode_returns=returns,
             episode_lengths=lengths, policy_version=self.version, rejected=self.rejected,

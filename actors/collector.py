@@ -65,32 +65,34 @@ class Collector:
         )  # fmt: skip
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(returns, lengths) of the episodes that ended since the last call, from running sums
-        over the rollouts collected since then (one after another in time, so they concatenate).
+        """(returns, lengths) of the episodes that ended since the last call, ordered by slot,
+        then time, from the rollouts collected since then (one after another, so they concatenate).
 
-        Reset steps have reward 0 and are not valid, so they add nothing to either sum.
+        Each slot's steps, in time order and slot after slot, are cut into segments that start at
+        the slot's first step and after each done step; one `np.add.reduceat` sums them all (a
+        running sum along time was ~3× slower: NumPy does not vectorize accumulation along axis 0).
+        A segment that ends on a done step is a finished episode; the one left open in a slot is
+        carried into the next call. Reset steps have reward 0 and are not valid: they add nothing.
         """
         if not self.unscanned:
             return np.zeros(0, np.float64), np.zeros(0, np.int64)
-        rewards, valid, done = (np.concatenate(parts) for parts in zip(*self.unscanned, strict=True))
+        rewards, valid, done = (np.concatenate(parts).T for parts in zip(*self.unscanned, strict=True))
         self.unscanned.clear()
-        returns, lengths = np.zeros(0, np.float64), np.zeros(0, np.int64)
-        cum_return = np.cumsum(rewards, axis=0, dtype=np.float64)
-        cum_length = np.cumsum(valid, axis=0)
-        slots, ends = np.nonzero(done.T)  # episode ends, ordered by slot, then time
-        if len(slots):
-            at_end_return, at_end_length = cum_return[ends, slots], cum_length[ends, slots]
-            first = np.ones(len(slots), bool)
-            first[1:] = slots[1:] != slots[:-1]
-            # An episode's sum is the running sum at its end minus that at the previous end in the
-            # same slot; the first end in a slot adds what the slot carried in from earlier.
-            before_return = np.where(first, -self.episode_return[slots], np.roll(at_end_return, 1))
-            before_length = np.where(first, -self.episode_length[slots], np.roll(at_end_length, 1))
-            returns, lengths = at_end_return - before_return, at_end_length - before_length
-            last = np.ones(len(slots), bool)
-            last[:-1] = slots[:-1] != slots[1:]
-            self.episode_return[slots[last]] = -at_end_return[last]
-            self.episode_length[slots[last]] = -at_end_length[last]
-        self.episode_return += cum_return[-1]
-        self.episode_length += cum_length[-1]
-        return returns, lengths
+        steps = done.shape[1]
+        done = np.ascontiguousarray(done).ravel()  # [slots · steps], slot-major
+        starts_here = np.empty_like(done)
+        starts_here[1:] = done[:-1]
+        starts_here[::steps] = True
+        starts = np.flatnonzero(starts_here)
+        returns = np.add.reduceat(np.ascontiguousarray(rewards, np.float64).ravel(), starts)
+        lengths = np.add.reduceat(np.ascontiguousarray(valid, np.int64).ravel(), starts)
+        first = starts % steps == 0  # each slot's first segment continues what the slot carried in
+        returns[first] += self.episode_return
+        lengths[first] += self.episode_length
+        finished = done[np.append(starts[1:], done.size) - 1]  # the segment's last step is done
+        self.episode_return[:] = 0.0  # a slot whose last step was done carries nothing
+        self.episode_length[:] = 0
+        open_slots = starts[~finished] // steps
+        self.episode_return[open_slots] = returns[~finished]
+        self.episode_length[open_slots] = lengths[~finished]
+        return returns[finished], lengths[finished]

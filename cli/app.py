@@ -1,4 +1,5 @@
-"""The `rlmq` command: one service per subcommand (what a container runs), `up` and `status`.
+"""The `rlmq` command: one service per subcommand (what a container runs), `up`, `status` and
+`check` (the container probe).
 
 Service options can also come from `RLMQ_*` environment variables (shown in `--help`). Service
 modules are imported inside each command, so an actor never imports torch.
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from rlmq.common.service import (
+    EXIT_FAILED,
     EXIT_USAGE,
     StopFlag,
     configure_logging,
@@ -153,6 +155,27 @@ def status(
     from rlmq.cli.status import show_status
 
     raise typer.Exit(show_status(run_dir, redis_url, run))
+
+
+@app.command()
+def check(
+    metrics_port: Annotated[int, _opt("The service's fixed /metrics port.", "METRICS_PORT")],
+    max_age: Annotated[float | None, _opt("Also fail when the service loop last ran longer ago (s).")] = None,
+    redis_url: Annotated[str | None, _opt("Also fail when this Redis does not answer PING.")] = None,
+    timeout: Annotated[float, _opt("Seconds to wait for each answer.")] = 2.0,
+) -> None:
+    """Probe a service in this container (readiness, liveness): exit 0, or 1 with what to fix."""
+    from rlmq.cli.check import CheckFailed, run_check
+
+    if metrics_port <= 0:
+        typer.echo("error: rlmq check needs the service's fixed metrics port: pass --metrics-port "
+                   "or set RLMQ_METRICS_PORT (and start the service with the same port, not 0)", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        typer.echo(run_check(metrics_port, max_age, redis_url, timeout))
+    except CheckFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def main() -> None:

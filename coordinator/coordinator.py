@@ -49,7 +49,7 @@ class Coordinator:
         else:  # a restart: Redis holds the truth
             self.run_config, self.spec = saved
             log.info("resuming run %s from Redis", cfg.run)
-        self.population = Population(store, self.run_config, cfg.failpoint)
+        self.population = Population(store, self.run_config, cfg.failpoint, self.metrics.pbt_decisions)
         self.latest_weights: dict[int, wire.Weights] = {}
         for member in range(self.population.size):
             weights = store.weights(member)
@@ -127,6 +127,7 @@ class Coordinator:
             self.store.add_env_steps(report.env_steps)
             self.store.add_member_steps(report.member, report.env_steps)
             self.metrics.env_steps.inc(report.env_steps)
+            self.metrics.member_env_steps.labels(str(report.member)).inc(report.env_steps)
         if 0 < report.first_step_at < self.first_step_at:  # the earliest any actor reports
             self.first_step_at = report.first_step_at
             self.store.set_status(first_step_at=report.first_step_at)
@@ -189,6 +190,7 @@ class Coordinator:
                  self.run_config.env_id, self.run_config.num_learners, self.control_endpoint,
                  self.broadcast_endpoint)
         while not self.stop.is_set() and (until is None or time.monotonic() < until):
+            self.metrics.heartbeat.beat()
             if self.control.poll(int(TICK_S * 1000), zmq.POLLIN):
                 parts = self.control.recv_multipart(copy=True)
                 if len(parts) == 2:
@@ -215,12 +217,16 @@ class Coordinator:
         rate = (steps - steps_then) / max(now - then, 1e-9)
         self.last_steps = (now, steps)
         actors = self.store.live_actors(self.cfg.actor_timeout_s)
-        self.metrics.connected.labels("actor").set(actors)
-        self.metrics.connected.labels("learner").set(len(self.learner_endpoints))
+        self.metrics.connected_actors.set(actors)
+        self.metrics.connected_learners.set(len(self.learner_endpoints))
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         for member, value in member_means.items():
             if value is not None:
                 self.metrics.member_fitness.labels(member).set(value)
+        for m, record in self.population.records.items():
+            self.metrics.member_generation.labels(str(m)).set(record["generation"])
+            for name, value in record["hyperparams"].items():
+                self.metrics.member_hyperparameter.labels(str(m), name).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
                               learners=len(self.learner_endpoints), policy_lag=lag, updated_at=time.time(),

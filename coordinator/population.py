@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
+from prometheus_client import Counter
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
@@ -32,8 +33,10 @@ EXIT_FAILPOINT = 86
 
 
 class Population:
-    def __init__(self, store: RunStore, run_config: RunConfig, failpoint: str = "") -> None:
+    def __init__(self, store: RunStore, run_config: RunConfig, failpoint: str = "",
+                 decisions_metric: Counter | None = None) -> None:
         self.store, self.run_config, self.failpoint = store, run_config, failpoint
+        self.decisions_metric = decisions_metric  # rlmq_pbt_decisions_total{selection, kind}
         self.size = run_config.population
         self.records = store.members()
         if not self.records:
@@ -139,6 +142,8 @@ class Population:
                   "parent": entry["source"], "steps_at_decision": entry["env_steps"]}  # fmt: skip
         self.store.apply_decision(entry["id"], target, record, copied=entry["source"] != target)
         self.records[target], self.applied = record, entry["id"]
+        if self.decisions_metric is not None:
+            self.decisions_metric.labels(self.run_config.pbt.selection, entry["kind"]).inc()
         log.info("PBT decision %d: member %d ← member %d (%s), %s", entry["id"], target, entry["source"],
                  entry["kind"], ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry["hyperparams"].items())
                                           if v != entry["previous"].get(k)))  # fmt: skip

@@ -48,6 +48,8 @@ class Agreement(NamedTuple):
 def agree(ready: bool, stop: bool, member_samples: list[int], decision_bytes: int,
           device: torch.device) -> Agreement:  # fmt: skip
     """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length."""
+    if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
+        return Agreement(ready, stop, list(member_samples), decision_bytes)
     flags = torch.tensor([int(ready), int(stop), decision_bytes, *member_samples], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
     ready_ranks, stops, length, *samples = (int(v) for v in flags.tolist())

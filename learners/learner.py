@@ -183,6 +183,7 @@ class Learner:
         report = RateTimer(self.run_cfg.report_interval_s)
         updates_done = 0
         while True:
+            self.metrics.heartbeat.beat()
             self.receive(timeout_ms=0 if self.members.ready() else 10)
             self.read_broadcast()
             stale = self.members.drop_stale()

@@ -4,13 +4,43 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlmq.common.config import EnvSpec
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) = 2σ(2x) − 1. On the CPU builds measured here torch.tanh is ~8× slower than
+    torch.sigmoid (39 µs against 4.7 µs on [256, 64]; it was 20 % of a PPO update); the backward
+    is tanh's own, from the output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+def fast_tanh(x: Tensor) -> Tensor:
+    """tanh; through σ on CPU, where that is faster (see `_SigmoidTanh`)."""
+    return torch.tanh(x) if x.is_cuda else _SigmoidTanh.apply(x)
+
+
+class Tanh(nn.Module):
+    """nn.Tanh through `fast_tanh`: the single-agent network pays what the population's does."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fast_tanh(x)
 
 
 def mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
@@ -22,7 +52,7 @@ def mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
         nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
-            layers.append(nn.Tanh())
+            layers.append(Tanh())
     return nn.Sequential(*layers)
 
 
@@ -90,15 +120,26 @@ class Stacked(nn.Module):
         offset, shape = self.layout[name]
         return self.flat[:, offset : offset + shape.numel()].view(self.population, *shape)
 
+    def tensors(self) -> dict[str, Tensor]:
+        """Every named tensor, as `tensor` gives it, from one split of `flat`: its backward is one
+        concatenation, where a slice per tensor would each scatter into a zero [P, D] gradient."""
+        sizes = [shape.numel() for _offset, shape in self.layout.values()]
+        parts = self.flat.split(sizes, dim=1)
+        return {name: part.view(self.population, *shape)
+                for (name, (_offset, shape)), part in zip(self.layout.items(), parts, strict=True)}  # fmt: skip
+
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
         count = sum(1 for name in self.layout if name.startswith(f"{prefix}.") and name.endswith(".weight"))
         return [(f"{prefix}.{2 * i}.weight", f"{prefix}.{2 * i}.bias") for i in range(count)]
 
-    def mlp(self, layers: list[tuple[str, str]], x: Tensor, activation: Callable[[Tensor], Tensor]) -> Tensor:
-        """[P, N, in] → [P, N, out] through the named Linears, `activation` between them."""
+    def mlp(self, layers: list[tuple[str, str]], x: Tensor, activation: Callable[[Tensor], Tensor],
+            params: Mapping[str, Tensor] | None = None) -> Tensor:  # fmt: skip
+        """[P, N, in] → [P, N, out] through the named Linears, `activation` between them;
+        `params`: the `tensors()` of this forward pass, when it runs several MLPs."""
+        tensor = self.tensor if params is None else params.__getitem__
         for i, (weight, bias) in enumerate(layers):
-            x = torch.baddbmm(self.tensor(bias).unsqueeze(1), x, self.tensor(weight).transpose(1, 2))
+            x = torch.baddbmm(tensor(bias).unsqueeze(1), x, tensor(weight).transpose(1, 2))
             if i < len(layers) - 1:
                 x = activation(x)
         return x
@@ -129,18 +170,18 @@ class PopulationActorCritic(Stacked):
         self.policy_layers = self.linear_names("policy")
         self.value_layers = self.linear_names("value")
 
-    def value(self, obs: Tensor) -> Tensor:
+    def value(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
         """[P, N, obs_dim] → [P, N]."""
-        return self.mlp(self.value_layers, obs, torch.tanh).squeeze(-1)
+        return self.mlp(self.value_layers, obs, fast_tanh, params).squeeze(-1)
 
-    def policy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    def policy(self, obs: Tensor, actions: Tensor, params: Mapping[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """(log-probability of `actions`, entropy), each [P, N]."""
-        out = self.mlp(self.policy_layers, obs, torch.tanh)
+        out = self.mlp(self.policy_layers, obs, fast_tanh, params)
         if self.discrete:  # by hand, as ActorCritic.forward
             log_probs = torch.log_softmax(out, dim=-1)
             logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             return logp, -(log_probs.exp() * log_probs).sum(-1)
-        log_std = self.tensor("log_std").unsqueeze(1)  # [P, 1, A]
+        log_std = (self.tensor("log_std") if params is None else params["log_std"]).unsqueeze(1)  # [P, 1, A]
         z = (actions - out) * torch.exp(-log_std)
         logp = (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand_as(logp)
@@ -148,5 +189,6 @@ class PopulationActorCritic(Stacked):
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-probability, entropy, value), each [P, N] — one call, so DDP sees every grad."""
-        logp, entropy = self.policy(obs, actions)
-        return logp, entropy, self.value(obs)
+        params = self.tensors()
+        logp, entropy = self.policy(obs, actions, params)
+        return logp, entropy, self.value(obs, params)

@@ -62,8 +62,6 @@ class PPOLoss(NamedTuple):
     pg_loss: Tensor
     v_loss: Tensor
     entropy: Tensor
-    approx_kl: Tensor
-    clip_fraction: Tensor
 
 
 def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int,
@@ -127,12 +125,21 @@ def ppo_loss(
     pg_loss = masked_sum(torch.max(-advantages * ratio, -advantages * clipped), mask) / norm
     v_loss = 0.5 * masked_sum((new_values - value_targets) ** 2, mask) / norm
     mean_entropy = masked_sum(entropy, mask) / norm
-    with torch.no_grad():
-        count = mask.sum(-1).clamp(min=1)
-        approx_kl = masked_sum((ratio - 1) - log_ratio, mask) / count
-        clip_fraction = masked_sum(((ratio - 1).abs() > clip).float(), mask) / count
     total = pg_loss - ent_coef * mean_entropy + vf_coef * v_loss
-    return PPOLoss(total, pg_loss, v_loss, mean_entropy, approx_kl, clip_fraction)
+    return PPOLoss(total, pg_loss, v_loss, mean_entropy)
+
+
+@torch.no_grad()
+def diagnostics(new_logp: Tensor, old_logp: Tensor, mask: Tensor, clip_coef: Tensor) -> dict[str, Tensor]:
+    """How far the update moved the policy, per member [P]: approximate KL and clipped fraction.
+    Computed once, on the last minibatch: the epochs before it need only the loss."""
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    count = mask.sum(-1).clamp(min=1)
+    return {
+        "approx_kl": masked_sum((ratio - 1) - log_ratio, mask) / count,
+        "clip_fraction": masked_sum(((ratio - 1).abs() > clip_coef.unsqueeze(-1)).float(), mask) / count,
+    }
 
 
 def loss_normalizers(global_counts: Tensor, minibatches: int, world_size: int) -> Tensor:
@@ -217,19 +224,22 @@ def update(
     actions = batch.actions.reshape(population, (rows - 1) * slots, *batch.actions.shape[3:])
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
+    whole_batch_advantages = normalize_advantages(advantages, mask)  # what every idx=None epoch uses
     for idx in plan:
         new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
+        norm_advantages = whole_batch_advantages if idx is None else normalize_advantages(advantages[:, idx], mask[:, idx])
         loss = ppo_loss(
-            new_logp, pick(old_logp, idx), normalize_advantages(pick(advantages, idx), pick(mask, idx)), new_values,
-            pick(vs, idx), entropy, pick(mask, idx), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+            new_logp, pick(old_logp, idx), norm_advantages, new_values, pick(vs, idx), entropy, pick(mask, idx), norm,
+            clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
         )  # fmt: skip
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
         clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm)
         optimizer.step(lr, active)
+    terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
-    stats = {name: float((value.detach() * weight).sum()) for name, value in loss._asdict().items()}
+    stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}
     stats["mean_rho"] = float(mean_rho)
     return stats
 

