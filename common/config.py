@@ -159,8 +159,8 @@ class TD3Config(ReplayConfig):
 
 @dataclass(frozen=True)
 class DQNConfig(ReplayConfig):
-    """Deep Q-network (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016), a hard-
-    copied target network, Huber loss and ε-greedy actors (learners/dqn.py)."""
+    """Deep Q-network (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016), a target
+    network (hard-copied or Polyak-averaged), Huber loss and ε-greedy actors (learners/dqn.py)."""
 
     # RL-Zoo's CartPole-v1 settings for SB3: lr 2.3e-3, batch 64, buffer 100 k, learning_starts 1 k,
     # γ 0.99, 256×256, exploration over 16 % of the run down to ε 0.04. RL-Zoo trains 128 gradient
@@ -177,7 +177,14 @@ class DQNConfig(ReplayConfig):
     # collect, so the interval counts gradient steps: 128 keeps RL-Zoo's target lag (and with the
     # run's default 8 × 32-step rollouts and replay_ratio 0.5, one refresh per rollout as there).
     target_update_interval: int = 128
+    # Polyak step of each target update: target ← τ·Q + (1 − τ)·target. 1 (SB3's default) is the hard
+    # copy; a small τ with target_update_interval 1 is the soft update SAC and TD3 use.
+    tau: float = 1.0
     max_grad_norm: float | None = 10.0  # per member, on the rank-averaged gradient; None: no clipping
+    # The learning rate falls linearly to lr_final_fraction × learning_rate over a member's first
+    # lr_decay_steps gradient steps, then stays there; 0: constant (as SB3's DQN).
+    lr_decay_steps: int = 0
+    lr_final_fraction: float = 0.1
     # ε falls linearly from initial to final over exploration_fraction × RunConfig.total_steps /
     # population env steps of the member (computed by the actors from the weights' trained_steps).
     exploration_fraction: float = 0.16
@@ -190,6 +197,9 @@ class DQNConfig(ReplayConfig):
             "learning_rate > 0": self.learning_rate > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "target_update_interval >= 1": self.target_update_interval >= 1,
+            "0 < tau <= 1": 0 < self.tau <= 1,
+            "lr_decay_steps >= 0": self.lr_decay_steps >= 0,
+            "0 < lr_final_fraction <= 1": 0 < self.lr_final_fraction <= 1,
             "max_grad_norm > 0 (or None)": self.max_grad_norm is None or self.max_grad_norm > 0,
             "0 <= exploration_fraction <= 1": 0 <= self.exploration_fraction <= 1,
             "0 <= exploration_final_eps, exploration_initial_eps <= 1":

@@ -2,10 +2,12 @@
 targets (van Hasselt et al. 2016).
 
 The Q network regresses, under the Huber loss, towards r + γ·Q_target(s', argmax_a Q(s', a)): the
-online network picks the next action, the target network values it. The target network is a hard
-copy of the online one, refreshed every `target_update_interval` gradient steps (as SB3 with its
-default τ = 1). Every network holds all P members (`Stacked`), so one gradient step updates the
-whole population, each member with its own learning rate and discount.
+online network picks the next action, the target network values it. Every `target_update_interval`
+gradient steps the target moves towards the online network by a Polyak step τ (as SB3's DQN): τ = 1
+is the hard copy of Mnih et al., a small τ every step the soft update of SAC/TD3. Optionally each
+member's learning rate decays linearly over its first `lr_decay_steps` gradient steps (counted by its
+Adam state, which PBT copies with its weights). Every network holds all P members (`Stacked`), so
+one gradient step updates the whole population, each member with its own learning rate and discount.
 
 The Q network is what actors run (`common/models.py`, `EpsilonGreedyPolicy`): its Linears are
 `policy.{2i}` so that the actors' layer reader takes it as it is. ε comes from the member's env
@@ -49,6 +51,14 @@ def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, n
     return reward + gamma[:, None] * (1 - terminated) * next_value
 
 
+def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
+    """The share of its learning rate each member [P] takes after `steps` gradient steps: 1 falling
+    linearly to `final_fraction` at `decay_steps`, then flat (decay_steps 0: always 1)."""
+    if decay_steps <= 0:
+        return torch.ones_like(steps)
+    return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
+
+
 def q_loss(q: Tensor, target: Tensor) -> Tensor:
     """Per member [P]: the mean Huber loss (smooth L1, δ = 1, as SB3) of Q(s, a) against y."""
     return nn.functional.smooth_l1_loss(q, target, reduction="none").mean(-1)
@@ -86,8 +96,8 @@ class DQN:
 
     def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
-        """One gradient step of the Q network; every `target_update_interval`-th step then copies it
-        into the target (active members only: the others did not move).
+        """One gradient step of the Q network; every `target_update_interval`-th step then moves the
+        target towards it by τ (active members only: the others did not move).
 
         `active` [P]: members that train (the same on every rank); `has_data` [P]: members this
         rank holds transitions of — the others' rows are zeros, and their losses here count 0.
@@ -105,11 +115,14 @@ class DQN:
         stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
         if self.max_grad_norm is not None:
             stats["grad_norm"] = clip_grad_norm_per_member(grad, self.max_grad_norm)
-        self.optimizers["q"].step(hp.learning_rate, active)
+        optimizer = self.optimizers["q"]
+        optimizer.step(hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps,
+                                                           self.cfg.lr_final_fraction), active)  # fmt: skip
         self.steps += 1
         if self.steps % self.cfg.target_update_interval == 0:
             with torch.no_grad():
-                self.target.flat.copy_(torch.where(active.unsqueeze(1), self.q.flat, self.target.flat))
+                moved = self.target.flat.lerp(self.q.flat, self.cfg.tau) if self.cfg.tau < 1 else self.q.flat
+                self.target.flat.copy_(torch.where(active.unsqueeze(1), moved, self.target.flat))
         return stats
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:

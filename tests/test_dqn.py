@@ -170,6 +170,37 @@ def test_the_target_is_a_hard_copy_every_interval() -> None:
             assert torch.equal(algo.target.flat, target_before) and not torch.equal(algo.target.flat, algo.q.flat), step
 
 
+def test_a_soft_target_moves_by_tau_every_interval() -> None:
+    torch.manual_seed(4)
+    algo = dqn.DQN(SPEC, DQNConfig(hidden_sizes=(16,), target_update_interval=2, tau=0.25), 2, CPU)
+    hp, active = hyperparams([1e-2, 1e-2]), torch.tensor([True, False])
+    for step in range(1, 5):
+        target_before = algo.target.flat.detach().clone()
+        algo.step(transitions(2, 8, seed=step), hp, active, active, no_sync, None)
+        want = target_before.clone()
+        if step % 2 == 0:  # only the active member's target moves
+            want[0] = 0.75 * target_before[0] + 0.25 * algo.q.flat[0].detach()
+        torch.testing.assert_close(algo.target.flat, want)
+    assert not torch.equal(algo.target.flat[0], algo.q.flat[0])
+
+
+def test_the_learning_rate_decays_linearly_per_member_then_stays() -> None:
+    steps = torch.tensor([0.0, 50.0, 100.0, 400.0])
+    torch.testing.assert_close(dqn.decayed_fraction(steps, 100, 0.1), torch.tensor([1.0, 0.55, 0.1, 0.1]))
+    torch.testing.assert_close(dqn.decayed_fraction(steps, 0, 0.1), torch.ones(4))
+    # Through steps: decaying over 4 steps equals a constant-rate DQN handed 1, 0.775, 0.55, 0.325,
+    # 0.1, 0.1 × the rate step by step.
+    nets = []
+    for decay in (4, 0):
+        torch.manual_seed(7)
+        nets.append(dqn.DQN(SPEC, DQNConfig(hidden_sizes=(16,), lr_decay_steps=decay, lr_final_fraction=0.1), 1, CPU))
+    on = torch.tensor([True])
+    for step, fraction in enumerate((1.0, 0.775, 0.55, 0.325, 0.1, 0.1)):
+        nets[0].step(transitions(1, 8, seed=step), hyperparams([1e-2]), on, on, no_sync, None)
+        nets[1].step(transitions(1, 8, seed=step), hyperparams([1e-2 * fraction]), on, on, no_sync, None)
+    torch.testing.assert_close(nets[0].q.flat, nets[1].q.flat)
+
+
 def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:
     """Under DDP a member may be active with its data on other ranks only: its rows here are zeros,
     and what this rank adds to the averaged gradient must be exactly zero."""
