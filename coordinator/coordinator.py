@@ -164,10 +164,12 @@ class Coordinator:
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights[weights.member] = weights
-        self.store.put_weights_frame(weights.member, frame)
+        # Actors first: they wait for these weights to collect with (a learner's credit names the
+        # version), and the Redis copy, for actors and learners that start later, can come after.
         self.broadcast.send_multipart([wire.weights_topic(weights.member), frame])
         self.metrics.weights_bytes.inc(len(frame))
         self.metrics.weights_latency.observe(time.perf_counter() - received)
+        self.store.put_weights_frame(weights.member, frame)
         self.store.set_status(policy_version=max(w.version for w in self.latest_weights.values()))
         self.final_weights = self.final_weights or weights.final
 
