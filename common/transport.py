@@ -6,9 +6,11 @@ short linger (closing never hangs a shutdown). Receiving always takes a timeout.
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 
@@ -55,10 +57,31 @@ def send(sock: zmq.Socket, message: wire.Message) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for servers that cannot bind port 0 themselves)."""
+    """A TCP port that was free a moment ago, for a server that starts later and cannot bind port 0
+    itself. Drawn below the kernel's ephemeral range where there is one: ports for bind(0) and
+    outgoing connections come from that range, so no socket is handed ours by chance before our
+    server binds it (a coordinator's /metrics port once went to another socket in that gap)."""
+    low = _ephemeral_range_start()
+    if low is not None and low > 2048:
+        draw = random.SystemRandom()
+        for _ in range(100):
+            port = draw.randrange(max(1024, low - 16384), low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:  # in use, or a listener elsewhere on this host
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range_start() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux
+        return None
 
 
 def request_assignment(

@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from rlmq.common.metrics import (
     Heartbeat,
     LearnerMetrics,
 )
+from rlmq.common.transport import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -82,12 +82,6 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, period: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(period)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(target: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 from rlmq.common import envs
@@ -37,8 +38,11 @@ def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float
         if (run_dir / "run.json").exists():
             info = json.loads((run_dir / "run.json").read_text())
             store = RunStore.connect(info["redis_url"], info["run"])
-            if int(store.status().get("env_steps", 0)) > 0:
-                return store
+            try:
+                if int(store.status().get("env_steps", 0)) > 0:
+                    return store
+            except redis.ConnectionError:  # the run is over and its Redis gone: the next poll says why
+                pass
         time.sleep(0.2)
     raise AssertionError("the run never took an env step")
 
