@@ -1,14 +1,13 @@
-"""Observability: each process's /metrics, a real Prometheus scraping `rlmq up`, the Grafana dashboards.
+"""Observability: the metrics rlmq defines, each process's /metrics, a real Prometheus scraping
+`rlmq up`, and the dashboards' queries (they parse, and name only what a running rlmq exports).
+The dashboards' JSON against Grafana's schema is tests/test_dashboards.py's part.
 
 promtool and prometheus come from Debian's `prometheus` package (scripts/install installs it when
-it runs as root); without them these tests fail and say so. Grafana's dashboard schema comes from
-Grafana Labs' own `grafana-foundation-sdk` (pinned in pyproject), whose models are generated from
-the schema Grafana itself loads dashboards with.
+it runs as root); without them these tests fail and say so.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 import shutil
@@ -16,8 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
-import typing
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,9 +25,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
-from grafana_foundation_sdk.cog import plugins, runtime
-from grafana_foundation_sdk.models import dashboard as grafana
 from prometheus_client import CollectorRegistry, Histogram
 
 from rlmq.common.metrics import (
@@ -43,9 +37,7 @@ from rlmq.common.metrics import (
 from rlmq.common.transport import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-GRAFANA = ROOT / "deploy" / "grafana"
-DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 # Dashboard variables, as Grafana would fill them in for a query.
 VARIABLES = {"__rate_interval": "15s", "__interval": "5s", "__range": "5m", "run": ".*", "hyperparameter": ".*"}
 # A short PBT run: two members, decisions every few thousand env steps.
@@ -167,116 +159,6 @@ def test_every_panel_query_filters_by_run() -> None:
         if is_panel:
             for name in re.findall(r"\b(rlmq_\w+)", expr):
                 assert re.search(rf'{name}\{{run=~"\$run"', expr), f"{where}: {name} without {{run=~\"$run\"}}"
-
-
-# --- Grafana's dashboard schema -------------------------------------------------------------------
-
-plugins.register_default_plugins()
-
-
-def grafana_errors(value: Any, hint: Any, path: str) -> list[str]:
-    """Where JSON `value` departs from `hint`, a type of Grafana's dashboard schema as the foundation
-    SDK declares it: unknown fields (the schema allows no others), types, enum and literal values.
-    (The SDK gives every field a default, so it cannot say which fields the schema requires.)"""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is typing.Any or hint is object:
-        return []
-    if origin is typing.Union or origin is types.UnionType:
-        if value is None and type(None) in args:
-            return []
-        tries = [grafana_errors(value, arg, path) for arg in args if arg is not type(None)]
-        return min(tries, key=len)
-    if origin is typing.Literal:
-        return [] if any(value == a and type(value) is type(a) for a in args) else [f"{path}: {value!r} not in {args}"]
-    if origin is list:
-        if not isinstance(value, list):
-            return [f"{path}: not a list"]
-        return [e for i, item in enumerate(value) for e in grafana_errors(item, args[0], f"{path}[{i}]")]
-    if origin is dict:
-        if not isinstance(value, dict):
-            return [f"{path}: not an object"]
-        return [e for k, item in value.items() for e in grafana_errors(item, args[1], f"{path}.{k}")]
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        allowed = [m.value for m in hint]
-        return [] if value in allowed and not isinstance(value, bool) else [f"{path}: {value!r} not in {allowed}"]
-    scalars: dict[Any, tuple[type, ...]] = {str: (str,), int: (int,), float: (int, float), bool: (bool,)}
-    if hint in scalars:
-        ok = isinstance(value, scalars[hint]) and (hint is bool or not isinstance(value, bool))
-        return [] if ok else [f"{path}: {value!r} is not of type {hint.__name__}"]
-    if isinstance(hint, type) and hasattr(hint, "from_json"):
-        return model_errors(value, hint, path)
-    return [f"{path}: no rule for {hint}"]
-
-
-def model_errors(value: Any, model: type, path: str) -> list[str]:
-    if not isinstance(value, dict):
-        return [f"{path}: not an object ({model.__name__})"]
-    hints = typing.get_type_hints(model)
-    if model is grafana.Panel:  # as Panel.from_json does: options, field config and queries by plugin
-        hints = {**hints, **plugin_hints(value)}
-    errors = []
-    for key, item in value.items():
-        snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()
-        field = next((f for f in (snake, f"{snake}_val") if f in hints), None)  # `_val`: id, type, ...
-        if field is None:
-            errors.append(f"{path}.{key}: not a field of {model.__name__}")
-        else:
-            errors += grafana_errors(item, hints[field], f"{path}.{key}")
-    return errors
-
-
-def plugin_hints(panel: dict[str, Any]) -> dict[str, Any]:
-    hints: dict[str, Any] = {}
-    config = runtime.panelcfg_config(panel.get("type", ""))
-    if config is not None and config.options_from_json_hook is not None:
-        hints["options"] = config.options_from_json_hook.__self__
-    query = runtime.Runtime().dataquery_variants.get((panel.get("datasource") or {}).get("type", ""))
-    if query is not None:
-        hints["targets"] = list[query.from_json_hook.__self__]
-    custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom")
-    if custom is not None and config is not None and config.field_config_from_json_hook is not None:
-        errors = grafana_errors(custom, config.field_config_from_json_hook.__self__, "fieldConfig.defaults.custom")
-        assert not errors, errors
-    return hints
-
-
-@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_matches_grafanas_schema(path: Path) -> None:
-    board = json.loads(path.read_text())
-    assert not grafana_errors(board, grafana.Dashboard, path.name)
-    assert board["uid"] and board["title"] and board["schemaVersion"] >= 41
-    ids = [p["id"] for p in panels(board)]
-    assert len(ids) == len(set(ids)), "panel ids repeat"
-    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels(board))
-
-
-def test_the_schema_check_catches_mistakes() -> None:
-    board = json.loads(DASHBOARDS[0].read_text())
-    board["panels"][0]["gridPos"]["w"] = "wide"
-    board["panels"][0]["options"]["graphMode"] = "sparkles"
-    board["templating"]["list"][0]["colour"] = "red"
-    board["panels"][0]["targets"][0]["exprr"] = "up"
-    errors = grafana_errors(board, grafana.Dashboard, "board")
-    assert len(errors) == 4 and all("board." in e for e in errors), errors
-
-
-@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_reads_the_datasource_variable(path: Path) -> None:
-    board = json.loads(path.read_text())
-    variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    refs = [p["datasource"] for p in panels(board) if p["type"] != "row"]
-    refs += [t["datasource"] for p in panels(board) for t in p.get("targets", [])]
-    refs += [v["datasource"] for v in variables.values() if v["type"] == "query"]
-    assert refs and all(ref == DATASOURCE for ref in refs), "a query not on ${datasource}"
-
-
-def test_grafana_provisioning_files() -> None:
-    datasources = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "rlmq.yaml").read_text())
-    assert [d["type"] for d in datasources["datasources"]] == ["prometheus"]
-    providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rlmq.yaml").read_text())
-    assert providers["apiVersion"] == 1 and providers["providers"][0]["type"] == "file"
-    assert providers["providers"][0]["options"]["path"]
 
 
 # --- the metrics themselves -----------------------------------------------------------------------
