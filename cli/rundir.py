@@ -135,7 +135,8 @@ def plot_curve(
     ax.set_xlabel("env steps")
     ax.set_ylabel("return" if population == 1 else "mean return (member's last ≤100 episodes)")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8 if population > 1 else None)
+    if ax.get_legend_handles_labels()[0]:  # a run that ended before its first episode has no lines
+        ax.legend(loc="lower right", fontsize=8 if population > 1 else None)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(path, fig)

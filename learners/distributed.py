@@ -10,6 +10,8 @@ is applied by all of them, at the same iteration.
 from __future__ import annotations
 
 import datetime
+import socket
+import zlib
 from typing import NamedTuple
 
 import torch
@@ -18,24 +20,53 @@ import torch.distributed as dist
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 
 
-def pick_device(requested: str) -> torch.device:
+class Placement(NamedTuple):
+    """What one rank tells the others before any of them picks a device."""
+
+    host: int  # crc32 of the host name: ranks with equal values share a machine
+    gpus: int  # CUDA devices this rank can see
+
+
+def choose_device(requested: str, rank: int, placements: list[Placement]) -> torch.device:
+    """This rank's device, decided from every rank's placement (the same table on all ranks, so
+    all decide alike). NCCL needs one GPU per rank: "cuda" gives the n-th rank on a host its n-th
+    GPU; "auto" does the same when every host has a GPU for each of its ranks, else every rank
+    trains on the CPU (one backend for the whole world); "cuda:N" is taken as given."""
+    on_host = [r for r, p in enumerate(placements) if p.host == placements[rank].host]
+    short = [p for p in placements if p.gpus < sum(q.host == p.host for q in placements)]
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cpu") if short else torch.device("cuda", on_host.index(rank))
+    if requested == "cuda":
+        if short:
+            raise RuntimeError(
+                f"--device cuda: {sum(q.host == short[0].host for q in placements)} learner ranks share a "
+                f"host with {short[0].gpus} GPU(s), and NCCL needs one GPU per rank; run at most "
+                f"{short[0].gpus} learner(s) per host, or --device cpu (RLMQ_DEVICE=cpu)"
+            )
+        return torch.device("cuda", on_host.index(rank))
     return torch.device(requested)
 
 
-def init_world(rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device) -> None:
-    """NCCL on GPUs, gloo on CPUs; a TCP store at rank 0's address."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str) -> torch.device:
+    """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
+    `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
+    is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
+    each one trains."""
+    cuda = requested != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
-        backend=backend,
+        backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
         init_method=f"tcp://{master_addr}:{master_port}",
         rank=rank,
         world_size=world_size,
         timeout=COLLECTIVE_TIMEOUT,
     )
+    mine = torch.tensor([zlib.crc32(socket.gethostname().encode()), torch.cuda.device_count() if cuda else 0])
+    table = [torch.zeros_like(mine) for _ in range(world_size)]
+    dist.all_gather(table, mine)
+    device = choose_device(requested, rank, [Placement(*(int(v) for v in t)) for t in table])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 class Agreement(NamedTuple):

@@ -151,9 +151,9 @@ class Learner:
         self.applied = assign.applied_decision
         for weights in assign.member_weights:
             self.members.versions[weights.member] = weights.version
-        device = distributed.pick_device(self.cfg.device)
         torch.manual_seed(self.run_cfg.seed)
-        distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port, device)
+        device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr,
+                                        self.cfg.master_port, self.cfg.device)  # fmt: skip
         self.adopt_rank0_state(device)
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip

@@ -106,7 +106,7 @@ class PPOTrainer:
         active = samples > 0
         anneal = torch.tensor([ppo.annealed(cfg, t, self.horizon) for t in self.trained], device=self.device)
         batch = ppo.join_rollouts(rollouts, self.spec, steps, slots, self.device)
-        plan = ppo.minibatch_plan(steps * slots, cfg, self.generator)
+        plan = [None if idx is None else idx.to(self.device) for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, self.world_size)
         stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active)
         updated = [int(m) for m in active.nonzero().flatten().tolist()]

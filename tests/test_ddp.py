@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlmq.common.transport import free_port
+from rlmq.learners.distributed import Placement, choose_device
 
 HELPER = Path(__file__).parent / "helpers" / "ddp_rank.py"
 
@@ -30,3 +32,19 @@ def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path) -> None:
         assert torch.equal(a[key], b[key]), f"{key} differs between ranks"
     # After the PBT copy, target member 2 holds exactly source member 0's weights and Adam state.
     assert torch.equal(a["copied"][2], a["copied"][0])
+
+
+def test_each_rank_gets_a_gpu_of_its_own_or_every_rank_trains_on_the_cpu() -> None:
+    two_gpus, one_gpu, cpu_only = Placement(host=1, gpus=2), Placement(host=2, gpus=1), Placement(host=3, gpus=0)
+    # Two ranks on a 2-GPU host and one on a 1-GPU host: the n-th rank on a host takes its n-th GPU.
+    world = [two_gpus, one_gpu, two_gpus]
+    assert [str(choose_device(req, r, world)) for req in ("auto", "cuda") for r in range(3)] == [
+        "cuda:0", "cuda:0", "cuda:1"] * 2
+    # One host short of GPUs: "auto" puts every rank on the CPU (one backend for the world) ...
+    for world in ([one_gpu, one_gpu], [two_gpus, cpu_only]):
+        assert {str(choose_device("auto", r, world)) for r in range(2)} == {"cpu"}
+    # ... and "cuda" says what to change instead of letting NCCL fail on a shared GPU.
+    with pytest.raises(RuntimeError, match="2 learner ranks share a host with 1 GPU.*--device cpu"):
+        choose_device("cuda", 0, [one_gpu, one_gpu])
+    assert str(choose_device("cpu", 0, [two_gpus])) == "cpu"
+    assert str(choose_device("cuda:1", 0, [two_gpus])) == "cuda:1"

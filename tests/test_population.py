@@ -17,6 +17,7 @@ from rlmq.learners.trainers import copy_member
 
 DISCRETE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
 CONTINUOUS = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0), action_high=(2.0, 2.0))
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CI has none)")
 
 
 def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: int) -> ppo.Batch:
@@ -73,35 +74,38 @@ def test_members_initialise_as_single_agents_do() -> None:
     assert not np.array_equal(pop.member_params(1)["policy.0.weight"], pop.member_params(0)["policy.0.weight"])
 
 
-@pytest.mark.parametrize("spec,minibatches", [(DISCRETE, 2), (CONTINUOUS, 1)], ids=["discrete-2mb", "continuous"])
-def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int) -> None:
+@pytest.mark.parametrize("spec,minibatches,device", [
+    (DISCRETE, 2, "cpu"), (CONTINUOUS, 1, "cpu"),
+    pytest.param(DISCRETE, 2, "cuda", marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", marks=CUDA),
+], ids=["discrete-2mb", "continuous", "discrete-2mb-cuda", "continuous-cuda"])  # fmt: skip
+def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str) -> None:
     """Four members with different learning rates, clip ranges, discounts and anneal fractions;
     one of them inactive after its first update (no data): after several updates each member's
     weights and Adam moments equal those of its own ActorCritic + torch.optim.Adam +
     clip_grad_norm_."""
     population = 4
     torch.manual_seed(3)
-    pop = PopulationActorCritic(spec, (16, 16), population)
+    pop = PopulationActorCritic(spec, (16, 16), population).to(device)
     nets = []
     for m in range(population):
         net = ActorCritic(spec, (16, 16))
         net.load_state_dict({k: torch.from_numpy(v) for k, v in pop.member_params(m).items()})
-        nets.append(net)
+        nets.append(net.to(device))
     adams = [torch.optim.Adam(net.parameters(), lr=1.0, eps=1e-5) for net in nets]
     optimizer = PopulationAdam(pop.flat)
     members = [{"learning_rate": lr, "ent_coef": 0.01 * m, "clip_coef": 0.1 + 0.05 * m, "vf_coef": 0.5,
                 "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
                for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
-    hp = per_member(ppo.MemberHyperparams, members, torch.device("cpu"))
+    hp = per_member(ppo.MemberHyperparams, members, torch.device(device))
     cfg = PPOConfig(epochs=3, minibatches=minibatches)
-    anneal = torch.tensor([1.0, 0.5, 0.8, 1.0])
+    anneal = torch.tensor([1.0, 0.5, 0.8, 1.0], device=device)
     for step in range(3):
-        batch = random_batch(spec, population, 6, 5, seed=10 + step)
+        batch = ppo.Batch(*(t.to(device) for t in random_batch(spec, population, 6, 5, seed=10 + step)))
         if step > 0:  # member 3 trains once, then has no data anywhere: inactive, with momentum
             batch.valid[3] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
-        plan = ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+        plan = [None if i is None else i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         ppo.update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())
@@ -110,7 +114,7 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     for m, (net, adam) in enumerate(zip(nets, adams, strict=True)):
         got = pop.member_params(m)
         for name, want in net.state_dict().items():
-            np.testing.assert_allclose(got[name], want.numpy(), rtol=2e-4, atol=2e-6, err_msg=f"member {m} {name}")
+            np.testing.assert_allclose(got[name], want.cpu().numpy(), rtol=2e-4, atol=2e-6, err_msg=f"member {m} {name}")
         moments = torch.cat([adam.state[p]["exp_avg"].reshape(-1) for p in net.parameters()])
         # parameters() and state_dict() share an order here (no buffers)
         torch.testing.assert_close(optimizer.exp_avg[m], moments, rtol=2e-4, atol=1e-7)

@@ -56,8 +56,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
     core = PopulationActorCritic(SPEC, (32, 32), POPULATION)
-    device = torch.device("cpu")
-    distributed.init_world(rank, world, "127.0.0.1", port, device)
+    device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     model = DistributedDataParallel(core)
     optimizer = PopulationAdam(core.flat)
     cfg = PPOConfig(epochs=2, minibatches=3, max_grad_norm=0.1)

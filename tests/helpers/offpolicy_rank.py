@@ -53,13 +53,13 @@ def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
 def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1234 + rank)  # different initial weights: the trainer must make them equal
-    spec, device = SPECS[algo], torch.device("cpu")
+    spec = SPECS[algo]
     shared = {"hidden_sizes": (16, 16), "batch_size": 8, "learning_starts": 1, "replay_ratio": 0.25}
     run_cfg = RunConfig(algo=algo, num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, seed=7,
                         td3=TD3Config(**shared, policy_delay=2),  # type: ignore[arg-type]
                         dqn=DQNConfig(**shared, target_update_interval=3, max_grad_norm=0.5),  # type: ignore[arg-type]
                         pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}))  # fmt: skip
-    distributed.init_world(rank, world, "127.0.0.1", port, device)
+    device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     trainer = make_trainer(spec, run_cfg, (), rank, world, device)
     assert isinstance(trainer, OffPolicyTrainer)
     base = run_cfg.base_hyperparams()

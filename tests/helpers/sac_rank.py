@@ -19,8 +19,7 @@ SPEC = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=1, action_low=(-2
 def main(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(100 + rank)  # different initial weights: the broadcast must make them equal
-    device = torch.device("cpu")
-    distributed.init_world(rank, world, "127.0.0.1", port, device)
+    device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     algo = SAC(SPEC, SACConfig(hidden_sizes=(16, 16)), population=2, device=device)
     for tensor in algo.replicated():
         torch.distributed.broadcast(tensor.data, src=0)
