@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from rlmq.common.config import EnvSpec, PPOConfig
+from rlmq.common.service import keep_freed_memory
 from rlmq.learners import ppo
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
@@ -273,18 +274,26 @@ def main() -> None:
         default="plain",
         help="the loop's per-member Adam: plain (as the tests) or fused (as the learner)",
     )
+    parser.add_argument(
+        "--malloc",
+        choices=["learner", "default"],
+        default="learner",
+        help="glibc malloc as the learner process sets it (keep_freed_memory) or left at its defaults",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.malloc == "learner":  # both sides share the process, so both get it
+        keep_freed_memory()
     device = pick_device(args.device)
     hidden = "×".join(map(str, args.hidden))
     print(
         f"CartPole-sized ({SPEC.obs_dim} obs, {SPEC.action_dim} actions, {hidden}), "
         f"T={args.steps} × B={args.slots} per member, "
         f"{PPOConfig.epochs} epochs × {args.minibatches} minibatch(es), {device}, "
-        f"{args.threads} thread(s), loop Adam {args.loop_adam}, warm-up {args.warmup}, "
+        f"{args.threads} thread(s), loop Adam {args.loop_adam}, malloc {args.malloc}, warm-up {args.warmup}, "
         f"{args.repeats} round(s) × {args.updates} update(s), torch {torch.__version__}",
         flush=True,
     )

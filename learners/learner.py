@@ -23,7 +23,7 @@ import zmq
 from rlmq.common import transport, wire
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag, keep_freed_memory
 from rlmq.learners import distributed
 from rlmq.learners.members import MemberQueues
 from rlmq.learners.trainers import Trainer, make_trainer
@@ -277,6 +277,7 @@ class Learner:
 
 def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> int:
     torch.set_num_threads(cfg.torch_threads)
+    keep_freed_memory()
     learner = Learner(cfg, stop)
     try:
         return learner.run(max_updates)

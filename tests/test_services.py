@@ -376,3 +376,43 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     assert store.members()[0]["generation"] == 1
     sock.close()
     sub.close()
+
+
+
+PAGE_FAULTS_PER_STEP = """
+import resource, sys
+from rlmq.common.service import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+import torch
+from rlmq.common.config import EnvSpec
+from rlmq.learners.networks import PopulationActorCritic
+net = PopulationActorCritic(EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2), (64, 64), 8)
+obs, actions = torch.randn(8, 256, 4), torch.randint(0, 2, (8, 256))
+def train(steps):
+    for _ in range(steps):
+        net.flat.grad = None
+        sum(t.sum() for t in net(obs, actions)).backward()
+train(3)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+train(20)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 20)
+"""
+
+
+def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
+    """Forward and backward of 8 stacked members allocate 512 KB activations; with glibc's
+    defaults each step faults pages of them in afresh, with
+    keep_freed_memory the step reuses the heap. Each in its own process: the setting is
+    process-wide."""
+    import subprocess
+    import sys
+
+    def faults_per_step(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", PAGE_FAULTS_PER_STEP, mode], capture_output=True, text=True,
+                              check=True, timeout=120)  # fmt: skip
+        return int(done.stdout)
+
+    default, kept = faults_per_step("default"), faults_per_step("keep")
+    # Seen over 8 processes each: 105–636 without, 10–40 with (the default varies with the layout).
+    assert kept * 2 < default, f"{kept} page faults per step with keep_freed_memory, {default} without"
