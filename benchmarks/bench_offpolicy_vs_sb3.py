@@ -11,8 +11,8 @@ rlmq  `python -m rlmq.cli up --actors A --learners L --env ENV --algo ALGO --con
       --target-return T --seed K` (see bench_vs_sb3.py for what is read from summary.json).
 SB3   the algorithm with RL-Zoo's hyperparameters for that env, one env (RL-Zoo's n_envs), a callback
       that keeps the same window of finished-episode returns and stops at the threshold; wall time
-      from its first env step; `learn(total_timesteps=RL-Zoo's n_timesteps)`; not reached within
-      that budget: recorded as missed. torch on `--sb3-threads` (1) intra-op threads.
+      from its first env step; `learn(total_timesteps=RL-Zoo's n_timesteps)` (or `--sb3-steps`);
+      not reached within that budget: recorded as missed. torch on `--sb3-threads` (1) intra-op threads.
 
 A window of 20 for Pendulum: its episodes are 200 steps, so a 20 k budget holds 100 episodes in all
 and a 100-episode mean could only judge the whole run, not the policy at its end.
@@ -58,12 +58,13 @@ def sb3_model(algo: str, env: Any, seed: int) -> Any:
                seed=seed, verbose=0, device="cpu")  # fmt: skip
 
 
-def run_sb3(algo: str, seed: int, threads: int) -> dict[str, Any]:
+def run_sb3(algo: str, seed: int, threads: int, steps: int | None = None) -> dict[str, Any]:
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    env_id, threshold, window, _, budget = TASKS[algo]
+    env_id, threshold, window, _, zoo_budget = TASKS[algo]
+    budget = steps or zoo_budget
 
     class StopAtThreshold(BaseCallback):
         def __init__(self) -> None:
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--rlmq-total-steps", type=int, default=None)
     parser.add_argument("--rlmq-timeout-s", type=float, default=1800.0)
     parser.add_argument("--sb3-threads", type=int, default=1)
+    parser.add_argument("--sb3-steps", type=int, default=None, help="SB3's budget; default: RL-Zoo's n_timesteps")
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-offpolicy-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--json", type=Path, default=None)
@@ -124,20 +126,21 @@ def main() -> None:
                                                                  env_id, args.algo, threshold)}  # fmt: skip
         if not args.skip_sb3:
             print(f"seed {seed}: SB3 {args.algo.upper()} ...", flush=True)
-            row["sb3"] = run_sb3(args.algo, seed, args.sb3_threads)
+            row["sb3"] = run_sb3(args.algo, seed, args.sb3_threads, args.sb3_steps)
         rl, sb = row["rlmq"], row.get("sb3", {})
         row["wall_ratio"] = ratio(rl.get("train_wall_s"), sb.get("train_wall_s")) if rl["success"] and sb.get("success") else None
         results.append(row)
 
     print(f"\n{args.algo} on {env_id}, threshold {threshold:g} over the last {window} episodes")
     print(f"{'seed':>4} | {'rlmq ok':>7} {'wall s':>8} {'steps':>8} {'start s':>7} | {'SB3 ok':>6} {'wall s':>8} "
-          f"{'steps':>8} | {'wall ratio':>10}")
+          f"{'steps':>8} {'mean':>7} | {'wall ratio':>10}")
     for row in results:
         rl, sb = row["rlmq"], row.get("sb3", {})
         print(f"{row['seed']:>4} | {fmt(rl.get('success'), '', 7)} {fmt(rl.get('train_wall_s'), '.1f', 8)} "
               f"{fmt(rl.get('env_steps'), 'd', 8)} {fmt(rl.get('startup_s'), '.1f', 7)} | "
               f"{fmt(sb.get('success'), '', 6)} {fmt(sb.get('train_wall_s'), '.1f', 8)} "
-              f"{fmt(sb.get('env_steps'), 'd', 8)} | {fmt(row['wall_ratio'], '.3f', 10)}")
+              f"{fmt(sb.get('env_steps'), 'd', 8)} {fmt(sb.get('mean_return_window'), '.1f', 7)} | "
+              f"{fmt(row['wall_ratio'], '.3f', 10)}")
     summary = {"wall_to_target_ratio_median": median([r["wall_ratio"] for r in results]),
                "seeds_both_reached": sum(r["wall_ratio"] is not None for r in results)}  # fmt: skip
     print(f"rlmq wall-to-threshold / SB3: {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)} (target ≤ 0.5; "

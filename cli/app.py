@@ -128,6 +128,7 @@ def up(
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
     torch_threads: Annotated[int, _opt("Intra-op threads per learner.")] = 1,
+    device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.", "DEVICE")] = "auto",
 ) -> None:
     """Train locally: coordinator, learners and actors as separate processes."""
     from rlmq.cli.supervisor import UpConfig, run_up
@@ -138,7 +139,7 @@ def up(
     overrides["num_learners"] = learners
     try:
         up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
-                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads)
+                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         typer.echo(f"error: {exc}. Fix the flag or the --config file (fields: common/config.py).", err=True)
         raise typer.Exit(EXIT_USAGE) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,17 +52,21 @@ class UpConfig:
     run_dir: Path
     redis_url: str | None = None
     torch_threads: int = 1
+    device: str = "auto"  # the learners' (distributed.choose_device)
 
     @classmethod
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
-              redis_url: str | None, run_dir: Path | None, torch_threads: int) -> UpConfig:
+              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto") -> UpConfig:
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
         if actors < run_config.population:  # a member without an actor would never train
             raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
                              f"use --actors {run_config.population} or more")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
-                   run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads)
+                   run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
+                   device=device)
 
 
 @dataclass
@@ -99,7 +104,7 @@ class Supervisor:
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
                 "--world-size", str(self.cfg.learners), "--master-port", str(master),
-                "--torch-threads", str(self.cfg.torch_threads)]))
+                "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device]))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
         for child in self.children:  # known ports, so that Prometheus can be told where to scrape

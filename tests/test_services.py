@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -378,7 +380,6 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     sub.close()
 
 
-
 PAGE_FAULTS_PER_STEP = """
 import resource, sys
 from rlmq.common.service import keep_freed_memory
@@ -401,12 +402,9 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 20)
 
 
 def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
-    """Forward and backward of 8 stacked members allocate 512 KB activations; with glibc's
-    defaults each step faults pages of them in afresh, with
-    keep_freed_memory the step reuses the heap. Each in its own process: the setting is
-    process-wide."""
-    import subprocess
-    import sys
+    """Forward and backward of 8 stacked members allocate 512 KB activations: with glibc's
+    defaults each step faults pages of them in afresh, with keep_freed_memory it reuses the heap.
+    Each in its own process: the setting is process-wide."""
 
     def faults_per_step(mode: str) -> int:
         done = subprocess.run([sys.executable, "-c", PAGE_FAULTS_PER_STEP, mode], capture_output=True, text=True,

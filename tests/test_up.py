@@ -164,6 +164,7 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     (["--num-envs", "0"], "num_envs must be at least 1"),
     (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
     (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete
+    (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
 ])  # fmt: skip
 def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
     up = start_up(tmp_path / "run", *args)
