@@ -180,6 +180,10 @@ class DQNConfig(ReplayConfig):
     # Polyak step of each target update: target ← τ·Q + (1 − τ)·target. 1 (SB3's default) is the hard
     # copy; a small τ with target_update_interval 1 is the soft update SAC and TD3 use.
     tau: float = 1.0
+    # n-step returns: bootstrap from the observation n env steps on, over the n rewards between
+    # (Ape-X and Rainbow use 3); never across an episode's end or a rollout's. Discounted with the
+    # member's γ when its transitions are stored (a PBT change of γ applies to new ones).
+    n_step: int = 1
     max_grad_norm: float | None = 10.0  # per member, on the rank-averaged gradient; None: no clipping
     # The learning rate falls linearly to lr_final_fraction × learning_rate over a member's first
     # lr_decay_steps gradient steps, then stays there; 0: constant (as SB3's DQN).
@@ -198,6 +202,7 @@ class DQNConfig(ReplayConfig):
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "target_update_interval >= 1": self.target_update_interval >= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
+            "n_step >= 1": self.n_step >= 1,
             "lr_decay_steps >= 0": self.lr_decay_steps >= 0,
             "0 < lr_final_fraction <= 1": 0 < self.lr_final_fraction <= 1,
             "max_grad_norm > 0 (or None)": self.max_grad_norm is None or self.max_grad_norm > 0,

@@ -43,12 +43,13 @@ class QNetwork(nn.Module):
 
 
 def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,
-                    gamma: Tensor) -> Tensor:  # fmt: skip
-    """y = r + γ·(1 − terminated)·Q_target(s', argmax_a Q_online(s', a)); next Qs [P, B, n],
-    rewards [P, B], per-member γ [P]."""
+                    gamma: Tensor, horizon: Tensor | None = None) -> Tensor:  # fmt: skip
+    """y = r + γ^k·(1 − terminated)·Q_target(s', argmax_a Q_online(s', a)); next Qs [P, B, A],
+    rewards [P, B] (n-step returns when k > 1), per-member γ [P], k [P, B] (None: 1)."""
     next_action = next_q_online.argmax(-1, keepdim=True)
     next_value = next_q_target.gather(-1, next_action).squeeze(-1)
-    return reward + gamma[:, None] * (1 - terminated) * next_value
+    discount = gamma[:, None] if horizon is None else gamma[:, None] ** horizon
+    return reward + discount * (1 - terminated) * next_value
 
 
 def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
@@ -84,15 +85,17 @@ class DQN:
                                                                                device=device)  # fmt: skip
         self.layers = self.q.linear_names("policy")
         self.steps = 0  # gradient steps taken: the target is refreshed when it is a multiple of the interval
+        self.n_step = cfg.n_step
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
         return network.mlp(self.layers, obs, torch.relu)
 
     @torch.no_grad()
-    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor) -> Tensor:
+    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor,
+                  horizon: Tensor | None = None) -> Tensor:  # fmt: skip
         return double_q_target(reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs),
-                               gamma)  # fmt: skip
+                               gamma, horizon)  # fmt: skip
 
     def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -104,7 +107,7 @@ class DQN:
         `generator` is unused: nothing here is random.
         """
         weight = has_data.to(batch.rewards.dtype)
-        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma)
+        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, batch.horizon)
         q = self.values(self.q, batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
         loss = q_loss(q, target) * weight
         self.q.flat.grad = None

@@ -30,6 +30,28 @@ class Transitions(NamedTuple):
     rewards: Tensor  # [P, B] float32
     next_obs: Tensor  # [P, B, obs_dim] float32
     terminated: Tensor  # [P, B] float32: 1.0 where the episode ended for real (no bootstrap)
+    horizon: Tensor  # [P, B] float32: env steps from obs to next_obs (1; up to n with n-step returns)
+
+
+def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
+           n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """n-step returns of every step of a [T, N] rollout (Sutton & Barto §7.1; Ape-X, Rainbow):
+    G[t] = Σ_{j<k} γ^j r[t + j] over k ≤ n steps, stopping after the step that ends the episode
+    (terminated or truncated) and at the rollout's end. Returns (G, k, terminated within the k
+    steps); the transition's next observation is obs[t + k]."""
+    steps = rewards.shape[0]
+    returns = rewards.astype(np.float32)  # a copy
+    horizon = np.ones(rewards.shape, np.int64)
+    ended_at = terminated.copy()
+    alive = ~(terminated | truncated)  # may step t still look one step further?
+    for j in range(1, min(n, steps)):
+        more = alive[: steps - j]  # t whose steps t … t + j − 1 all continued
+        returns[: steps - j] += np.where(more, gamma**j * rewards[j:], 0)
+        horizon[: steps - j] += more
+        ended_at[: steps - j] = np.where(more, terminated[j:], ended_at[: steps - j])
+        alive[: steps - j] &= ~(terminated[j:] | truncated[j:])
+        alive[steps - j :] = False
+    return returns, horizon, ended_at
 
 
 class Replay:
@@ -42,6 +64,7 @@ class Replay:
         obs_dim: int,
         action_shape: tuple[int, ...],
         action_dtype: np.dtype | type,
+        n_step: int = 1,
     ) -> None:
         if population < 1:
             raise ValueError(f"Replay population must be at least 1, got {population}")
@@ -49,7 +72,9 @@ class Replay:
             raise ValueError(f"Replay capacity must be at least 1, got {capacity}")
         if obs_dim < 1:
             raise ValueError(f"Replay obs_dim must be at least 1, got {obs_dim}")
-        self.population, self.capacity, self.obs_dim = population, capacity, obs_dim
+        if n_step < 1:
+            raise ValueError(f"Replay n_step must be at least 1, got {n_step}")
+        self.population, self.capacity, self.obs_dim, self.n_step = population, capacity, obs_dim, n_step
         self.action_shape = tuple(action_shape)  # () for discrete actions, (A,) for continuous
         shape = (population, capacity)
         # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
@@ -59,6 +84,7 @@ class Replay:
         self._actions = np.zeros((*shape, *self.action_shape), np.dtype(action_dtype))
         self._rewards = np.zeros(shape, np.float32)
         self._terminated = np.zeros(shape, np.float32)
+        self._horizon = np.ones(shape, np.float32)
         self._position = np.zeros(population, np.int64)  # the next row each member writes
         self._size = np.zeros(population, np.int64)
 
@@ -66,8 +92,9 @@ class Replay:
         if not 0 <= member < self.population:
             raise ValueError(f"member {member} out of range for a population of {self.population}")
 
-    def add_rollout(self, member: int, rollout: Rollout) -> int:
-        """Store every valid step of `rollout` as a transition of `member`; return how many."""
+    def add_rollout(self, member: int, rollout: Rollout, gamma: float = 1.0) -> int:
+        """Store every valid step of `rollout` as a transition of `member`; return how many.
+        `gamma` discounts the n-step returns (with n_step 1 it is not used)."""
         self._check_member(member)
         obs_shape = rollout.obs.shape[2:]
         if obs_shape != (self.obs_dim,):
@@ -81,16 +108,20 @@ class Replay:
         # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
         # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.
         # Boolean indexing walks [T, N] row-major, so the rows come out oldest step first.
+        # An n-step transition never crosses an episode's end, so it never reaches an invalid step.
+        returns, horizon, terminated = n_step(rollout.rewards, rollout.terminated, rollout.truncated, gamma,
+                                              self.n_step)  # fmt: skip
+        steps = np.arange(valid.shape[0])[:, None]
+        slots = np.arange(valid.shape[1])[None, :]
         obs = rollout.obs[:-1][valid]
-        next_obs = rollout.obs[1:][valid]
+        next_obs = rollout.obs[steps + horizon, slots][valid]
         actions = rollout.actions[valid]
-        rewards = rollout.rewards[valid]
-        terminated = rollout.terminated[valid]
+        rewards, terminated, horizon = returns[valid], terminated[valid], horizon[valid]
         added = int(obs.shape[0])
         if added > self.capacity:  # only the newest `capacity` would survive the wrap anyway
             keep = slice(added - self.capacity, None)
             obs, next_obs, actions = obs[keep], next_obs[keep], actions[keep]
-            rewards, terminated = rewards[keep], terminated[keep]
+            rewards, terminated, horizon = rewards[keep], terminated[keep], horizon[keep]
         count = int(obs.shape[0])
         # Distinct rows, since count ≤ capacity: no write in this call lands on another.
         rows = (self._position[member] + np.arange(count)) % self.capacity
@@ -99,6 +130,7 @@ class Replay:
         self._actions[member, rows] = actions
         self._rewards[member, rows] = rewards
         self._terminated[member, rows] = terminated
+        self._horizon[member, rows] = horizon
         self._position[member] = (self._position[member] + count) % self.capacity
         self._size[member] = min(int(self._size[member]) + count, self.capacity)
         return added
@@ -128,7 +160,7 @@ class Replay:
         index = np.minimum(scaled.astype(np.int64), np.maximum(self._size - 1, 0)[:, None])
         member = np.arange(self.population)[:, None]
         arrays = [a[member, index] for a in (self._obs, self._actions, self._rewards,
-                                             self._next_obs, self._terminated)]  # fmt: skip
+                                             self._next_obs, self._terminated, self._horizon)]  # fmt: skip
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
         tensors = [torch.from_numpy(array).to(device) for array in arrays]
@@ -139,7 +171,7 @@ class Replay:
         """Population-based training's exploit step: `target` takes a copy of `source`'s memory."""
         self._check_member(source)
         self._check_member(target)
-        for array in (self._obs, self._next_obs, self._actions, self._rewards, self._terminated):
+        for array in (self._obs, self._next_obs, self._actions, self._rewards, self._terminated, self._horizon):
             array[target] = array[source]
         self._position[target] = self._position[source]
         self._size[target] = self._size[source]

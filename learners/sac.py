@@ -100,6 +100,8 @@ class SACHyperparams(NamedTuple):
 class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
+    n_step = 1  # one-step targets: the replay's `horizon` is always 1 here
+
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population = cfg, population
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)

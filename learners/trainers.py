@@ -128,6 +128,11 @@ class OffPolicy(Protocol):
         """Every tensor that must start equal on all ranks (rank 0's are broadcast)."""
         ...
 
+    @property
+    def n_step(self) -> int:
+        """Env steps each stored transition spans (n-step returns; 1: one step)."""
+        ...
+
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> Any: ...
 
     def step(self, batch: Transitions, hp: Any, active: torch.Tensor, has_data: torch.Tensor, sync: Sync,
@@ -154,7 +159,7 @@ class OffPolicyTrainer:
                 dist.broadcast(tensor.data, src=0)
         action_shape = () if spec.action_kind == "discrete" else (spec.action_dim,)
         dtype = np.dtype(np.int64 if spec.action_kind == "discrete" else np.float32)
-        self.replay = Replay(population, self.cfg.buffer_size, spec.obs_dim, action_shape, dtype)
+        self.replay = Replay(population, self.cfg.buffer_size, spec.obs_dim, action_shape, dtype, algorithm.n_step)
         self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
         self.due = 0.0
         self.rng = np.random.default_rng([run_cfg.seed, rank])
@@ -179,7 +184,7 @@ class OffPolicyTrainer:
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
         for member, member_rollouts in enumerate(rollouts):
             for rollout in member_rollouts:
-                self.replay.add_rollout(member, rollout)
+                self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))
         for member, count in enumerate(member_samples):
             self.stored[member] += count
         started = [s >= max(self.cfg.learning_starts, 1) for s in self.stored]

@@ -30,6 +30,7 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
         rewards=torch.randn(population, batch, generator=g),
         next_obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
         terminated=(torch.rand(population, batch, generator=g) < 0.3).float(),
+        horizon=torch.ones(population, batch),
     )
 
 
@@ -54,6 +55,11 @@ def test_double_q_target_picks_with_the_online_net_and_values_with_the_target() 
     # argmax online: [1, 0, 1] and [0, 0, 1] → target's values [20, 30, 60] and [1, 3, 6] (its own
     # max would be [20, 40, 60] and [2, 4, 6]); terminated steps keep the reward alone.
     want = torch.tensor([[1 + 0.9 * 20, 0 + 0.9 * 30, -1.0], [0.0, 1 + 0.5 * 3, 2 + 0.5 * 6]])
+    torch.testing.assert_close(got, want)
+    # n-step transitions: the reward is already the k-step return; the bootstrap is discounted by γ^k.
+    horizon = torch.tensor([[2.0, 3.0, 1.0], [1.0, 3.0, 2.0]])
+    got = dqn.double_q_target(reward, terminated, next_q_online, next_q_target, torch.tensor([0.9, 0.5]), horizon)
+    want = torch.tensor([[1 + 0.81 * 20, 0 + 0.729 * 30, -1.0], [0.0, 1 + 0.125 * 3, 2 + 0.25 * 6]])
     torch.testing.assert_close(got, want)
 
 

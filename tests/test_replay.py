@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlmq.common import wire
-from rlmq.learners.replay import Replay, Transitions
+from rlmq.learners.replay import Replay, Transitions, n_step
 
 OBS_DIM = 4  # obs[t, n] = [tag, t, n, member]: every stored row says where it came from
 
@@ -207,3 +207,62 @@ def test_bad_arguments_raise() -> None:
         Replay(1, 4, OBS_DIM + 1, (), np.dtype(np.int64)).add_rollout(0, rollout)
     with pytest.raises(ValueError, match="actions"):
         Replay(1, 4, OBS_DIM, (2,), np.dtype(np.float32)).add_rollout(0, rollout)
+
+
+def n_step_reference(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
+                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Step by step, as the textbook defines it: add γ^j r[t + j] until n rewards, the episode's
+    end (that step included) or the rollout's end."""
+    steps, slots = rewards.shape
+    returns, horizon, ended = np.zeros((steps, slots)), np.zeros((steps, slots), int), np.zeros((steps, slots), bool)
+    for t in range(steps):
+        for i in range(slots):
+            for j in range(n):
+                if t + j == steps:
+                    break
+                returns[t, i] += gamma**j * rewards[t + j, i]
+                horizon[t, i], ended[t, i] = j + 1, terminated[t + j, i]
+                if terminated[t + j, i] or truncated[t + j, i]:
+                    break
+    return returns, horizon, ended
+
+
+@pytest.mark.parametrize("n", [1, 3, 40])  # 40: longer than the rollout
+def test_n_step_returns_equal_the_step_by_step_reference(n: int) -> None:
+    rng = np.random.default_rng(n)
+    rewards = rng.standard_normal((32, 6)).astype(np.float32)
+    terminated, truncated = rng.random((32, 6)) < 0.1, rng.random((32, 6)) < 0.05
+    got = n_step(rewards, terminated, truncated, 0.9, n)
+    want = n_step_reference(rewards, terminated, truncated, 0.9, n)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+    if n == 1:  # one step is the plain transition
+        assert np.array_equal(got[0], rewards) and (got[1] == 1).all() and np.array_equal(got[2], terminated)
+
+
+def test_n_step_transitions_bootstrap_from_obs_k_steps_on_and_stop_at_an_episode_end() -> None:
+    """Slot 0 terminates at t = 1 (reset at t = 2), slot 1 is truncated at t = 2; three steps each
+    at most, discounted by 0.5. make_rollout's obs hold their own t, its rewards 10·t + n + 0.5."""
+    steps, slots = 5, 2
+    valid, terminated, truncated = np.ones((steps, slots), bool), np.zeros((steps, slots), bool), np.zeros((steps, slots), bool)
+    terminated[1, 0], valid[2, 0] = True, False
+    truncated[2, 1], valid[3, 1] = True, False
+    replay = Replay(1, 100, OBS_DIM, (), np.dtype(np.int64), n_step=3)
+    assert replay.add_rollout(0, make_rollout(valid, terminated=terminated, truncated=truncated), gamma=0.5) == 8
+    batch, _ = replay.sample(2000, np.random.default_rng(0), torch.device("cpu"))
+    got = {(int(o[1]), int(o[2])): (float(r), int(nxt[1]), float(k), float(d))
+           for o, r, nxt, k, d in zip(batch.obs[0], batch.rewards[0], batch.next_obs[0], batch.horizon[0],
+                                      batch.terminated[0], strict=True)}  # fmt: skip
+    r = lambda t, n: 10 * t + n + 0.5  # noqa: E731
+    assert got == {
+        # (t, slot): (return, t of next_obs, k, terminated)
+        (0, 0): (r(0, 0) + 0.5 * r(1, 0), 2, 2, 1.0),  # stops after the terminal step
+        (1, 0): (r(1, 0), 2, 1, 1.0),
+        (3, 0): (r(3, 0) + 0.5 * r(4, 0), 5, 2, 0.0),  # the rollout ends
+        (4, 0): (r(4, 0), 5, 1, 0.0),
+        (0, 1): (r(0, 1) + 0.5 * r(1, 1) + 0.25 * r(2, 1), 3, 3, 0.0),
+        (1, 1): (r(1, 1) + 0.5 * r(2, 1), 3, 2, 0.0),  # truncated: bootstraps from the final obs
+        (2, 1): (r(2, 1), 3, 1, 0.0),
+        (4, 1): (r(4, 1), 5, 1, 0.0),
+    }

@@ -64,7 +64,7 @@ def batch_of(population: int, size: int, seed: int) -> Transitions:
                        actions=torch.rand(population, size, 1, generator=g) * 4 - 2,
                        rewards=-torch.rand(population, size, generator=g) * 10,
                        next_obs=torch.randn(population, size, 3, generator=g),
-                       terminated=torch.zeros(population, size))  # fmt: skip
+                       terminated=torch.zeros(population, size), horizon=torch.ones(population, size))  # fmt: skip
 
 
 def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:

@@ -33,6 +33,7 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
         rewards=torch.randn(population, batch, generator=g),
         next_obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
         terminated=(torch.rand(population, batch, generator=g) < 0.3).float(),
+        horizon=torch.ones(population, batch),
     )
 
 
