@@ -241,11 +241,14 @@ def test_copy_member_copies_both_networks_and_the_optimizer_state() -> None:
 # --- end to end -----------------------------------------------------------------------------------
 
 
+CONFIG = Path(__file__).parents[1] / "configs" / "dqn-cartpole.toml"  # n-step returns, the tuned settings
+
+
 @pytest.mark.slow
 def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                           "--learners", "1", "--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "3000"],
+                           "--learners", "1", "--config", str(CONFIG), "--total-steps", "3000"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
@@ -257,3 +260,4 @@ def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     policy = make_policy(run, {k: v.numpy() for k, v in checkpoint["params"].items()},
                          from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=3000)  # fmt: skip
     assert isinstance(policy, EpsilonGreedyPolicy) and policy.epsilon == pytest.approx(run.dqn.exploration_final_eps)
+    assert run.dqn.n_step == 3, "the shipped config's n-step returns went through the run"
