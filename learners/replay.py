@@ -43,14 +43,13 @@ def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, g
     returns = rewards.astype(np.float32)  # a copy
     horizon = np.ones(rewards.shape, np.int64)
     ended_at = terminated.copy()
-    alive = ~(terminated | truncated)  # may step t still look one step further?
+    alive = ~(terminated | truncated)  # alive[t]: every step from t to the last added continued
     for j in range(1, min(n, steps)):
         more = alive[: steps - j]  # t whose steps t … t + j − 1 all continued
         returns[: steps - j] += np.where(more, gamma**j * rewards[j:], 0)
         horizon[: steps - j] += more
         ended_at[: steps - j] = np.where(more, terminated[j:], ended_at[: steps - j])
-        alive[: steps - j] &= ~(terminated[j:] | truncated[j:])
-        alive[steps - j :] = False
+        alive[: steps - j] &= ~(terminated[j:] | truncated[j:])  # (later slices stop short of the tail)
     return returns, horizon, ended_at
 
 
