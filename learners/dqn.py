@@ -43,13 +43,12 @@ class QNetwork(nn.Module):
 
 
 def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,
-                    gamma: Tensor, horizon: Tensor | None = None) -> Tensor:  # fmt: skip
+                    gamma: Tensor, horizon: Tensor) -> Tensor:  # fmt: skip
     """y = r + γ^k·(1 − terminated)·Q_target(s', argmax_a Q_online(s', a)); next Qs [P, B, A],
-    rewards [P, B] (n-step returns when k > 1), per-member γ [P], k [P, B] (None: 1)."""
+    rewards [P, B] (n-step returns when k > 1), per-member γ [P], k [P, B]."""
     next_action = next_q_online.argmax(-1, keepdim=True)
     next_value = next_q_target.gather(-1, next_action).squeeze(-1)
-    discount = gamma[:, None] if horizon is None else gamma[:, None] ** horizon
-    return reward + discount * (1 - terminated) * next_value
+    return reward + gamma[:, None] ** horizon * (1 - terminated) * next_value
 
 
 def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
@@ -93,7 +92,7 @@ class DQN:
 
     @torch.no_grad()
     def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor,
-                  horizon: Tensor | None = None) -> Tensor:  # fmt: skip
+                  horizon: Tensor) -> Tensor:  # fmt: skip
         return double_q_target(reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs),
                                gamma, horizon)  # fmt: skip
 

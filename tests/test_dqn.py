@@ -51,7 +51,8 @@ def test_double_q_target_picks_with_the_online_net_and_values_with_the_target() 
     next_q_target = torch.tensor([[[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]], [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]])
     reward = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, 2.0]])
     terminated = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
-    got = dqn.double_q_target(reward, terminated, next_q_online, next_q_target, gamma=torch.tensor([0.9, 0.5]))
+    one_step = torch.ones_like(reward)
+    got = dqn.double_q_target(reward, terminated, next_q_online, next_q_target, torch.tensor([0.9, 0.5]), one_step)
     # argmax online: [1, 0, 1] and [0, 0, 1] → target's values [20, 30, 60] and [1, 3, 6] (its own
     # max would be [20, 40, 60] and [2, 4, 6]); terminated steps keep the reward alone.
     want = torch.tensor([[1 + 0.9 * 20, 0 + 0.9 * 30, -1.0], [0.0, 1 + 0.5 * 3, 2 + 0.5 * 6]])
