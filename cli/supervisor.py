@@ -215,7 +215,8 @@ def run_up(cfg: UpConfig) -> int:
     rundir.point_latest(cfg.run_dir)
     redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis")
     redis_url = cfg.redis_url or redis_server.url  # type: ignore[union-attr]
-    (cfg.run_dir / "run.json").write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
+    with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
+        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
     supervisor = Supervisor(cfg, redis_url, redis_server)
     supervisor.install_signals()
     store = RunStore.connect(redis_url, cfg.run)
