@@ -3,7 +3,9 @@
 Measured, side by side in one process on the same data:
 
 vectorized  `ppo.update`: one `PopulationActorCritic` holding all P members stacked in one [P, D]
-            parameter (batched matmuls over the member axis) and one `PopulationAdam`;
+            parameter (batched matmuls over the member axis) and one `PopulationAdam`; on the
+            CPU its matmuls run in NumPy's OpenBLAS, as in the learner (`--cpu-matmul torch`:
+            torch's MKL, the library the loop's `nn.Linear`s use);
 loop        `ppo.update_each_member`: the reference it is tested against, a Python loop over P
             `ActorCritic` modules, each with its own `torch.optim.Adam(lr, eps=1e-5)` and
             `clip_grad_norm_` (`--loop-adam fused`: the fused Adam the single-agent learner uses).
@@ -20,7 +22,9 @@ For each P in `--populations`: `--warmup` updates of each side, then `--repeats`
 timing `--updates` consecutive updates of one side then of the other (the order swaps every round,
 so neither always runs on a warmer cache). Prints each round, then a markdown table of the median
 seconds per population update of each side and the ratio loop / vectorized (target ≥ 4 at P = 8).
-Torch runs `--threads` intra-op threads (1: what each learner process uses on the 2-core machine).
+Torch and OpenBLAS run `--threads` threads (1: what each learner process uses on the 2-core
+machine). OpenBLAS picks its kernels for the CPU when NumPy loads, unless OPENBLAS_CORETYPE
+names them (the script prints which it runs).
 On `--device cuda` the timers read after `torch.cuda.synchronize()`.
 
     python benchmarks/bench_population.py --populations 8 32 --repeats 5 --json runs/bench_pop.json
@@ -30,21 +34,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
+from rlmq.common.service import keep_freed_memory, limit_threads
 
-from rlmq.common.config import EnvSpec, PPOConfig
-from rlmq.common.service import keep_freed_memory
-from rlmq.learners import ppo
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam, per_member
+# As a learner process does, before NumPy loads: its OpenBLAS sizes its thread pool then.
+# `--threads` is read here for that, and again by argparse.
+_threads = argparse.ArgumentParser(add_help=False)
+_threads.add_argument("--threads", type=int, default=1)
+limit_threads(_threads.parse_known_args(sys.argv[1:])[0].threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from rlmq.common.config import EnvSpec, PPOConfig  # noqa: E402
+from rlmq.learners import ppo, stacked_mlp  # noqa: E402
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402
+from rlmq.learners.optim import PopulationAdam, per_member  # noqa: E402
 
 SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)  # CartPole-v1
 TARGET_RATIO, TARGET_POPULATION = 4.0, 8
@@ -244,6 +257,16 @@ def medians(r: Result) -> dict[str, float]:
     }
 
 
+def blas_kernels() -> str:
+    """NumPy's BLAS, its kernels and threads, as threadpoolctl (the `bench` extra) reports them."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    return ", ".join(f"{i['internal_api']} {i.get('architecture')} kernels × {i['num_threads']} thread(s)" for i in blas)
+
+
 def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
@@ -280,11 +303,18 @@ def main() -> None:
         default="learner",
         help="glibc malloc as the learner process sets it (keep_freed_memory) or left at its defaults",
     )
+    parser.add_argument(
+        "--cpu-matmul",
+        choices=["numpy", "torch"],
+        default="numpy",
+        help="the vectorized side's matmuls on the CPU: NumPy's OpenBLAS (as the learner) or torch's MKL",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    stacked_mlp.use_cpu_matmul(args.cpu_matmul)
     if args.malloc == "learner":  # both sides share the process, so both get it
         keep_freed_memory()
     device = pick_device(args.device)
@@ -293,7 +323,9 @@ def main() -> None:
         f"CartPole-sized ({SPEC.obs_dim} obs, {SPEC.action_dim} actions, {hidden}), "
         f"T={args.steps} × B={args.slots} per member, "
         f"{PPOConfig.epochs} epochs × {args.minibatches} minibatch(es), {device}, "
-        f"{args.threads} thread(s), loop Adam {args.loop_adam}, malloc {args.malloc}, warm-up {args.warmup}, "
+        f"{args.threads} thread(s), loop Adam {args.loop_adam}, malloc {args.malloc}, "
+        f"CPU matmul {args.cpu_matmul} ({blas_kernels()}), "
+        f"warm-up {args.warmup}, "
         f"{args.repeats} round(s) × {args.updates} update(s), torch {torch.__version__}",
         flush=True,
     )

@@ -89,8 +89,8 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         one = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **one}
-        threads = str(cfg.torch_threads)  # learners alone may get more (torch's pool)
-        self.learner_env = {**self.env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        threads = str(cfg.torch_threads)  # learners alone may get more (torch's pool, NumPy's OpenBLAS)
+        self.learner_env = {**self.env, **dict.fromkeys(one, threads)}
 
     def plan(self) -> None:
         control, broadcast, master = free_port(), free_port(), free_port()

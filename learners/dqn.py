@@ -88,7 +88,7 @@ class DQN:
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
-        return network.mlp(self.layers, obs, torch.relu)
+        return network.mlp(self.layers, obs, "relu")
 
     @torch.no_grad()
     def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor,

@@ -53,20 +53,23 @@ class PopulationAdam:
             self.steps += 1
             self.exp_avg.lerp_(grad, 1 - beta1)
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            self.param.sub_(self._update(lr))
+            self.param.addcdiv_(*self._numerator_and_denominator(lr), value=-1)
             return
         keep = active.unsqueeze(1)
         self.steps += active.to(self.steps.dtype)
         self.exp_avg.copy_(torch.where(keep, self.exp_avg.lerp(grad, 1 - beta1), self.exp_avg))
         self.exp_avg_sq.copy_(torch.where(keep, self.exp_avg_sq * beta2 + (1 - beta2) * grad * grad, self.exp_avg_sq))
-        self.param.sub_(torch.where(keep, self._update(lr), 0.0))
+        numerator, denom = self._numerator_and_denominator(lr)
+        self.param.sub_(torch.where(keep, numerator / denom, 0.0))
 
-    def _update(self, lr: Tensor) -> Tensor:
+    def _numerator_and_denominator(self, lr: Tensor) -> tuple[Tensor, Tensor]:
+        """(lr / bc1 · m, √v / √bc2 + ε): the update is their quotient, taken by the caller in its
+        last pass over [P, D] (`addcdiv_`)."""
         beta1, beta2 = self.betas
         steps = self.steps.clamp(min=1)  # an inactive member may never have stepped
-        step_size = (lr / (1 - beta1**steps)).unsqueeze(1)
-        denom = (self.exp_avg_sq.sqrt() / (1 - beta2**steps).sqrt().unsqueeze(1)).add_(self.eps)
-        return step_size * self.exp_avg / denom
+        numerator = self.exp_avg * (lr / (1 - beta1**steps)).unsqueeze(1)
+        denom = self.exp_avg_sq.sqrt().mul_((1 - beta2**steps).rsqrt().unsqueeze(1)).add_(self.eps)
+        return numerator, denom
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

@@ -122,7 +122,7 @@ class SAC:
 
     def sample(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's policy."""
-        mean, log_std = self.actor.mlp(self.policy_layers, obs, torch.relu).chunk(2, dim=-1)
+        mean, log_std = self.actor.mlp(self.policy_layers, obs, "relu").chunk(2, dim=-1)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         return squashed_gaussian(mean, log_std, noise)
 
@@ -132,7 +132,7 @@ class SAC:
 
     def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         x = torch.cat([obs, action], dim=-1)
-        q1, q2 = (critic.mlp(self.q_layers[q], x, torch.relu).squeeze(-1) for q in ("q1", "q2"))
+        q1, q2 = (critic.mlp(self.q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
         return q1, q2
 
     def step(self, batch: Transitions, hp: SACHyperparams, active: Tensor, has_data: Tensor, sync: Sync,

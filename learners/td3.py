@@ -86,11 +86,11 @@ class TD3:
 
     def act(self, actor: Stacked, obs: Tensor) -> Tensor:
         """Each member's deterministic action in [-1, 1], [P, B, A]."""
-        return torch.tanh(actor.mlp(self.policy_layers, obs, torch.relu))
+        return torch.tanh(actor.mlp(self.policy_layers, obs, "relu"))
 
     def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         x = torch.cat([obs, action], dim=-1)
-        q1, q2 = (critic.mlp(self.q_layers[q], x, torch.relu).squeeze(-1) for q in ("q1", "q2"))
+        q1, q2 = (critic.mlp(self.q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
         return q1, q2
 
     @torch.no_grad()

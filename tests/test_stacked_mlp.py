@@ -1,0 +1,115 @@
+"""The hand-written forward and backward of `stacked_mlp` against autograd's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import Tensor
+
+from rlmq.learners import stacked_mlp as stacked
+from rlmq.learners.stacked_mlp import Activation, CpuMatmul, stacked_mlp, tanh_into
+
+P, N, SIZES = 3, 7, [4, 6, 5, 2]  # members, samples, layer widths
+
+
+def parameters(dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(P, out, inp, generator=g, dtype=dtype) for inp, out in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    biases = [torch.randn(P, out, generator=g, dtype=dtype) for out in SIZES[1:]]
+    return [w.requires_grad_() for w in weights], [b.requires_grad_() for b in biases]
+
+
+def reference(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: Activation) -> Tensor:
+    """The same network in plain autograd ops."""
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        x = x @ w.transpose(1, 2) + b.unsqueeze(1)
+        if i < len(weights) - 1:
+            x = torch.tanh(x) if activation == "tanh" else torch.relu(x)
+    return x
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def cpu_matmul(request: pytest.FixtureRequest) -> Iterator[CpuMatmul]:
+    """Both libraries `bmm` can run the CPU's matmuls in."""
+    stacked.use_cpu_matmul(request.param)
+    yield request.param
+    stacked.use_cpu_matmul("numpy")
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("outputs_first", [False, True])
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_forward_and_every_gradient_match_autograd(activation: Activation, outputs_first: bool, input_grad: bool,
+                                                   cpu_matmul: CpuMatmul) -> None:  # fmt: skip
+    weights, biases = parameters(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x.requires_grad_(input_grad)
+    upstream = torch.randn(P, N, SIZES[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    ours = stacked_mlp(x, weights, biases, activation, outputs_first=outputs_first)
+    want = reference(x, weights, biases, activation)
+    torch.testing.assert_close(ours, want.transpose(1, 2) if outputs_first else want)
+
+    inputs = [*weights, *biases] + ([x] if input_grad else [])
+    got = torch.autograd.grad(ours, inputs, upstream.transpose(1, 2) if outputs_first else upstream)
+    expected = torch.autograd.grad(want, inputs, upstream)
+    names = [f"w{i}" for i in range(3)] + [f"b{i}" for i in range(3)] + (["x"] if input_grad else [])
+    for name, g, e in zip(names, got, expected, strict=True):
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_only_the_gradients_asked_for_are_computed() -> None:
+    weights, biases = parameters(torch.float32)
+    weights[0].requires_grad_(False)
+    x = torch.randn(P, N, SIZES[0])
+    out = stacked_mlp(x, weights, biases, "tanh")
+    out.sum().backward()
+    assert weights[0].grad is None and x.grad is None
+    assert all(t.grad is not None for t in [*weights[1:], *biases])
+
+
+def test_float32_matches_float64(cpu_matmul: CpuMatmul) -> None:
+    """The learners' dtype, on the path each library takes for it."""
+    weights, biases = parameters(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64)
+    want = stacked_mlp(x, weights, biases, "tanh", outputs_first=True)
+    want_grads = torch.autograd.grad(want.sum(), [*weights, *biases])
+    single = [t.detach().float().requires_grad_() for t in (*weights, *biases)]
+    got = stacked_mlp(x.float(), single[:3], single[3:], "tanh", outputs_first=True)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    for g, w in zip(torch.autograd.grad(got.sum(), single), want_grads, strict=True):
+        torch.testing.assert_close(g, w.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_bmm_takes_expanded_and_transposed_operands(cpu_matmul: CpuMatmul) -> None:
+    a = torch.randn(P, 1, 5).expand(P, N, 5)  # stride 0, as the gradient of a sum
+    b = torch.randn(P, 6, 5).transpose(1, 2)
+    torch.testing.assert_close(stacked.bmm(a, b), torch.bmm(a, b))
+    bias = torch.randn(P, 1, 6)
+    torch.testing.assert_close(stacked.baddbmm(bias, a, b), torch.baddbmm(bias, a, b))
+
+
+def test_gradcheck_in_float64() -> None:
+    weights, biases = parameters(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True),
+                                    (x, *weights, *biases))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tanh_into_is_tanh_in_place_and_out_of_place(dtype: torch.dtype) -> None:
+    x = torch.linspace(-12, 12, 1001, dtype=dtype)
+    want = torch.tanh(x)
+    torch.testing.assert_close(tanh_into(x, torch.empty_like(x)), want, atol=2e-7, rtol=0)
+    strided = x.clone()[::2]  # not contiguous: torch's own tanh
+    torch.testing.assert_close(tanh_into(strided, torch.empty_like(strided)), want[::2], atol=2e-7, rtol=0)
+    assert tanh_into(x, x) is x
+    torch.testing.assert_close(x, want, atol=2e-7, rtol=0)
+
+
+def test_mismatched_layers_are_refused() -> None:
+    weights, biases = parameters(torch.float32)
+    with pytest.raises(ValueError, match="one of each per layer"):
+        stacked_mlp(torch.zeros(P, N, SIZES[0]), weights, biases[:-1], "relu")
