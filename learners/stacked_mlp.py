@@ -6,7 +6,7 @@ buffer per op) cost about a quarter of the time. One `autograd.Function` for the
 the same arithmetic with none of that: activations applied in place, each weight gradient taken
 in the layout that suits the matmul kernel (`_weight_grad`).
 
-On the CPU the matmuls go through NumPy (`bmm`). torch's MKL takes its AVX2 code path on AMD
+On the CPU the larger matmuls go through NumPy (`bmm`). torch's MKL takes its AVX2 code path on AMD
 CPUs; NumPy's OpenBLAS picks its AVX-512 kernels where the CPU has them, and on the Zen 5 measured
 here ran the [8, 256, 64] × [8, 64, 64] product in 95 µs against MKL's 188 (and in 163 µs with
 its AVX2 kernels, as this development machine's environment forces; benchmarks/RESULTS.md §4).
@@ -25,31 +25,6 @@ from torch import Tensor
 Activation = Literal["tanh", "relu"]
 CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
-_cpu_matmul: CpuMatmul = "numpy"
-
-
-def use_cpu_matmul(backend: CpuMatmul) -> None:
-    """Which library runs `bmm` on the CPU, process-wide ("torch": its MKL, to compare)."""
-    global _cpu_matmul
-    _cpu_matmul = backend
-
-
-def bmm(a: Tensor, b: Tensor) -> Tensor:
-    """torch.bmm, through NumPy on the CPU (see the module's docstring); no autograd."""
-    if a.device.type != "cpu" or a.dtype not in _NUMPY_FLOATS or _cpu_matmul == "torch":
-        return torch.bmm(a, b)
-    # An expanded operand (a stride of 0) would send NumPy to its slow loop instead of BLAS.
-    a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
-    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
-
-
-def baddbmm(bias: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """bias + a @ b, bias broadcast, as torch.baddbmm; no autograd."""
-    if a.device.type != "cpu" or a.dtype not in _NUMPY_FLOATS or _cpu_matmul == "torch":
-        return torch.baddbmm(bias, a, b)
-    return bmm(a, b).add_(bias)
-
-
 def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
                 *, outputs_first: bool = False) -> Tensor:  # fmt: skip
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
@@ -59,6 +34,40 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
         raise ValueError(f"{len(weights)} weights and {len(biases)} biases: one of each per layer")
     out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
     return out
+
+
+# Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: at P = 1
+# ([256, 64] × [64, 64], 1 M) an MLP's forward and backward took 216 µs through NumPy with AVX2
+# kernels against 189 through torch (equal with AVX-512 kernels); at P = 8 NumPy is faster.
+NUMPY_MIN_MACS = 1 << 21
+_cpu_matmul: CpuMatmul = "numpy"
+_numpy_min_macs = NUMPY_MIN_MACS
+
+
+def use_cpu_matmul(backend: CpuMatmul, min_macs: int = NUMPY_MIN_MACS) -> None:
+    """Which library runs `bmm` on the CPU, process-wide: NumPy for products of at least
+    `min_macs` multiply-adds, or always torch ("torch": its MKL, to compare)."""
+    global _cpu_matmul, _numpy_min_macs
+    _cpu_matmul, _numpy_min_macs = backend, min_macs
+
+
+def _in_numpy(a: Tensor, b: Tensor) -> bool:
+    return (_cpu_matmul == "numpy" and a.device.type == "cpu" and a.dtype in _NUMPY_FLOATS
+            and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs)  # fmt: skip
+
+
+def bmm(a: Tensor, b: Tensor) -> Tensor:
+    """torch.bmm, through NumPy on the CPU (see the module's docstring); no autograd."""
+    if not _in_numpy(a, b):
+        return torch.bmm(a, b)
+    # An expanded operand (a stride of 0) would send NumPy to its slow loop instead of BLAS.
+    a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
+    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
+
+
+def baddbmm(bias: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """bias + a @ b, bias broadcast, as torch.baddbmm; no autograd."""
+    return bmm(a, b).add_(bias) if _in_numpy(a, b) else torch.baddbmm(bias, a, b)
 
 
 def tanh_into(x: Tensor, out: Tensor) -> Tensor:
