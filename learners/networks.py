@@ -5,35 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlmq.common.config import EnvSpec
-from rlmq.learners.stacked_mlp import Activation, stacked_mlp, tanh_into
-
-
-class _Tanh(torch.autograd.Function):
-    """tanh through `tanh_into` (NumPy's on the CPU, ~10× torch's here); the backward is tanh's
-    own, from the output."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        y = tanh_into(x, torch.empty_like(x, memory_format=torch.contiguous_format))
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)
-
-
-def fast_tanh(x: Tensor) -> Tensor:
-    """tanh; on the CPU through NumPy (see `_Tanh`)."""
-    return torch.tanh(x) if x.is_cuda else _Tanh.apply(x)
+from rlmq.learners.stacked_mlp import Activation, fast_tanh, stacked_mlp
 
 
 class Tanh(nn.Module):

@@ -30,6 +30,13 @@ def reference(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation
     return x
 
 
+@pytest.fixture(autouse=True)
+def hand_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These shapes are small: take the hand-written path anyway (the autograd one is for small
+    batches, `HAND_WRITTEN_MIN_ROWS`)."""
+    monkeypatch.setattr(stacked, "HAND_WRITTEN_MIN_ROWS", 0)
+
+
 @pytest.fixture(params=["numpy", "torch"])
 def cpu_matmul(request: pytest.FixtureRequest) -> Iterator[CpuMatmul]:
     """Both libraries `bmm` can run the CPU's matmuls in (NumPy for every size, here)."""
@@ -107,6 +114,20 @@ def test_tanh_into_is_tanh_in_place_and_out_of_place(dtype: torch.dtype) -> None
     torch.testing.assert_close(tanh_into(strided, torch.empty_like(strided)), want[::2], atol=2e-7, rtol=0)
     assert tanh_into(x, x) is x
     torch.testing.assert_close(x, want, atol=2e-7, rtol=0)
+
+
+@pytest.mark.parametrize("outputs_first", [False, True])
+def test_small_batches_take_autograd_and_agree(monkeypatch: pytest.MonkeyPatch, outputs_first: bool) -> None:
+    weights, biases = parameters(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64)
+    hand = stacked_mlp(x, weights, biases, "tanh", outputs_first=outputs_first)
+    monkeypatch.setattr(stacked, "HAND_WRITTEN_MIN_ROWS", P * N + 1)
+    plain = stacked_mlp(x, weights, biases, "tanh", outputs_first=outputs_first)
+    assert hand.grad_fn is not None and "_StackedMLP" in type(hand.grad_fn).__name__
+    assert "_StackedMLP" not in type(plain.grad_fn).__name__
+    torch.testing.assert_close(plain, hand)
+    for g, h in zip(torch.autograd.grad(plain.sum(), weights), torch.autograd.grad(hand.sum(), weights), strict=True):
+        torch.testing.assert_close(g, h)
 
 
 def test_mismatched_layers_are_refused() -> None:
