@@ -4,7 +4,8 @@ On one CPU thread the population's forward and backward are a few dozen batched 
 [P, N, 64] tensors, and autograd's bookkeeping around them (a node, saved tensors and a grad
 buffer per op) cost about a quarter of the time. One `autograd.Function` for the whole MLP does
 the same arithmetic with none of that: activations applied in place, each weight gradient taken
-in the layout that suits the matmul kernel (`_weight_grad`).
+in the layout that suits the matmul kernel (`_weight_grad`). Small batches, where its fixed
+Python cost outweighs that, take plain autograd ops (`HAND_WRITTEN_MIN_ROWS`).
 
 On the CPU the larger matmuls go through NumPy (`bmm`). torch's MKL takes its AVX2 code path on AMD
 CPUs; NumPy's OpenBLAS picks its AVX-512 kernels where the CPU has them, and on the Zen 5 measured
@@ -25,6 +26,16 @@ from torch import Tensor
 Activation = Literal["tanh", "relu"]
 CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
+
+# Below this many rows (members × samples) the hand-written backward's fixed Python cost outweighs
+# what it saves: a TD3 or SAC step of one member (256 samples) was 15 % slower through it.
+HAND_WRITTEN_MIN_ROWS = 1024
+# Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: at P = 1
+# ([256, 64] × [64, 64], 1 M) an MLP's forward and backward took 216 µs through NumPy with AVX2
+# kernels against 189 through torch (equal with AVX-512 kernels); at P = 8 NumPy is faster.
+NUMPY_MIN_MACS = 1 << 21
+
+
 def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
                 *, outputs_first: bool = False) -> Tensor:  # fmt: skip
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
@@ -36,11 +47,6 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
         return _autograd_mlp(x, weights, biases, activation, outputs_first)
     out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
     return out
-
-
-# Below this many rows (members × samples) the hand-written backward's fixed Python cost outweighs
-# what it saves: a TD3 or SAC step of one member (256 samples) was 15 % slower through it.
-HAND_WRITTEN_MIN_ROWS = 1024
 
 
 def _autograd_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
@@ -74,10 +80,16 @@ def fast_tanh(x: Tensor) -> Tensor:
     return torch.tanh(x) if x.is_cuda else _Tanh.apply(x)
 
 
-# Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: at P = 1
-# ([256, 64] × [64, 64], 1 M) an MLP's forward and backward took 216 µs through NumPy with AVX2
-# kernels against 189 through torch (equal with AVX-512 kernels); at P = 8 NumPy is faster.
-NUMPY_MIN_MACS = 1 << 21
+def tanh_into(x: Tensor, out: Tensor) -> Tensor:
+    """out = tanh(x), `out` may be `x`; no autograd. On the CPU through NumPy: torch.tanh is slow
+    on the CPU builds measured here (314 µs on [8, 256, 64] against 24 µs for NumPy's, which is
+    also nearer the exact value; 2σ(2x) − 1 in four torch ops took 50 µs)."""
+    if x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS and x.is_contiguous() and out.is_contiguous():
+        np.tanh(x.detach().numpy(), out=out.detach().numpy())
+        return out
+    return torch.tanh(x.detach(), out=out)
+
+
 _cpu_matmul: CpuMatmul = "numpy"
 _numpy_min_macs = NUMPY_MIN_MACS
 
@@ -108,16 +120,6 @@ def baddbmm(bias: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return bmm(a, b).add_(bias) if _in_numpy(a, b) else torch.baddbmm(bias, a, b)
 
 
-def tanh_into(x: Tensor, out: Tensor) -> Tensor:
-    """out = tanh(x), `out` may be `x`; no autograd. On the CPU through NumPy: torch.tanh is slow
-    on the CPU builds measured here (314 µs on [8, 256, 64] against 24 µs for NumPy's, which is
-    also nearer the exact value; 2σ(2x) − 1 in four torch ops took 50 µs)."""
-    if x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS and x.is_contiguous() and out.is_contiguous():
-        np.tanh(x.detach().numpy(), out=out.detach().numpy())
-        return out
-    return torch.tanh(x.detach(), out=out)
-
-
 def _activate_(z: Tensor, activation: Activation) -> Tensor:
     """The activation, in place on a matmul's fresh output."""
     return z.relu_() if activation == "relu" else tanh_into(z, z)
@@ -140,6 +142,9 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
 
 class _StackedMLP(torch.autograd.Function):
+    """Forward keeps the input, the weights and each activation's output (tanh′ and ReLU′ come
+    from the output); backward walks the layers in reverse, computing only the gradients asked for."""
+
     @staticmethod
     def forward(ctx: Any, x: Tensor, activation: Activation, outputs_first: bool, *params: Tensor) -> Tensor:
         layers = len(params) // 2
