@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlmq.common import wire
 from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
 from rlmq.common.wire import Rollout
-from rlmq.learners import distributed, ppo
+from rlmq.learners import distributed, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
@@ -54,6 +54,10 @@ def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: Popula
 
 def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     torch.set_num_threads(1)
+    # The hand-written MLP backward and NumPy's matmuls, though these batches are small: the
+    # population's path (the off-policy helper covers the plain autograd one).
+    stacked_mlp.HAND_WRITTEN_MIN_ROWS = 0
+    stacked_mlp.use_cpu_matmul("numpy", min_macs=0)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
     core = PopulationActorCritic(SPEC, (32, 32), POPULATION)
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
