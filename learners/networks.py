@@ -165,8 +165,14 @@ class PopulationActorCritic(Stacked):
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand_as(logp)
         return logp, entropy
 
-    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(log-probability, entropy, value), each [P, N] — one call, so DDP sees every grad."""
+    def forward(self, obs: Tensor, actions: Tensor | None) -> tuple[Tensor, ...]:
+        """(log-probability of `actions`, entropy, value), each [P, N] — one call, so DDP sees every
+        grad. With `actions` None (discrete actions only): (logits [P, A, N], value [P, N]), for
+        `ppo_logits.ppo_loss_from_logits`."""
         params = self.tensors()
+        if actions is None:
+            if not self.discrete:
+                raise ValueError("logits are for discrete actions: pass the actions")
+            return self.mlp(self.policy_layers, obs, "tanh", params, outputs_first=True), self.value(obs, params)
         logp, entropy = self.policy(obs, actions, params)
         return logp, entropy, self.value(obs, params)

@@ -25,6 +25,7 @@ from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
+from rlmq.learners.ppo_logits import ppo_loss_from_logits
 
 
 class Batch(NamedTuple):
@@ -226,12 +227,20 @@ def update(
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     whole_batch_advantages = normalize_advantages(advantages, mask)  # what every idx=None epoch uses
     for idx in plan:
-        new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
         norm_advantages = whole_batch_advantages if idx is None else normalize_advantages(advantages[:, idx], mask[:, idx])
-        loss = ppo_loss(
-            new_logp, pick(old_logp, idx), norm_advantages, new_values, pick(vs, idx), entropy, pick(mask, idx), norm,
-            clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
-        )  # fmt: skip
+        if core.discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
+            logits, new_values = model(pick(obs, idx), None)
+            *terms, new_logp = ppo_loss_from_logits(
+                logits, new_values, pick(actions, idx), pick(old_logp, idx), norm_advantages, pick(vs, idx),
+                pick(mask, idx), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+            )  # fmt: skip
+            loss = PPOLoss(*terms)
+        else:
+            new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
+            loss = ppo_loss(
+                new_logp, pick(old_logp, idx), norm_advantages, new_values, pick(vs, idx), entropy, pick(mask, idx),
+                norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
+            )  # fmt: skip
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
