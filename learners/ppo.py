@@ -230,11 +230,11 @@ def update(
         norm_advantages = whole_batch_advantages if idx is None else normalize_advantages(advantages[:, idx], mask[:, idx])
         if core.discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
             logits, new_values = model(pick(obs, idx), None)
-            *terms, new_logp = ppo_loss_from_logits(
+            total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
                 logits, new_values, pick(actions, idx), pick(old_logp, idx), norm_advantages, pick(vs, idx),
                 pick(mask, idx), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
             )  # fmt: skip
-            loss = PPOLoss(*terms)
+            loss = PPOLoss(total, pg_loss, v_loss, mean_entropy)
         else:
             new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
             loss = ppo_loss(
