@@ -74,16 +74,12 @@ def test_members_initialise_as_single_agents_do() -> None:
     assert not np.array_equal(pop.member_params(1)["policy.0.weight"], pop.member_params(0)["policy.0.weight"])
 
 
-@pytest.fixture(params=["hand-written", "autograd"])
-def mlp_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways `stacked_mlp` runs: these batches are small, so the hand-written one (and NumPy's
-    matmuls with it) is asked for explicitly."""
-    if request.param == "hand-written":
-        monkeypatch.setattr(stacked_mlp, "HAND_WRITTEN_MIN_ROWS", 0)
-        stacked_mlp.use_cpu_matmul("numpy", min_macs=0)
-        request.addfinalizer(lambda: stacked_mlp.use_cpu_matmul("numpy"))
-    else:
-        monkeypatch.setattr(stacked_mlp, "HAND_WRITTEN_MIN_ROWS", 1 << 60)
+@pytest.fixture(params=["numpy", "torch"])
+def cpu_matmul(request: pytest.FixtureRequest) -> str:
+    """Both libraries the stacked MLPs' matmuls run in on the CPU; NumPy at every size here (these
+    batches are under the size that picks it in a learner)."""
+    stacked_mlp.use_cpu_matmul(request.param, min_macs=0)
+    request.addfinalizer(lambda: stacked_mlp.use_cpu_matmul("numpy"))
     return str(request.param)
 
 
@@ -92,7 +88,7 @@ def mlp_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     pytest.param(DISCRETE, 2, "cuda", marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", marks=CUDA),
 ], ids=["discrete-2mb", "continuous", "discrete-2mb-cuda", "continuous-cuda"])  # fmt: skip
 def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str,
-                                                        mlp_path: str) -> None:  # fmt: skip
+                                                        cpu_matmul: str) -> None:  # fmt: skip
     """Four members with different learning rates, clip ranges, discounts and anneal fractions;
     one of them inactive after its first update (no data): after several updates each member's
     weights and Adam moments equal those of its own ActorCritic + torch.optim.Adam +

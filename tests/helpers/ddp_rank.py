@@ -54,9 +54,7 @@ def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: Popula
 
 def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
     torch.set_num_threads(1)
-    # The hand-written MLP backward and NumPy's matmuls, though these batches are small: the
-    # population's path (the off-policy helper covers the plain autograd one).
-    stacked_mlp.HAND_WRITTEN_MIN_ROWS = 0
+    # NumPy's matmuls, though these batches are small: a population's path.
     stacked_mlp.use_cpu_matmul("numpy", min_macs=0)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
     core = PopulationActorCritic(SPEC, (32, 32), POPULATION)
