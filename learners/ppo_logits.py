@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlmq.learners.stacked_mlp import refuse_second_derivative
+
 
 def ppo_loss_from_logits(
     logits: Tensor,
@@ -75,6 +77,7 @@ class _PPOLossFromLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g_total: Tensor, g_pg: Tensor, g_v: Tensor, g_entropy: Tensor,
                  _g_logp: Tensor) -> tuple[Tensor | None, ...]:  # fmt: skip
+        refuse_second_derivative("ppo_loss_from_logits")
         log_probs, probs, entropy, index, weight, ratio, advantages, moves, error, ent_coef, vf_coef = ctx.saved_tensors
         pg_scale = (g_total + g_pg).unsqueeze(-1)  # [P, 1]: how much each member's sums count
         v_scale = (g_total * vf_coef + g_v).unsqueeze(-1)

@@ -104,7 +104,7 @@ def use_cpu_matmul(backend: CpuMatmul, min_macs: int = NUMPY_MIN_MACS) -> None:
 
 
 def _in_numpy(a: Tensor, b: Tensor) -> bool:
-    return (_cpu_matmul == "numpy" and a.device.type == "cpu" and a.dtype in _NUMPY_FLOATS
+    return (_cpu_matmul == "numpy" and a.device.type == "cpu" and a.dtype in _NUMPY_FLOATS and b.dtype == a.dtype
             and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs)  # fmt: skip
 
 
@@ -132,6 +132,14 @@ def _activation_backward(grad: Tensor, output: Tensor, activation: Activation) -
     if activation == "relu":
         return torch.ops.aten.threshold_backward(grad, output, 0)
     return torch.ops.aten.tanh_backward(grad, output)
+
+
+def refuse_second_derivative(name: str) -> None:
+    """A hand-written backward is not itself differentiable: under `create_graph=True` (the only
+    time grad mode is on in a backward) say so, rather than hand back a gradient without a graph."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{name} has no second derivative (its backward is written by hand): "
+                           "use plain autograd ops where create_graph=True is needed")  # fmt: skip
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
@@ -166,6 +174,7 @@ class _StackedMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        refuse_second_derivative("stacked_mlp")
         x, *saved = ctx.saved_tensors
         layers = (len(saved) + 1) // 2
         weights, inputs = saved[:layers], [x, *saved[layers:]]

@@ -71,3 +71,13 @@ def test_gradcheck() -> None:
     coefs = {k: x[k] for k in ("clip_coef", "ent_coef", "vf_coef")}
     logits, values = x["logits"].requires_grad_(), x["values"].requires_grad_()
     assert torch.autograd.gradcheck(lambda z, v: ppo_loss_from_logits(z, v, *rest, **coefs)[:4], (logits, values))
+
+
+def test_a_second_derivative_is_refused_not_dropped() -> None:
+    x = inputs(False)
+    rest = [x[k] for k in ("actions", "old_logp", "advantages", "value_targets", "mask", "norm")]
+    coefs = {k: x[k] for k in ("clip_coef", "ent_coef", "vf_coef")}
+    logits, values = x["logits"].requires_grad_(), x["values"].requires_grad_()
+    total = ppo_loss_from_logits(logits, values, *rest, **coefs)[0]
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(total.sum(), logits, create_graph=True)

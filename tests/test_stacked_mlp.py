@@ -67,14 +67,28 @@ def test_forward_and_every_gradient_match_autograd(activation: Activation, outpu
         torch.testing.assert_close(g, e, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_only_the_gradients_asked_for_are_computed() -> None:
+def test_only_the_gradients_asked_for_are_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autograd drops a gradient returned for an input that needs none, so the matmuls of the
+    backward are counted: with the first layer's weight frozen and no input gradient, the first
+    layer takes none (a backward that computed everything would take 6)."""
     weights, biases = parameters(torch.float32)
     weights[0].requires_grad_(False)
     x = torch.randn(P, N, SIZES[0])
     out = stacked_mlp(x, weights, biases, "tanh")
+    calls = []
+    real_bmm = stacked.bmm
+    monkeypatch.setattr(stacked, "bmm", lambda a, b: calls.append(a.shape) or real_bmm(a, b))
     out.sum().backward()
+    assert len(calls) == 4, calls  # layers 2 and 1: a weight gradient and the gradient below each
     assert weights[0].grad is None and x.grad is None
     assert all(t.grad is not None for t in [*weights[1:], *biases])
+
+
+def test_a_second_derivative_is_refused_not_dropped() -> None:
+    weights, biases = parameters(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(stacked_mlp(x, weights, biases, "tanh").sum(), x, create_graph=True)
 
 
 def test_float32_matches_float64(cpu_matmul: CpuMatmul) -> None:
