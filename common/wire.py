@@ -20,6 +20,7 @@ Topology (who sends what to whom, see docs/architecture.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -41,17 +42,12 @@ _INT64 = (-(2**63), 2**63 - 1)
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
 
 
-_DTYPE_NAMES: dict[np.dtype, str] = {}
-
-
+@functools.cache
 def _dtype_name(dtype: np.dtype) -> str:
     """`dtype.name`, remembered: NumPy builds the string on every call (~1.7 µs here; a rollout's
     seven arrays are named when it is built and when it is encoded). Few dtypes ever reach it:
     decoded arrays come only in ALLOWED_DTYPES."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.name
-    return name
+    return dtype.name
 
 
 def _require(condition: bool, detail: str) -> None:

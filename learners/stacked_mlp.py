@@ -46,15 +46,13 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"{len(weights)} weights and {len(biases)} biases: one of each per layer")
     if activation == "relu" and x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS:
-        return _autograd_mlp(x, weights, biases, activation, outputs_first)
+        return _autograd_relu_mlp(x, weights, biases, outputs_first)
     out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
     return out
 
 
-def _autograd_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool) -> Tensor:  # fmt: skip
-    """The same network in plain autograd ops (ReLU networks under `HAND_WRITTEN_MIN_ROWS`)."""
-    assert activation == "relu", "tanh networks always take the hand-written path"
+def _autograd_relu_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], outputs_first: bool) -> Tensor:
+    """A ReLU network in plain autograd ops (under `HAND_WRITTEN_MIN_ROWS`; tanh ones never are)."""
     for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
         x = torch.relu(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)))
     if outputs_first:
@@ -110,16 +108,18 @@ def _in_numpy(a: Tensor, b: Tensor) -> bool:
 
 def bmm(a: Tensor, b: Tensor) -> Tensor:
     """torch.bmm, through NumPy on the CPU (see the module's docstring); no autograd."""
-    if not _in_numpy(a, b):
-        return torch.bmm(a, b)
-    # An expanded operand (a stride of 0) would send NumPy to its slow loop instead of BLAS.
-    a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
-    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
+    return _numpy_bmm(a, b) if _in_numpy(a, b) else torch.bmm(a, b)
 
 
 def baddbmm(bias: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """bias + a @ b, bias broadcast, as torch.baddbmm; no autograd."""
-    return bmm(a, b).add_(bias) if _in_numpy(a, b) else torch.baddbmm(bias, a, b)
+    return _numpy_bmm(a, b).add_(bias) if _in_numpy(a, b) else torch.baddbmm(bias, a, b)
+
+
+def _numpy_bmm(a: Tensor, b: Tensor) -> Tensor:
+    # An expanded operand (a stride of 0) would send NumPy to its slow loop instead of BLAS.
+    a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
+    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
 
 
 def _activate_(z: Tensor, activation: Activation) -> Tensor:

@@ -96,7 +96,7 @@ def test_sample_categorical_frequencies_match_softmax(logits: list[float]) -> No
 
 
 def test_fast_tanh_is_tanh_forward_and_backward() -> None:
-    """The learners' tanh (2σ(2x) − 1 on CPU) against torch.tanh, values and gradients, across the
+    """The learners' tanh (NumPy's on CPU) against torch.tanh, values and gradients, across the
     range where tanh saturates."""
     x = torch.linspace(-12, 12, 2001, dtype=torch.float32)
     ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
