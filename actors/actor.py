@@ -3,7 +3,7 @@
     Hello → Assign (member, env, learner endpoints, current weights)
     loop until stopped or `max_steps`:
         wait for a credit from some learner (flow control: the learners pace the actors), and
-            for the weights it names (the broadcast brings them; a stop directive ends the wait)
+            for the weights it names (they come just ahead of it; a stop directive ends the wait)
         collect one rollout with them, tagged with their version; send it to that learner
         report env steps and finished episodes every `report_interval_s`
 
@@ -133,6 +133,9 @@ class Actor:
                 while sock.poll(0, zmq.POLLIN):
                     try:
                         message = wire.decode(sock.recv())
+                        if isinstance(message, wire.Weights):  # they come just ahead of a credit
+                            self.take_weights(message)
+                            continue
                         if not isinstance(message, wire.Credit):
                             raise wire.WireError("unexpected_kind", type(message).__name__)
                     except wire.WireError as exc:
@@ -193,8 +196,15 @@ class Actor:
             elif isinstance(message, wire.Weights) and message.member == self.member:
                 if newest is None or message.version > newest.version:
                     newest = message
-        if newest is not None and newest.version > self.version:
-            self.apply_weights(newest)
+        if newest is not None:
+            self.take_weights(newest)
+
+    def take_weights(self, weights: wire.Weights) -> None:
+        """Adopt weights newer than ours (from the broadcast, or from a learner with its credit)."""
+        if weights.member != self.member:
+            raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
+        if weights.version > self.version:
+            self.apply_weights(weights)
 
     def apply_weights(self, weights: wire.Weights) -> None:
         try:

@@ -224,7 +224,8 @@ class Credit:
     """Learner → actor: you may send me `count` more rollouts (flow control, learners/credits.py).
 
     `policy_version` is the learner's version now: the actor collects with weights at least that
-    new (they come over the broadcast, a hop longer than this message) or waits a moment for them.
+    new. The learner sends them just ahead of the credit, once per actor and version; the
+    coordinator's broadcast brings them too, a hop later.
     """
 
     count: int = 1

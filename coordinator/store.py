@@ -73,9 +73,6 @@ class RunStore:
         raw = self.redis.hgetall(self.key("status"))
         return {_text(k): json.loads(v) for k, v in raw.items()}
 
-    def add_env_steps(self, steps: int) -> int:
-        return int(self.redis.hincrby(self.key("status"), "env_steps", steps))
-
     def append_progress(self, sample: dict[str, Any]) -> None:
         pipe = self.redis.pipeline()
         pipe.rpush(self.key("progress"), json.dumps(sample))
@@ -87,14 +84,21 @@ class RunStore:
 
     # --- members, episodes, weights -----------------------------------------------------------
 
-    def add_episodes(self, member: int, returns: list[float]) -> None:
-        if not returns:
-            return
-        pipe = self.redis.pipeline()
-        pipe.lpush(self.key("returns", member), *returns)
-        pipe.ltrim(self.key("returns", member), 0, RECENT_EPISODES - 1)
-        pipe.hincrby(self.key("status"), "episodes", len(returns))
-        pipe.execute()
+    def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float]) -> tuple[int, list[float]]:
+        """Record one actor report in one round trip (64 actors report several times a second):
+        the actor's liveness, its env steps and finished episodes. Returns the run's env steps and,
+        if the report brought episodes, the member's recent returns after them, newest first."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.key("actors"), actor, time.time())
+        pipe.hincrby(self.key("status"), "env_steps", env_steps)
+        pipe.hincrby(self.key("member_steps"), str(member), env_steps)
+        if returns:
+            pipe.lpush(self.key("returns", member), *returns)
+            pipe.ltrim(self.key("returns", member), 0, RECENT_EPISODES - 1)
+            pipe.hincrby(self.key("status"), "episodes", len(returns))
+            pipe.lrange(self.key("returns", member), 0, -1)
+        replies = pipe.execute()
+        return int(replies[1]), [float(v) for v in replies[-1]] if returns else []
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]
@@ -108,9 +112,6 @@ class RunStore:
     def members(self) -> dict[int, dict[str, Any]]:
         raw = self.redis.hgetall(self.key("members"))
         return {int(k): json.loads(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
-
-    def add_member_steps(self, member: int, steps: int) -> None:
-        self.redis.hincrby(self.key("member_steps"), str(member), steps)
 
     def member_steps(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.redis.hgetall(self.key("member_steps")).items()}

@@ -31,6 +31,7 @@ from rlmq.learners.trainers import Trainer, make_trainer
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
 MAX_PENDING = 1024  # decisions held ahead of the one to apply next
+MAX_ACTORS_REMEMBERED = 4096  # actors whose last weights sent we remember (restarted ones are new)
 
 
 class Learner:
@@ -54,6 +55,8 @@ class Learner:
         self.lags: list[int] = []
         self.applied = 0  # id of the last PBT decision applied
         self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
+        self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
+        self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -83,12 +86,35 @@ class Learner:
         self.grant_credits()
 
     def grant_credits(self) -> None:
-        def send(actor: bytes, member: int) -> None:
-            frame = wire.encode(wire.Credit(1, policy_version=self.members.versions[member]))
-            self.experience.send_multipart([actor, frame])
-
-        self.members.grant(send)
+        self.members.grant(self.send_credit)
         self.metrics.queue_depth.set(self.members.queued)
+
+    def send_credit(self, actor: bytes, member: int) -> None:
+        """A credit names our policy version, and the weights of that version go just ahead of it
+        on the same connection, once per actor and version: the actor collects with them at once
+        instead of waiting for the coordinator's rebroadcast, a hop longer (~0.9 ms of every
+        update's round trip on CartPole). Every rank holds the same weights, so every rank sends."""
+        version = self.members.versions[member]
+        if self.weights_sent.get(actor) != (member, version):
+            self.experience.send_multipart([actor, self.weights_frame(member)])
+            self.weights_sent[actor] = (member, version)
+            self.weights_sent.move_to_end(actor)
+            if len(self.weights_sent) > MAX_ACTORS_REMEMBERED:
+                self.weights_sent.popitem(last=False)
+        self.experience.send_multipart([actor, wire.encode(wire.Credit(1, policy_version=version))])
+
+    def weights_frame(self, member: int, final: bool = False) -> bytes:
+        """The member's current weights as a wire frame, encoded once per version (the last one,
+        marked final, is encoded apart: actors are not sent that mark)."""
+        version = self.members.versions[member]
+        cached = self.weights_frames.get(member)
+        if final or cached is None or cached[0] != version:
+            weights = wire.Weights(member=member, version=version, params=self.trainer.member_params(member),
+                                   final=final, trained_steps=self.trainer.trained_steps(member))  # fmt: skip
+            if final:
+                return wire.encode(weights)
+            cached = self.weights_frames[member] = (version, wire.encode(weights))
+        return cached[1]
 
     def check_rollout(self, r: wire.Rollout) -> None:
         spec, run_cfg = self.spec, self.run_cfg
@@ -161,6 +187,7 @@ class Learner:
             trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
                                    self.cfg.world_size, device)  # fmt: skip
             trainer.set_hyperparams(self.hyperparams)
+            self.trainer = trainer
             return self.train(trainer, device, max_updates)
         finally:
             distributed.shutdown()
@@ -179,7 +206,7 @@ class Learner:
         publish_every = self.run_cfg.algo_config.publish_every
         if self.cfg.rank == 0:
             for member in range(population):
-                self.publish(trainer, member)
+                self.publish(member)
         report = RateTimer(self.run_cfg.report_interval_s)
         updates_done = 0
         while True:
@@ -224,12 +251,12 @@ class Learner:
             for member in updated:
                 self.members.versions[member] += 1
                 if self.cfg.rank == 0 and self.members.versions[member] % publish_every == 0:
-                    self.publish(trainer, member)
+                    self.publish(member)
             if report.due():
                 self.report()
         if self.cfg.rank == 0:
             for member in range(population):  # the last one says final: the coordinator has them all
-                self.publish(trainer, member, final=member == population - 1)
+                self.publish(member, final=member == population - 1)
         self.report()
         return EXIT_OK
 
@@ -251,15 +278,16 @@ class Learner:
         log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
             if copied:
-                self.publish(trainer, decision.target)
+                self.publish(decision.target)
             self.report()
         return decision.target if copied else None
 
-    def publish(self, trainer: Trainer, member: int, final: bool = False) -> None:
-        weights = wire.Weights(member=member, version=self.members.versions[member],
-                               params=trainer.member_params(member), final=final,
-                               trained_steps=trainer.trained_steps(member))  # fmt: skip
-        transport.send(self.control, weights)
+    def publish(self, member: int, final: bool = False) -> None:
+        """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""
+        try:
+            self.control.send(self.weights_frame(member, final), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the next version supersedes this one (transport.send's rule for control traffic)
 
     def report(self) -> None:
         lags, self.lags = self.lags, []

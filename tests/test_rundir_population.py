@@ -60,11 +60,11 @@ def population_run(store: RunStore) -> dict[str, Any]:
     }  # fmt: skip
     store.put_members(records)
     for member, steps in {0: 41_000, 1: 43_000, 2: 36_000}.items():
-        store.add_member_steps(member, steps)
-    store.add_episodes(0, [100.0 + i for i in range(30)])
+        store.add_actor_report(f"actor-{member}", member, steps, [])
+    store.add_actor_report("actor-0", 0, 0, [100.0 + i for i in range(30)])
     # newest first 479 … 450: fitness (last 20) 469.5, mean of all 464.5
-    store.add_episodes(1, [450.0 + i for i in range(30)])
-    store.add_episodes(2, [10.0] * 40)  # dropped by the copy below
+    store.add_actor_report("actor-1", 1, 0, [450.0 + i for i in range(30)])
+    store.add_actor_report("actor-2", 2, 0, [10.0] * 40)  # dropped by the copy below
     decisions: list[dict[str, Any]] = [
         {
             "id": 1, "time": T0 + 3.5, "target": 2, "source": 1, "kind": "exploit",
@@ -85,7 +85,7 @@ def population_run(store: RunStore) -> dict[str, Any]:
             entry["id"], entry["target"], record, copied=entry["source"] != entry["target"]
         )
         records[entry["target"]] = record
-    store.add_episodes(2, [300.0, 320.0, 340.0])  # since the copy: too few for a fitness
+    store.add_actor_report("actor-2", 2, 0, [300.0, 320.0, 340.0])  # since the copy: too few for a fitness
     for second in range(11):
         members = {
             "0": 100.0 + second,
@@ -134,7 +134,7 @@ def test_status_of_a_single_agent_has_no_population_table(
     store.put_members(
         {0: {"hyperparams": BASE, "generation": 0, "parent": -1, "steps_at_decision": 0}}
     )
-    store.add_episodes(0, [20.0, 30.0])
+    store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
     store.set_status(state="running", env_steps=5_000, mean_return=25.0, best_member=0,
                      pbt_decisions=0, updated_at=time.time())  # fmt: skip
     assert show_status(tmp_path, redis_url, store.run) == 0
@@ -237,7 +237,7 @@ def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(
     store.put_members(
         {0: {"hyperparams": BASE, "generation": 0, "parent": -1, "steps_at_decision": 0}}
     )
-    store.add_episodes(0, [20.0, 30.0])
+    store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
     store.append_progress({"time": T0, "env_steps": 1_000, "episodes": 2, "mean_return": 25.0,
                            "steps_per_s": 500.0, "policy_lag": 0.0, "members": {"0": 25.0}})  # fmt: skip
     store.set_status(state="done", env_steps=1_000, mean_return=25.0, best_member=0)

@@ -165,7 +165,9 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     sock.send(wire.encode(_rollout()))  # no credit held: dropped, or the budget means nothing
     wait_for(lambda: rejected_total(learner_metrics) >= 1, 10, "the uncredited rollout refused")
     sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1, member=0)))
-    assert isinstance(receive(sock), wire.Credit)
+    first_weights, credit = receive(sock), receive(sock)  # the weights the credit names come just ahead of it
+    assert isinstance(first_weights, wire.Weights) and isinstance(credit, wire.Credit)
+    assert (first_weights.member, first_weights.version) == (0, credit.policy_version)
     too_long = _rollout(steps=9)  # the run's rollouts are 8 steps
     bad = [*BAD_FRAMES, *SEMANTIC_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs),
            wire.encode(out_of_range), wire.encode(too_long), wire.encode(dataclasses.replace(_rollout(), member=1)),
@@ -175,9 +177,12 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
         sock.send(frame)
     wait_for(lambda: rejected_total(learner_metrics) >= 1 + len(bad), 10, "rejects counted")
     sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1, member=0)))  # the credit was spent
-    assert isinstance(receive(sock), wire.Credit)
+    credit = receive(sock)  # without weights: we were sent this version already
+    assert isinstance(credit, wire.Credit) and credit.policy_version == first_weights.version
     sock.send(wire.encode(_rollout()))
-    assert isinstance(receive(sock), wire.Credit), "a valid rollout after garbage is accepted"
+    trained, credit = receive(sock), receive(sock)
+    assert isinstance(trained, wire.Weights) and isinstance(credit, wire.Credit), "a valid rollout after garbage is accepted"
+    assert trained.version == credit.policy_version == first_weights.version + 1  # it trained on it
     assert learner.alive(), learner.log()
     sock.close()
 
@@ -221,10 +226,12 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
                          weights=wire.Weights(member=0, version=1, params=params))
     control.send_multipart([identity, wire.encode(assign)])
 
-    def next_rollout() -> wire.Rollout:
+    def next_rollout(*ahead: wire.Weights) -> wire.Rollout:
         while True:
             who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
             assert who is not None, f"the actor went quiet:\n{actor.log()}"
+            for weights in ahead:  # a learner sends weights just ahead of the credit that names them
+                sink.send_multipart([who, wire.encode(weights)])
             sink.send_multipart([who, wire.encode(wire.Credit(1))])
             message = wire.decode(frame)
             if isinstance(message, wire.Rollout):
@@ -241,6 +248,10 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     assert next_rollout().policy_version == 1, "rejected weights must not be adopted"
     pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=7, params=params))])
     wait_for(lambda: next_rollout().policy_version == 7, 20, "the actor to adopt version 7")
+    rejected = rejected_total(metrics_port)
+    next_rollout(wire.Weights(member=1, version=30, params=params), wire.Weights(member=0, version=12, params=params))
+    assert next_rollout().policy_version == 12, "weights that come with a credit are used at once"
+    wait_for(lambda: rejected_total(metrics_port) == rejected + 1, 10, "another member's weights refused")
     assert actor.alive(), actor.log()
 
 

@@ -27,8 +27,8 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        store.add_episodes(0, [float(v) for v in range(start, start + 50)])
-    recent = store.recent_returns(0)
+        steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
+        assert steps == start + 50 and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
     assert store.status()["episodes"] == 250
@@ -47,10 +47,9 @@ def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: r
 
 def test_keys_live_under_the_run_prefix(store: RunStore, redis_client: redis.Redis, run_id: str) -> None:
     store.set_status(state="running")
-    store.add_env_steps(10)
-    store.touch_actor("actor-0")
-    assert store.status()["env_steps"] == 10
+    store.add_actor_report("actor-0", 0, 10, [])
+    assert store.status()["env_steps"] == 10 and store.member_steps() == {0: 10}
     keys = {k.decode() for k in redis_client.scan_iter(match=f"rlmq:{run_id}:*")}
-    assert keys == {f"rlmq:{run_id}:status", f"rlmq:{run_id}:actors"}
+    assert keys == {f"rlmq:{run_id}:{name}" for name in ("status", "actors", "member_steps")}
     store.delete_run()
     assert not list(redis_client.scan_iter(match=f"rlmq:{run_id}:*"))

@@ -1,0 +1,55 @@
+"""The coordinator's handlers, in-process, against a real Redis server (no sockets needed here:
+`Coordinator.handle` is what its loop calls for every frame it receives)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from rlmq.common import wire
+from rlmq.common.config import CoordinatorConfig, RunConfig
+from rlmq.common.service import StopFlag
+from rlmq.coordinator.coordinator import Coordinator
+from rlmq.coordinator.store import RunStore
+
+
+@pytest.fixture
+def coordinator(redis_url: str, run_id: str) -> Iterator[Coordinator]:
+    run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000)
+    cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
+                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")  # fmt: skip
+    store = RunStore.connect(redis_url, run_id)
+    coordinator = Coordinator(cfg, store, StopFlag())
+    yield coordinator
+    coordinator.close()
+    store.delete_run()
+
+
+def report(returns: list[float], env_steps: int = 1_000) -> bytes:
+    return wire.encode(wire.ActorReport(name="actor-0", member=0, env_steps=env_steps,
+                                        episode_returns=np.asarray(returns, np.float64),
+                                        episode_lengths=np.full(len(returns), 500, np.int64)))  # fmt: skip
+
+
+def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_tick(
+    coordinator: Coordinator,
+) -> None:
+    coordinator.handle(b"actor-0", report([470.0] * 99))
+    assert coordinator.finished_at is None  # 99 episodes: the window is not full yet
+    coordinator.handle(b"actor-0", report([470.0]))
+    assert coordinator.finished_at is None  # full, but a mean of 470
+    coordinator.handle(b"actor-0", report([500.0] * 20))  # the newest 100: 20 × 500 + 80 × 470 = 476 each
+    assert coordinator.finished_at is not None
+    status = coordinator.store.status()
+    assert status["state"] == "stopping" and status["success"] is True
+    assert status["env_steps_at_end"] == 3_000 == status["env_steps"]
+
+
+def test_the_step_budget_ends_the_run_on_the_report_that_reaches_it(coordinator: Coordinator) -> None:
+    coordinator.handle(b"actor-0", report([], env_steps=999_999))
+    assert coordinator.finished_at is None
+    coordinator.handle(b"actor-0", report([], env_steps=1))
+    status = coordinator.store.status()
+    assert coordinator.finished_at is not None and status["success"] is False and status["reason"] == "budget"
