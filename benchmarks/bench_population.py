@@ -8,7 +8,8 @@ vectorized  `ppo.update`: one `PopulationActorCritic` holding all P members stac
             torch's MKL, the library the loop's `nn.Linear`s use);
 loop        `ppo.update_each_member`: the reference it is tested against, a Python loop over P
             `ActorCritic` modules, each with its own `torch.optim.Adam(lr, eps=1e-5)` and
-            `clip_grad_norm_` (`--loop-adam fused`: the fused Adam the single-agent learner uses).
+            `clip_grad_norm_` (`--loop-adam fused`: torch's fused kernel, which `PopulationAdam`
+            also runs for a single member on the CPU).
 
 Both start from the same weights. The problem is CartPole-sized (obs 4, 2 discrete actions, 64×64
 tanh MLPs) and each member's batch is one rollout of the project's defaults, T = 32 steps × B = 8

@@ -5,7 +5,9 @@ On one CPU thread the population's forward and backward are a few dozen batched 
 buffer per op) cost about a quarter of the time. One `autograd.Function` for the whole MLP does
 the same arithmetic with none of that: activations applied in place, each weight gradient taken
 in the layout that suits the matmul kernel (`_weight_grad`). Small ReLU batches, where its fixed
-Python cost outweighs that, take plain autograd ops (`HAND_WRITTEN_MIN_ROWS`).
+Python cost outweighs that, take plain autograd ops (`HAND_WRITTEN_MIN_ROWS`). `stacked_towers`
+runs several MLPs that read one flat [P, D] parameter (an actor-critic's two) as one Function,
+whose backward writes that parameter's gradient whole.
 
 On the CPU the larger matmuls go through NumPy (`bmm`). torch's MKL takes its AVX2 code path on AMD
 CPUs; NumPy's OpenBLAS picks its AVX-512 kernels where the CPU has them, and on the Zen 5 measured
@@ -17,7 +19,7 @@ Tested against autograd (`tests/test_stacked_mlp.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -151,25 +153,49 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
     return bmm(grad.transpose(1, 2), inputs)
 
 
+def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
+                 outputs_first: bool) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+    """(output, each activation's output): tanh′ and ReLU′ come from the output, and each hidden
+    output is the next weight's input."""
+    hidden: list[Tensor] = []
+    h = x
+    for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
+        h = _activate_(baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)), activation)
+        hidden.append(h)
+    if outputs_first:
+        return baddbmm(biases[-1].unsqueeze(2), weights[-1], h.transpose(1, 2)), hidden
+    return baddbmm(biases[-1].unsqueeze(1), h, weights[-1].transpose(1, 2)), hidden
+
+
+def _mlp_backward(grad: Tensor, inputs: Sequence[Tensor], weights: Sequence[Tensor], activation: Activation,
+                  outputs_first: bool, needs: Sequence[bool], needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:  # fmt: skip
+    """Walk the layers in reverse from `grad` at the output: ([∂W₀, …, ∂b₀, …], ∂x), computing
+    only the gradients `needs` (weights', then biases') and `needs_x` ask for."""
+    layers = len(weights)
+    grads: list[Tensor | None] = [None] * (2 * layers)
+    for i in reversed(range(layers)):  # `grad`: at layer i's output, [P, N, out] ([P, out, N] if outputs_first)
+        last_first = outputs_first and i == layers - 1
+        if needs[i]:
+            grads[i] = bmm(grad, inputs[i]) if last_first else _weight_grad(grad, inputs[i])
+        if needs[layers + i]:
+            grads[layers + i] = grad.sum(2 if last_first else 1)
+        if i == 0 and not needs_x:
+            return grads, None
+        grad = bmm(grad.transpose(1, 2) if last_first else grad, weights[i])  # at its input
+        if i > 0:
+            grad = _activation_backward(grad, inputs[i], activation)
+    return grads, grad
+
+
 class _StackedMLP(torch.autograd.Function):
-    """Forward keeps the input, the weights and each activation's output (tanh′ and ReLU′ come
-    from the output); backward walks the layers in reverse, computing only the gradients asked for."""
+    """One MLP, its weights and biases given as tensors of their own."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, activation: Activation, outputs_first: bool, *params: Tensor) -> Tensor:
         layers = len(params) // 2
-        weights, biases = params[:layers], params[layers:]
-        hidden: list[Tensor] = []  # each activation's output: its backward needs it, and the next weight's
-        h = x
-        for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
-            h = _activate_(baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)), activation)
-            hidden.append(h)
-        if outputs_first:
-            out = baddbmm(biases[-1].unsqueeze(2), weights[-1], h.transpose(1, 2))
-        else:
-            out = baddbmm(biases[-1].unsqueeze(1), h, weights[-1].transpose(1, 2))
+        out, hidden = _mlp_forward(x, params[:layers], params[layers:], activation, outputs_first)
         ctx.activation, ctx.outputs_first = activation, outputs_first
-        ctx.save_for_backward(x, *weights, *hidden)
+        ctx.save_for_backward(x, *params[:layers], *hidden)
         return out
 
     @staticmethod
@@ -177,19 +203,63 @@ class _StackedMLP(torch.autograd.Function):
         refuse_second_derivative("stacked_mlp")
         x, *saved = ctx.saved_tensors
         layers = (len(saved) + 1) // 2
-        weights, inputs = saved[:layers], [x, *saved[layers:]]
-        needs_x, needs = ctx.needs_input_grad[0], ctx.needs_input_grad[3:]
-        weight_grads: list[Tensor | None] = [None] * layers
-        bias_grads: list[Tensor | None] = [None] * layers
-        for i in reversed(range(layers)):  # `grad`: at layer i's output, [P, N, out] ([P, out, N] if outputs_first)
-            outputs_first = ctx.outputs_first and i == layers - 1
-            if needs[i]:
-                weight_grads[i] = bmm(grad, inputs[i]) if outputs_first else _weight_grad(grad, inputs[i])
-            if needs[layers + i]:
-                bias_grads[i] = grad.sum(2 if outputs_first else 1)
-            if i == 0 and not needs_x:
-                break
-            grad = bmm(grad.transpose(1, 2) if outputs_first else grad, weights[i])  # at its input
-            if i > 0:
-                grad = _activation_backward(grad, inputs[i], ctx.activation)
-        return (grad if needs_x else None, None, None, *weight_grads, *bias_grads)
+        grads, x_grad = _mlp_backward(grad, [x, *saved[layers:]], saved[:layers], ctx.activation, ctx.outputs_first,
+                                      ctx.needs_input_grad[3:], ctx.needs_input_grad[0])  # fmt: skip
+        return (x_grad, None, None, *grads)
+
+
+class Tower(NamedTuple):
+    """One MLP whose parameters lie in a flat [P, D] parameter: for each Linear, (offset of its
+    weight [out, in] in a row, out, in, offset of its bias [out])."""
+
+    linears: tuple[tuple[int, int, int, int], ...]
+    activation: Activation
+    outputs_first: bool
+
+    def weights(self, flat: Tensor) -> list[Tensor]:
+        return [flat[:, w : w + o * i].view(-1, o, i) for w, o, i, _b in self.linears]
+
+    def biases(self, flat: Tensor) -> list[Tensor]:
+        return [flat[:, b : b + o] for _w, o, _i, b in self.linears]
+
+
+def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Tensor, ...]:
+    """Several MLPs on one input, their parameters read from `flat` [P, D]: one `autograd.Function`
+    whose backward writes ∂`flat` whole. An actor-critic's two towers through `stacked_mlp` were
+    two Functions plus a view per tensor, and autograd then put ∂`flat` together from twelve
+    pieces: 10 % of one CartPole member's update went to that bookkeeping."""
+    outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))
+    return outs
+
+
+class _StackedTowers(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, flat: Tensor, towers: tuple[Tower, ...]) -> tuple[Tensor, ...]:
+        outs, hidden = [], []
+        for tower in towers:
+            out, tower_hidden = _mlp_forward(x, tower.weights(flat), tower.biases(flat), tower.activation,
+                                             tower.outputs_first)  # fmt: skip
+            outs.append(out)
+            hidden += tower_hidden
+        ctx.towers = towers
+        ctx.save_for_backward(x, flat, *hidden)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        refuse_second_derivative("stacked_towers")
+        x, flat, *hidden = ctx.saved_tensors
+        needs_x, needs_flat = ctx.needs_input_grad[:2]
+        flat_grad = torch.zeros_like(flat) if needs_flat else None  # parameters in no tower get 0
+        x_grad = None
+        for tower, grad in zip(ctx.towers, grads, strict=True):
+            layers = len(tower.linears)
+            tower_hidden, hidden = hidden[: layers - 1], hidden[layers - 1 :]
+            tower_grads, tower_x_grad = _mlp_backward(grad, [x, *tower_hidden], tower.weights(flat), tower.activation,
+                                                      tower.outputs_first, [needs_flat] * (2 * layers), needs_x)  # fmt: skip
+            if flat_grad is not None:
+                for slot, part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), tower_grads, strict=True):
+                    slot.copy_(part)
+            if tower_x_grad is not None:
+                x_grad = tower_x_grad if x_grad is None else x_grad + tower_x_grad
+        return x_grad, flat_grad, None

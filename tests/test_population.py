@@ -134,6 +134,31 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     assert int(optimizer.steps[3]) == cfg.epochs * minibatches  # the first update's steps only
 
 
+@pytest.mark.parametrize("population", [1, 3])  # one member takes the fused kernel on the CPU
+def test_population_adam_steps_each_member_as_torch_adam(population: int) -> None:
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(population, 40))
+    rows = [torch.nn.Parameter(param.detach()[m].clone()) for m in range(population)]
+    optimizer = PopulationAdam(param)
+    adams = [torch.optim.Adam([row], lr=lr, eps=1e-5) for row, lr in zip(rows, (1e-2, 3e-3, 1e-3), strict=False)]
+    lr = torch.tensor([1e-2, 3e-3, 1e-3][:population])
+    for step in range(4):
+        grads = torch.randn(population, 40)
+        param.grad = grads.clone()
+        active = torch.ones(population, dtype=torch.bool)
+        active[-1] = step < 2  # the last member sits the last two steps out
+        optimizer.step(lr, active)
+        for m, (row, adam) in enumerate(zip(rows, adams, strict=True)):
+            if active[m]:
+                row.grad = grads[m].clone()
+                adam.step()
+    for m, (row, adam) in enumerate(zip(rows, adams, strict=True)):
+        torch.testing.assert_close(param.detach()[m], row.detach(), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(optimizer.exp_avg_sq[m], adam.state[row]["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+        assert int(optimizer.steps[m]) == int(adam.state[row]["step"])
+    assert int(optimizer.steps[-1]) == 2
+
+
 def test_a_pbt_copy_moves_weights_and_optimizer_state() -> None:
     torch.manual_seed(0)
     pop = PopulationActorCritic(DISCRETE, (16, 16), 3)

@@ -1,4 +1,4 @@
-"""The hand-written forward and backward of `stacked_mlp` against autograd's."""
+"""The hand-written forward and backward of `stacked_mlp` and `stacked_towers` against autograd's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import torch
 from torch import Tensor
 
 from rlmq.learners import stacked_mlp as stacked
-from rlmq.learners.stacked_mlp import Activation, CpuMatmul, stacked_mlp, tanh_into
+from rlmq.learners.stacked_mlp import (
+    Activation,
+    CpuMatmul,
+    Tower,
+    stacked_mlp,
+    stacked_towers,
+    tanh_into,
+)
 
 P, N, SIZES = 3, 7, [4, 6, 5, 2]  # members, samples, layer widths
 
@@ -117,6 +124,67 @@ def test_gradcheck_in_float64() -> None:
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True),
                                     (x, *weights, *biases))  # fmt: skip
+
+
+def two_towers_in_one_flat(dtype: torch.dtype) -> tuple[Tensor, tuple[Tower, ...], list[Tensor]]:
+    """A [P, D] parameter holding two towers on one input (SIZES, and 4 → 6 → 1) and, between
+    them, 3 numbers no tower reads; with each tower's weights and biases as plain tensors."""
+    sizes = ([4, 6, 5, 2], [4, 6, 1])
+    g = torch.Generator().manual_seed(3)
+    columns, towers, plain, offset = [], [], [], 0
+    for t, widths in enumerate(sizes):
+        linears, weights, biases = [], [], []
+        for inp, out in zip(widths[:-1], widths[1:], strict=True):
+            weight, bias = torch.randn(P, out, inp, generator=g, dtype=dtype), torch.randn(P, out, generator=g, dtype=dtype)
+            linears.append((offset, out, inp, offset + out * inp))
+            columns += [weight.reshape(P, -1), bias]
+            offset += out * inp + out
+            weights.append(weight)
+            biases.append(bias)
+        towers.append(Tower(tuple(linears), "tanh", outputs_first=t == 1))
+        plain += [*weights, *biases]
+        if t == 0:
+            columns.append(torch.randn(P, 3, generator=g, dtype=dtype))  # e.g. a Gaussian's log-std
+            offset += 3
+    return torch.cat(columns, dim=1), tuple(towers), plain
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_towers_match_a_stacked_mlp_each(input_grad: bool, cpu_matmul: CpuMatmul) -> None:
+    flat, towers, plain = two_towers_in_one_flat(torch.float64)
+    flat.requires_grad_()
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    x.requires_grad_(input_grad)
+    policy, value = stacked_towers(x, flat, towers)
+    separate = [t.clone().requires_grad_() for t in plain]  # the same numbers, as tensors of their own
+    want_policy = stacked_mlp(x, separate[:3], separate[3:6], "tanh")
+    want_value = stacked_mlp(x, separate[6:8], separate[8:], "tanh", outputs_first=True)
+    torch.testing.assert_close(policy, want_policy)
+    torch.testing.assert_close(value, want_value)
+
+    g = torch.Generator().manual_seed(5)
+    up_policy, up_value = torch.randn(policy.shape, generator=g, dtype=torch.float64), torch.randn(value.shape, generator=g, dtype=torch.float64)
+    loss = (policy * up_policy).sum() + (value * up_value).sum()
+    want_loss = (want_policy * up_policy).sum() + (want_value * up_value).sum()
+    got = torch.autograd.grad(loss, [flat, x] if input_grad else [flat])
+    want = torch.autograd.grad(want_loss, [*separate, x] if input_grad else separate)
+    flat_grad = got[0]
+    for tower, wanted in zip(towers, (want[:6], want[6:10]), strict=True):
+        layers = len(tower.linears)
+        for got_part, want_part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), wanted[: 2 * layers], strict=True):
+            torch.testing.assert_close(got_part, want_part)
+    unread = towers[0].linears[-1][3] + towers[0].linears[-1][1]  # just after the first tower's last bias
+    assert torch.equal(flat_grad[:, unread : unread + 3], torch.zeros(P, 3, dtype=torch.float64))
+    if input_grad:
+        torch.testing.assert_close(got[1], want[-1])  # the sum of both towers' input gradients
+
+
+def test_towers_gradcheck_in_float64() -> None:
+    flat, towers, _ = two_towers_in_one_flat(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, f: stacked_towers(x, f, towers), (x, flat.requires_grad_()))
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(stacked_towers(x, flat, towers)[1].sum(), flat, create_graph=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
