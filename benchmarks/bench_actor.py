@@ -1,25 +1,30 @@
 """One actor's env-steps/s against the bare env-plus-policy loop it is built around.
 
-Measured, one after the other so that they never share a core:
+Two loops, each in its own process, started once and then run in turns, so that they never share
+a core:
 
-1. the bare loop, in a child process: `make_vector_env("CartPole-v1", N)` (CartPole's native
-   vector env), then `NumpyPolicy.act` and `env.step` on every step, nothing else;
-2. the real actor, `python -m rlmq.cli actor ...` in a child process, talking over real ZeroMQ
-   sockets to peers this script runs: a stand-in coordinator (ROUTER that answers the actor's
-   `Hello` with an `Assign` carrying the run config and initial weights, and ignores its reports),
-   a PUB socket at the broadcast endpoint (silent), and a sink that plays a learner (ROUTER that
-   grants `--credits` credits on the actor's Hello and one more per rollout, so the actor never
-   waits, and decodes every rollout with `wire.decode` as a learner would).
+1. the bare loop: `make_vector_env("CartPole-v1", N)` (CartPole's native vector env), then
+   `NumpyPolicy.act` and `env.step` on every step, nothing else. Between its turns it waits on a
+   pipe;
+2. the real actor, `python -m rlmq.cli actor ...`, talking over real ZeroMQ sockets to peers this
+   script runs: a stand-in coordinator (ROUTER that answers the actor's `Hello` with an `Assign`
+   carrying the run config and initial weights, and ignores its reports), a PUB socket at the
+   broadcast endpoint (silent), and a sink that plays a learner (ROUTER that decodes every rollout
+   with `wire.decode`, as a learner would). During the actor's turn the sink keeps `--credits`
+   credits out, so the actor never waits; between its turns it grants none, and the actor idles
+   as it does when its learner is busy.
 
 Both use the same weights (a fresh `ActorCritic(spec, (64, 64))`) and count the same thing: valid
-env steps (`Rollout.valid`: the step a next-step autoreset spends resetting a slot is not counted),
-in a window of `--window-s` seconds after `--warmup-s` seconds of warm-up (for the actor, counted
-from its first rollout, so its start-up is excluded). Children run with OMP/OPENBLAS/MKL threads=1;
-`--cpu K` pins both measured loops to core K (the peers stay unpinned: give them another core).
-`--repeats` alternates bare and actor runs to average out a noisy host; prints each pair, then the
-median bare steps/s, median actor steps/s and their ratio actor / bare (target ≥ 0.9).
+env steps (`Rollout.valid`: the step a next-step autoreset spends resetting a slot is not counted).
+After `--warmup-s` seconds of warm-up each (the actor's counted from its first rollout, so its
+start-up is excluded), `--pairs` times: a bare turn, then an actor turn, each `--ramp-s` seconds
+not counted and then a `--window-s` window counted. Turns of a few seconds, side by side, keep both
+loops in the same phase of a host whose speed drifts by tens of per cent within minutes; the
+figure is the median of the pairs' ratios (with the ratio of the two sides' medians beside it).
+Children run with OMP/OPENBLAS/MKL threads=1; `--cpu K` pins both measured loops to core K (the
+peers stay unpinned: give them another core). Target: actor / bare ≥ 0.9.
 
-    python benchmarks/bench_actor.py --num-envs 64 --warmup-s 2 --window-s 10 --repeats 3
+    python benchmarks/bench_actor.py --num-envs 64 --pairs 15
 """
 
 from __future__ import annotations
@@ -73,52 +78,38 @@ def initial_params(spec: EnvSpec, hidden: tuple[int, ...], seed: int) -> wire.Pa
 # --- (1) the bare loop ------------------------------------------------------------------------
 
 
-def bare_loop(params: wire.Params, num_envs: int, warmup_s: float, window_s: float, seed: int) -> Rate:
+def bare_loop(conn: Connection, cpu: int | None, params: wire.Params, num_envs: int, seed: int) -> None:
+    """In a child process: on each (ramp, window) from the pipe, step for `ramp` seconds, then count
+    for `window` seconds and send the Rate back; None ends it."""
+    pin(cpu)  # the parent is not pinned: it runs the peers
     env = envs.make_vector_env(ENV_ID, num_envs)
     policy = NumpyPolicy(params, envs.describe(env, ENV_ID))
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     prev_done = np.zeros(num_envs, dtype=bool)
-    start = time.perf_counter()
-    window_start = start + warmup_s
-    end = window_start + window_s
-    counting, valid, slots, now = False, 0, 0, start
-    while now < end:
-        actions, _logp = policy.act(obs, rng)
-        obs, _reward, term, trunc, _ = env.step(actions)
-        if counting:
-            valid += num_envs - int(np.count_nonzero(prev_done))
-            slots += num_envs
-        prev_done = term | trunc
-        now = time.perf_counter()
-        if not counting and now >= window_start:
-            counting, window_start = True, now
+    while (turn := conn.recv()) is not None:
+        ramp, window = turn
+        start = time.perf_counter()
+        window_start = start + ramp
+        end = window_start + window
+        counting, valid, slots, now = False, 0, 0, start
+        while now < end:
+            actions, _logp = policy.act(obs, rng)
+            obs, _reward, term, trunc, _ = env.step(actions)
+            if counting:
+                valid += num_envs - int(np.count_nonzero(prev_done))
+                slots += num_envs
+            prev_done = term | trunc
+            now = time.perf_counter()
+            if not counting and now >= window_start:
+                counting, window_start = True, now
+        conn.send(Rate(valid, slots, now - window_start))
     env.close()
-    return Rate(valid, slots, now - window_start)
 
 
 def pin(cpu: int | None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-
-
-def _bare_child(conn: Connection, cpu: int | None, *args: object) -> None:
-    pin(cpu)  # the parent is not pinned: it runs the peers
-    conn.send(bare_loop(*args))  # type: ignore[arg-type]
-    conn.close()
-
-
-def run_bare(params: wire.Params, args: argparse.Namespace) -> Rate:
-    """The bare loop in a fresh interpreter (spawn): no torch loaded, same thread limits."""
-    ctx = mp.get_context("spawn")
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_bare_child, args=(sender, args.cpu, params, args.num_envs,
-                                                  args.warmup_s, args.window_s, args.seed))
-    child.start()
-    sender.close()
-    rate: Rate = receiver.recv()
-    child.join()
-    return rate
 
 
 # --- (2) the real actor against stand-in peers ------------------------------------------------
@@ -136,8 +127,10 @@ class Peers:
         self.broadcast_endpoint = transport.bind(self.broadcast, "tcp://127.0.0.1:0")
         self.sink_endpoint = transport.bind(self.sink, "tcp://127.0.0.1:0")
         self.assign_frame = wire.encode(dataclasses.replace(assign, learner_endpoints=(self.sink_endpoint,)))
-        self.hello_credit = wire.encode(wire.Credit(credits))
-        self.credit = wire.encode(wire.Credit(1))
+        self.credits = credits
+        self.granting = False  # credits go out during the actor's turns only
+        self.actor: bytes | None = None  # the actor's identity on the sink
+        self.outstanding = 0  # credits the actor holds
         self.first_rollout_at: float | None = None
         self.arrivals: list[tuple[float, int, int]] = []  # (time, valid steps, slot steps)
         self.rejected = 0
@@ -163,7 +156,7 @@ class Peers:
                 self.rejected += 1
 
     def on_sink(self) -> None:
-        """What `Learner.receive` does, less the queue: decode, check, count, grant a credit."""
+        """What `Learner.receive` does, less the queue: decode, check, count, grant credits."""
         while self.sink.poll(0, zmq.POLLIN):
             identity, frame = self.sink.recv_multipart(copy=False)
             try:
@@ -172,36 +165,78 @@ class Peers:
                 self.rejected += 1
                 continue
             if isinstance(message, wire.Hello):
-                self.sink.send_multipart([identity.bytes, self.hello_credit])
+                self.actor = identity.bytes
             elif isinstance(message, wire.Rollout):
                 now = time.perf_counter()
                 self.first_rollout_at = self.first_rollout_at or now
                 self.arrivals.append((now, int(message.valid.sum()), message.valid.size))
-                self.sink.send_multipart([identity.bytes, self.credit])
+                self.outstanding -= 1
+            self.grant()
+
+    def grant(self) -> None:
+        """Top the actor's credits up to `credits` while granting."""
+        if self.granting and self.actor is not None and self.outstanding < self.credits:
+            count = self.credits - self.outstanding
+            self.sink.send_multipart([self.actor, wire.encode(wire.Credit(count))])
+            self.outstanding += count
+
+    def turn(self, ramp: float, window: float) -> Rate:
+        """The actor's turn: credits out for `ramp` + `window` seconds; rollouts that arrive in the
+        window counted. Ends granting: the actor spends what it holds, then idles."""
+        self.granting = True
+        self.grant()
+        window_start = time.perf_counter() + ramp
+        self.serve(window_start + window)
+        self.granting = False
+        counted = [(v, n) for t, v, n in self.arrivals if t > window_start]
+        self.arrivals.clear()
+        return Rate(sum(v for v, _ in counted), sum(n for _, n in counted), window)
 
     def close(self) -> None:
         for sock in (self.control, self.broadcast, self.sink):
             sock.close()
 
 
-def run_actor(assign: wire.Assign, args: argparse.Namespace, child_env: dict[str, str]) -> Rate:
+def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace,
+              child_env: dict[str, str]) -> list[tuple[Rate, Rate]]:  # fmt: skip
+    """Start both loops, warm both up, then `--pairs` × (bare turn, actor turn)."""
     peers = Peers(assign, args.credits)
     argv = [sys.executable, "-m", "rlmq.cli", "actor", "--name", "actor-0",
             "--coordinator", peers.control_endpoint, "--broadcast", peers.broadcast_endpoint,
             "--metrics-port", "-1"]  # fmt: skip
     actor = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: pin(args.cpu))
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no torch loaded, same thread limits
+    conn, child_conn = ctx.Pipe()
+    bare = ctx.Process(target=bare_loop, args=(child_conn, args.cpu, params, args.num_envs, args.seed))
+    bare.start()
+
+    def bare_turn(ramp: float, window: float) -> Rate:
+        conn.send((ramp, window))
+        while not conn.poll(0):  # the actor keeps reporting meanwhile
+            peers.serve(time.perf_counter() + 0.05)
+        rate: Rate = conn.recv()
+        return rate
+
     try:
+        peers.granting = True
         deadline = time.perf_counter() + args.startup_timeout_s
         while peers.first_rollout_at is None:
             if actor.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"no rollout within {args.startup_timeout_s} s (actor exit code {actor.poll()})")
             peers.serve(time.perf_counter() + 0.1)
-        window_start = peers.first_rollout_at + args.warmup_s
-        window_end = window_start + args.window_s
-        peers.serve(window_end)
-        if actor.poll() is not None:
-            raise RuntimeError(f"the actor exited with {actor.returncode} during the window")
+        peers.turn(args.warmup_s, 0.0)
+        bare_turn(args.warmup_s, 0.0)
+        pairs = []
+        for i in range(args.pairs):
+            pair = bare_turn(args.ramp_s, args.window_s), peers.turn(args.ramp_s, args.window_s)
+            if actor.poll() is not None:
+                raise RuntimeError(f"the actor exited with {actor.returncode}")
+            print(f"[{i + 1}/{args.pairs}] bare {pair[0].valid_per_s:>11,.0f}/s   actor {pair[1].valid_per_s:>11,.0f}/s"
+                  f"   ratio {pair[1].valid_per_s / pair[0].valid_per_s:.3f}", flush=True)
+            pairs.append(pair)
     finally:
+        conn.send(None)
+        bare.join(10)
         peers.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "bench over"))])
         actor.terminate()
         try:
@@ -212,8 +247,7 @@ def run_actor(assign: wire.Assign, args: argparse.Namespace, child_env: dict[str
         peers.close()
     if peers.rejected:
         print(f"warning: the peers dropped {peers.rejected} malformed message(s)")
-    in_window = [(v, s) for t, v, s in peers.arrivals if window_start < t <= window_end]
-    return Rate(sum(v for v, _ in in_window), sum(s for _, s in in_window), window_end - window_start)
+    return pairs
 
 
 def main() -> None:
@@ -221,10 +255,11 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=64, help="vector-env slots (N)")
     parser.add_argument("--rollout-length", type=int, default=32, help="steps per rollout (T)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="policy hidden sizes")
-    parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up before the window")
-    parser.add_argument("--window-s", type=float, default=10.0, help="measurement window")
-    parser.add_argument("--credits", type=int, default=4, help="credits the sink keeps outstanding")
-    parser.add_argument("--repeats", type=int, default=3, help="bare/actor pairs, alternating; medians")
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="each loop's warm-up, once")
+    parser.add_argument("--ramp-s", type=float, default=0.5, help="uncounted start of each turn")
+    parser.add_argument("--window-s", type=float, default=3.0, help="counted part of each turn")
+    parser.add_argument("--credits", type=int, default=4, help="credits the sink keeps out in the actor's turns")
+    parser.add_argument("--pairs", type=int, default=15, help="bare/actor turn pairs")
     parser.add_argument("--cpu", type=int, default=None, help="pin the bare loop and the actor to this core")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--startup-timeout-s", type=float, default=60.0)
@@ -241,22 +276,16 @@ def main() -> None:
                          learner_endpoints=(), weights=wire.Weights(member=0, version=0, params=params))
 
     print(f"{ENV_ID} × {args.num_envs}, policy {'×'.join(map(str, hidden))}, rollout {args.rollout_length}, "
-          f"warm-up {args.warmup_s:g} s, window {args.window_s:g} s, {args.repeats} repeat(s), "
+          f"warm-up {args.warmup_s:g} s, turns of {args.ramp_s:g} + {args.window_s:g} s, {args.pairs} pairs, "
           f"cpu {'any' if args.cpu is None else args.cpu}", flush=True)
-    bare_rates, actor_rates = [], []
-    for i in range(args.repeats):
-        bare = run_bare(params, args)
-        actor = run_actor(assign, args, child_env)
-        bare_rates.append(bare.valid_per_s)
-        actor_rates.append(actor.valid_per_s)
-        print(f"[{i + 1}/{args.repeats}] bare {bare.valid_per_s:>11,.0f}/s ({bare.slot_per_s:,.0f} slot-steps/s)"
-              f"   actor {actor.valid_per_s:>11,.0f}/s ({actor.slot_per_s:,.0f} slot-steps/s)"
-              f"   ratio {actor.valid_per_s / bare.valid_per_s:.3f}", flush=True)
-    bare_median, actor_median = float(np.median(bare_rates)), float(np.median(actor_rates))
-    ratio = actor_median / bare_median  # of medians: one slow repeat of either side cannot sway it
+    pairs = run_pairs(assign, params, args, child_env)
+    bare_median = float(np.median([b.valid_per_s for b, _ in pairs]))
+    actor_median = float(np.median([a.valid_per_s for _, a in pairs]))
+    ratio = float(np.median([a.valid_per_s / b.valid_per_s for b, a in pairs]))
     print(f"bare loop : {bare_median:>12,.0f} env steps/s (median)")
     print(f"actor     : {actor_median:>12,.0f} env steps/s (median)")
-    print(f"actor/bare: {ratio:12.3f}  (target ≥ 0.9: {'met' if ratio >= 0.9 else 'NOT met'})")
+    print(f"actor/bare: {ratio:12.3f}  median of the pairs' ratios (target ≥ 0.9: {'met' if ratio >= 0.9 else 'NOT met'}); "
+          f"ratio of the medians {actor_median / bare_median:.3f}")
 
 
 if __name__ == "__main__":

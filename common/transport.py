@@ -49,8 +49,13 @@ def send(sock: zmq.Socket, message: wire.Message) -> bool:
     For control traffic (reports, weights, replies), where the next message supersedes this one
     and blocking could trap a shutdown. Experience is paced by credits instead (learners/credits.py).
     """
+    return send_frame(sock, wire.encode(message))
+
+
+def send_frame(sock: zmq.Socket, frame: bytes) -> bool:
+    """`send` for a message encoded already."""
     try:
-        sock.send(wire.encode(message), flags=zmq.NOBLOCK)
+        sock.send(frame, flags=zmq.NOBLOCK)
         return True
     except zmq.Again:
         return False

@@ -103,18 +103,17 @@ class Learner:
                 self.weights_sent.popitem(last=False)
         self.experience.send_multipart([actor, wire.encode(wire.Credit(1, policy_version=version))])
 
-    def weights_frame(self, member: int, final: bool = False) -> bytes:
-        """The member's current weights as a wire frame, encoded once per version (the last one,
-        marked final, is encoded apart: actors are not sent that mark)."""
+    def weights(self, member: int, final: bool = False) -> wire.Weights:
+        return wire.Weights(member=member, version=self.members.versions[member],
+                            params=self.trainer.member_params(member), final=final,
+                            trained_steps=self.trainer.trained_steps(member))  # fmt: skip
+
+    def weights_frame(self, member: int) -> bytes:
+        """The member's current weights as a wire frame, encoded once per version."""
         version = self.members.versions[member]
-        cached = self.weights_frames.get(member)
-        if final or cached is None or cached[0] != version:
-            weights = wire.Weights(member=member, version=version, params=self.trainer.member_params(member),
-                                   final=final, trained_steps=self.trainer.trained_steps(member))  # fmt: skip
-            if final:
-                return wire.encode(weights)
-            cached = self.weights_frames[member] = (version, wire.encode(weights))
-        return cached[1]
+        if self.weights_frames.get(member, (-1, b""))[0] != version:
+            self.weights_frames[member] = (version, wire.encode(self.weights(member)))
+        return self.weights_frames[member][1]
 
     def check_rollout(self, r: wire.Rollout) -> None:
         spec, run_cfg = self.spec, self.run_cfg
@@ -284,10 +283,7 @@ class Learner:
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""
-        try:
-            self.control.send(self.weights_frame(member, final), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the next version supersedes this one (transport.send's rule for control traffic)
+        transport.send_frame(self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
 
     def report(self) -> None:
         lags, self.lags = self.lags, []
