@@ -138,7 +138,7 @@ class Coordinator:
         # last ~TICK_S / 2 longer than it had to. Only this member's returns can have changed.
         if self.finished_at is None:
             _, mean_return, full_record = self.population.best({report.member: recent}) if recent else (0, None, False)
-            self.check_end(steps, mean_return, full_record, f" (member {report.member})")
+            self.check_end(steps, report.member, mean_return, full_record)
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
@@ -238,14 +238,15 @@ class Coordinator:
                                     "episodes": int(status.get("episodes", 0)),
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
                                     "members": member_means})  # fmt: skip
-        self.check_end(steps, mean_return, full_record, f" (member {best})")
+        self.check_end(steps, best, mean_return, full_record)
         return False
 
-    def check_end(self, steps: int, mean_return: float | None, full_record: bool, member: str) -> None:
-        """Finish on the target (a member's last `return_window` returns) or the step budget."""
+    def check_end(self, steps: int, member: int, mean_return: float | None, full_record: bool) -> None:
+        """Finish on the target (`member`'s last `return_window` returns) or the step budget."""
         target = self.run_config.target_return
         if target is not None and full_record and mean_return is not None and mean_return >= target:
-            who = member if self.population.size > 1 else ""
+            who = f" (member {member})" if self.population.size > 1 else ""
+            self.store.set_status(mean_return=mean_return, best_member=member)  # what ended it, not the last tick's
             self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
         elif steps >= self.run_config.total_steps:
             self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
