@@ -134,7 +134,7 @@ class Actor:
                     try:
                         message = wire.decode(sock.recv())
                         if isinstance(message, wire.Weights):  # they come just ahead of a credit
-                            self.take_weights(message)
+                            self.take_weights(message, from_learner=True)
                             continue
                         if not isinstance(message, wire.Credit):
                             raise wire.WireError("unexpected_kind", type(message).__name__)
@@ -199,11 +199,13 @@ class Actor:
         if newest is not None:
             self.take_weights(newest)
 
-    def take_weights(self, weights: wire.Weights) -> None:
-        """Adopt weights newer than ours (from the broadcast, or from a learner with its credit)."""
+    def take_weights(self, weights: wire.Weights, from_learner: bool = False) -> None:
+        """Adopt broadcast weights newer than ours. Weights a learner sends with its credit are
+        what it holds now, newer or not: a restarted learner world counts on from the last version
+        its predecessor published, which can be older than one we were sent directly."""
         if weights.member != self.member:
             raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
-        if weights.version > self.version:
+        if weights.version > self.version or (from_learner and weights.version != self.version):
             self.apply_weights(weights)
 
     def apply_weights(self, weights: wire.Weights) -> None:

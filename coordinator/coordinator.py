@@ -135,10 +135,12 @@ class Coordinator:
         if report.rejected:
             self.metrics.rejected.labels("at_actor").inc(report.rejected)
         # The end is checked here as well as on the tick: waiting for the tick made every run
-        # last ~TICK_S / 2 longer than it had to. Only this member's returns can have changed.
+        # last ~TICK_S / 2 longer than it had to. Only this member's returns can have changed. If
+        # the run is over, the tick comes now: its status and progress sample record the end.
         if self.finished_at is None:
             _, mean_return, full_record = self.population.best({report.member: recent}) if recent else (0, None, False)
-            self.check_end(steps, report.member, mean_return, full_record)
+            if self.end_reason(steps, mean_return, full_record) is not None:
+                self.on_tick()
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
@@ -165,8 +167,8 @@ class Coordinator:
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights[weights.member] = weights
-        # Actors first: they wait for these weights to collect with (a learner's credit names the
-        # version), and the Redis copy, for actors and learners that start later, can come after.
+        # The broadcast first: actors that missed these weights with a credit wait for them, and
+        # the Redis copy, for actors and learners that start later, can come after.
         self.broadcast.send_multipart([wire.weights_topic(weights.member), frame])
         self.metrics.weights_bytes.inc(len(frame))
         self.metrics.weights_latency.observe(time.perf_counter() - received)
@@ -238,18 +240,21 @@ class Coordinator:
                                     "episodes": int(status.get("episodes", 0)),
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
                                     "members": member_means})  # fmt: skip
-        self.check_end(steps, best, mean_return, full_record)
+        reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
+        if reason == "target":
+            who = f" (member {best})" if self.population.size > 1 else ""
+            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
+        elif reason == "budget":
+            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
         return False
 
-    def check_end(self, steps: int, member: int, mean_return: float | None, full_record: bool) -> None:
-        """Finish on the target (`member`'s last `return_window` returns) or the step budget."""
+    def end_reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
+        """Why the run ends now: "target" (a member's last `return_window` returns reach it),
+        "budget" (the env steps), or None."""
         target = self.run_config.target_return
         if target is not None and full_record and mean_return is not None and mean_return >= target:
-            who = f" (member {member})" if self.population.size > 1 else ""
-            self.store.set_status(mean_return=mean_return, best_member=member)  # what ended it, not the last tick's
-            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
-        elif steps >= self.run_config.total_steps:
-            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
+            return "target"
+        return "budget" if steps >= self.run_config.total_steps else None
 
     def finishing(self) -> bool:
         """The run is over; status is frozen. Repeat `stop` (a PUB message can miss a slow joiner)

@@ -183,11 +183,10 @@ class Learner:
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
         try:
-            trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
-                                   self.cfg.world_size, device)  # fmt: skip
-            trainer.set_hyperparams(self.hyperparams)
-            self.trainer = trainer
-            return self.train(trainer, device, max_updates)
+            self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
+                                                 self.cfg.world_size, device)  # fmt: skip
+            self.trainer.set_hyperparams(self.hyperparams)
+            return self.train(device, max_updates)
         finally:
             distributed.shutdown()
 
@@ -200,7 +199,7 @@ class Learner:
         self.applied, self.hyperparams, self.members.versions = (
             shared["applied"], shared["hyperparams"], shared["versions"])  # fmt: skip
 
-    def train(self, trainer: Trainer, device: torch.device, max_updates: int | None) -> int:
+    def train(self, device: torch.device, max_updates: int | None) -> int:
         population = self.run_cfg.population
         publish_every = self.run_cfg.algo_config.publish_every
         if self.cfg.rank == 0:
@@ -222,8 +221,7 @@ class Learner:
                                        self.members.batch_samples() if ready else [0] * population,
                                        len(offer), device)  # fmt: skip
             if agreed.decision_bytes:
-                replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)),
-                                               trainer)  # fmt: skip
+                replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                     agreed.member_samples[replaced] = 0
             if agreed.stop:
@@ -237,7 +235,7 @@ class Learner:
                 self.metrics.policy_lag.observe(lag)
             self.lags += taken.lags
             started = time.perf_counter()
-            stats, updated = trainer.train(taken.rollouts, agreed.member_samples)
+            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples)
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)
@@ -259,7 +257,7 @@ class Learner:
         self.report()
         return EXIT_OK
 
-    def apply_decision(self, decision: wire.Message, trainer: Trainer) -> int | None:
+    def apply_decision(self, decision: wire.Message) -> int | None:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
         the same everywhere); then its version moves on and its queued data, another policy's, is
@@ -268,10 +266,10 @@ class Learner:
             raise RuntimeError(f"decision {getattr(decision, 'id', '?')} offered after {self.applied}")
         copied = decision.source != decision.target
         if copied:
-            trainer.copy_member(decision)
+            self.trainer.copy_member(decision)
             self.members.replaced(decision.target)
         self.hyperparams[decision.target] = dict(decision.hyperparams)
-        trainer.set_hyperparams(self.hyperparams)
+        self.trainer.set_hyperparams(self.hyperparams)
         self.applied = decision.id
         self.decisions = {i: f for i, f in self.decisions.items() if i > decision.id}
         log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)

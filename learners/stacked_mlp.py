@@ -226,8 +226,9 @@ class Tower(NamedTuple):
 def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Tensor, ...]:
     """Several MLPs on one input, their parameters read from `flat` [P, D]: one `autograd.Function`
     whose backward writes ∂`flat` whole. An actor-critic's two towers through `stacked_mlp` were
-    two Functions plus a view per tensor, and autograd then put ∂`flat` together from twelve
-    pieces: one CartPole member's update took ~4 % longer that way."""
+    two Functions plus a view per tensor, and autograd then put ∂`flat` together from a piece per
+    tensor: one CartPole member's update took ~4 % longer that way. Always the hand-written path
+    (its one user is tanh PPO), whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
     outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))
     return outs
 
@@ -259,7 +260,7 @@ class _StackedTowers(torch.autograd.Function):
                                                       tower.outputs_first, [needs_flat] * (2 * layers), needs_x)  # fmt: skip
             if flat_grad is not None:
                 for slot, part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), tower_grads, strict=True):
-                    slot.copy_(part)
+                    slot.add_(part)  # added, not copied: towers may share a tensor
             if tower_x_grad is not None:
                 x_grad = tower_x_grad if x_grad is None else x_grad + tower_x_grad
         return x_grad, flat_grad, None

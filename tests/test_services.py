@@ -251,6 +251,8 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     rejected = rejected_total(metrics_port)
     next_rollout(wire.Weights(member=1, version=30, params=params), wire.Weights(member=0, version=12, params=params))
     assert next_rollout().policy_version == 12, "weights that come with a credit are used at once"
+    next_rollout(wire.Weights(member=0, version=5, params=params))  # a restarted learner world counts from 5
+    assert next_rollout().policy_version == 5, "a learner's own weights are used, newer or not"
     wait_for(lambda: rejected_total(metrics_port) == rejected + 1, 10, "another member's weights refused")
     assert actor.alive(), actor.log()
 
@@ -422,6 +424,7 @@ def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
                               check=True, timeout=120)  # fmt: skip
         return int(done.stdout)
 
-    default, kept = faults_per_step("default"), faults_per_step("keep")
-    # Seen over 8 processes each: 105–636 without, 10–40 with (the default varies with the layout).
+    # Seen over 6 processes each: 37–109 without, 3–22 with (the default varies with the layout
+    # and with glibc's adaptive mmap threshold), so the median of three of each is compared.
+    default, kept = (sorted(faults_per_step(mode) for _ in range(3))[1] for mode in ("default", "keep"))
     assert kept * 2 < default, f"{kept} page faults per step with keep_freed_memory, {default} without"

@@ -179,6 +179,14 @@ def test_towers_match_a_stacked_mlp_each(input_grad: bool, cpu_matmul: CpuMatmul
         torch.testing.assert_close(got[1], want[-1])  # the sum of both towers' input gradients
 
 
+def test_towers_that_share_a_tensor_add_their_gradients() -> None:
+    flat, towers, _ = two_towers_in_one_flat(torch.float64)
+    x = torch.randn(P, N, SIZES[0], dtype=torch.float64)
+    one = torch.autograd.grad(stacked_towers(x, flat.requires_grad_(), towers[:1])[0].sum(), flat)[0]
+    twice = torch.autograd.grad(sum(out.sum() for out in stacked_towers(x, flat, towers[:1] * 2)), flat)[0]
+    torch.testing.assert_close(twice, 2 * one)
+
+
 def test_towers_gradcheck_in_float64() -> None:
     flat, towers, _ = two_towers_in_one_flat(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
