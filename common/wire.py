@@ -223,9 +223,8 @@ class LearnerReport:
 class Credit:
     """Learner → actor: you may send me `count` more rollouts (flow control, learners/credits.py).
 
-    `policy_version` is the learner's version now: the actor collects with weights at least that
-    new. The learner sends them just ahead of the credit, once per actor and version; the
-    coordinator's broadcast brings them too, a hop later.
+    `policy_version` is the learner's version now: the actor collects with those weights, which the
+    learner sends just ahead of the credit (once per actor and version) and the broadcast later.
     """
 
     count: int = 1
