@@ -17,6 +17,7 @@ import logging
 import os
 import time
 
+import numpy as np
 import zmq
 
 from rlmq.actors.collector import Collector
@@ -45,6 +46,7 @@ class Actor:
         self.broadcast = transport.make_socket(self.ctx, zmq.SUB)
         self.rejected = 0
         self.unreported_steps = 0
+        self.unreported_credit_wait = 0.0  # seconds; metrics are updated once per report, off the hot path
         self.first_step_at = 0.0
         self.version = -1
         self.awaited_version = 0
@@ -99,10 +101,9 @@ class Actor:
                 rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
-                steps = int(rollout.valid.sum())
+                steps = int(np.count_nonzero(rollout.valid))
                 self.unreported_steps += steps
                 steps_total += steps
-                self.metrics.env_steps.inc(steps)
                 if report.due():
                     self.report(collector)
                 if self.cfg.max_steps is not None and steps_total >= self.cfg.max_steps:
@@ -130,7 +131,7 @@ class Actor:
         started = time.perf_counter()
         while not self.stop.is_set():
             for i, sock in enumerate(self.learners):
-                while sock.poll(0, zmq.POLLIN):
+                while transport.readable(sock):
                     try:
                         message = wire.decode(sock.recv())
                         if isinstance(message, wire.Weights):  # they come just ahead of a credit
@@ -147,7 +148,7 @@ class Actor:
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
                 self.await_weights(self.awaited_version)
-                self.metrics.credit_wait.inc(time.perf_counter() - started)
+                self.unreported_credit_wait += time.perf_counter() - started
                 return best
             self.poller.poll(50)
             self.read_broadcast(timeout_ms=0)
@@ -183,8 +184,9 @@ class Actor:
         passes here, waiting for credit or weights included: it is where the actor's heartbeat beats."""
         self.metrics.heartbeat.beat()
         newest: wire.Weights | None = None
-        while self.broadcast.poll(timeout_ms, zmq.POLLIN):
-            timeout_ms = 0
+        if timeout_ms:
+            self.broadcast.poll(timeout_ms, zmq.POLLIN)  # waits only while nothing is there
+        while transport.readable(self.broadcast):
             try:
                 _topic, frame = self.broadcast.recv_multipart()
                 message = wire.decode(frame)
@@ -220,6 +222,9 @@ class Actor:
     def report(self, collector: Collector) -> None:
         returns, lengths = collector.finished_episodes()
         steps, self.unreported_steps = self.unreported_steps, 0
+        self.metrics.env_steps.inc(steps)
+        self.metrics.credit_wait.inc(self.unreported_credit_wait)
+        self.unreported_credit_wait = 0.0
         self.metrics.episodes.inc(len(returns))
         self.metrics.episode_return.observe_many(returns)
         transport.send(self.control, wire.ActorReport(

@@ -22,6 +22,8 @@ class Collector:
         self.num_envs = env.num_envs
         self.rng = np.random.default_rng(seed)
         self.obs = flatten_obs(env.reset(seed=seed)[0], self.num_envs)
+        # A Box's shape (envs.describe), of obs_dim numbers in all: rows are flattened as copied in.
+        self.obs_shape = env.single_observation_space.shape or (spec.obs_dim,)
         self.prev_done = np.zeros(self.num_envs, dtype=bool)
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -47,10 +49,11 @@ class Collector:
         valid = np.empty((steps, n), bool)
         env, rng, clip = self.env, self.rng, self.clip
         obs[0] = self.obs
+        env_obs = obs.reshape(steps + 1, n, *self.obs_shape)  # a view of obs
         for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
             action, logp = policy.act(obs[t], rng)
             next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
-            obs[t + 1] = next_obs.reshape(n, -1)  # flattened as it is copied in
+            env_obs[t + 1] = next_obs
             actions[t], logprobs[t], rewards[t] = action, logp, reward
             terminated[t], truncated[t] = term, trunc
         self.obs = obs[steps].copy()

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import zmq
 
@@ -59,6 +60,12 @@ def send_frame(sock: zmq.Socket, frame: bytes) -> bool:
         return True
     except zmq.Again:
         return False
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message is waiting, without blocking: one getsockopt, where `sock.poll(0)` builds
+    and registers a Poller on every call (an actor asks several times per rollout)."""
+    return bool(cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -299,14 +299,20 @@ def encode(message: Message) -> bytes:
 
 
 def _pack(value: Any) -> Any:
+    kind: type = type(value)
+    if kind in _PLAIN:  # most fields: checked first, as encoding a rollout is on an actor's hot path
+        return value
     if isinstance(value, np.ndarray):
-        # Native byte order, as decode reads it. The shape is the value's own: ascontiguousarray
-        # turns a 0-d array into shape (1,). Flattened: memoryview.cast refuses a 0 in the shape.
-        array = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+        # Native byte order, as decode reads it (a copy only where the array is not so already).
+        # The shape is the value's own: ascontiguousarray turns a 0-d array into shape (1,).
+        # Flattened: memoryview.cast refuses a 0 in the shape.
+        array = value
+        if not (value.flags.c_contiguous and value.dtype.isnative):
+            array = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
         data = memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]
         return [_dtype_name(array.dtype), list(value.shape), data]
     if dataclasses.is_dataclass(value):
-        return {f.name: _pack(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: _pack(getattr(value, name)) for name in _field_names(kind)}
     if isinstance(value, dict):
         return {k: _pack(v) for k, v in value.items()}
     if isinstance(value, tuple):
@@ -314,6 +320,14 @@ def _pack(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -350,16 +364,15 @@ def decode(frame: bytes | memoryview) -> Message:
 def _unpack_dataclass(cls: type, raw: Any, where: str) -> Any:
     if not isinstance(raw, dict):
         raise WireError("bad_type", f"{where} must be a map")
-    hints = _hints(cls)
-    unknown = set(raw) - set(hints)
-    if unknown:
-        raise WireError("unknown_field", f"{where}: {sorted(unknown, key=repr)}")  # str and bytes
+    fields, names = _decoding_plan(cls)
+    if not names.issuperset(raw):
+        raise WireError("unknown_field", f"{where}: {sorted(set(raw) - names, key=repr)}")  # str and bytes
     values = {}
-    for f in dataclasses.fields(cls):
-        if f.name in raw:
-            values[f.name] = _unpack(hints[f.name], raw[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise WireError("missing_field", f"{where}.{f.name}")
+    for name, hint, required in fields:
+        if name in raw:
+            values[name] = _unpack(hint, raw[name], f"{where}.{name}")
+        elif required:
+            raise WireError("missing_field", f"{where}.{name}")
     try:
         return cls(**values)
     except WireError:
@@ -368,7 +381,20 @@ def _unpack_dataclass(cls: type, raw: Any, where: str) -> Any:
         raise WireError("bad_value", f"{where}: {exc}") from exc
 
 
+@functools.cache
+def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
+    """A dataclass's fields as decode walks them: (name, type hint, required), and all names."""
+    hints = typing.get_type_hints(cls)
+    fields = tuple(
+        (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    )
+    return fields, frozenset(hints)
+
+
 def _unpack(hint: Any, raw: Any, where: str) -> Any:
+    if hint in _SCALARS:
+        return _unpack_scalar(hint, raw, where)
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         options = typing.get_args(hint)
@@ -391,6 +417,9 @@ def _unpack(hint: Any, raw: Any, where: str) -> Any:
         _, value_hint = typing.get_args(hint)
         return {_unpack(str, k, where): _unpack(value_hint, v, f"{where}.{k}") for k, v in raw.items()}
     return _unpack_scalar(hint, raw, where)
+
+
+_SCALARS = frozenset({bool, int, float, str})
 
 
 def _unpack_scalar(hint: Any, raw: Any, where: str) -> Any:
@@ -441,12 +470,3 @@ def _unpack_array(raw: Any, where: str) -> np.ndarray:
     if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:
         raise WireError("bad_value", f"{where}: bool bytes must be 0 or 1")
     return array
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]

@@ -30,6 +30,27 @@ def test_collects_valid_rollouts(env_id: str) -> None:
     env.close()
 
 
+def test_observations_of_any_box_shape_are_flattened_into_the_rollout() -> None:
+    """A (2, 2) observation lands as one row of 4; replaying the rollout's actions in a twin env
+    (same seed) gives the same observations, flattened."""
+    import gymnasium as gym
+    from gymnasium.wrappers import ReshapeObservation
+
+    def make() -> gym.vector.VectorEnv:
+        return gym.vector.SyncVectorEnv([lambda: ReshapeObservation(gym.make("CartPole-v1"), (2, 2))] * 3)
+
+    env, twin = make(), make()
+    spec = envs.describe(env, "grid-cartpole")
+    assert spec.obs_dim == 4
+    policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
+    rollout = Collector(env, spec, rollout_length=30, seed=5).collect(policy, 0, 0, "a")
+    expected = [twin.reset(seed=5)[0].reshape(3, 4)]
+    expected += [twin.step(action)[0].reshape(3, 4) for action in rollout.actions]
+    np.testing.assert_array_equal(rollout.obs, np.stack(expected))
+    env.close()
+    twin.close()
+
+
 def test_native_vector_entry_point_is_used() -> None:
     env = envs.make_vector_env("CartPole-v1", 4)
     assert type(env).__name__ == "CartPoleVectorEnv"  # ~10x a SyncVectorEnv here

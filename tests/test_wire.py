@@ -205,6 +205,24 @@ def test_round_trip_converts_non_native_byte_order() -> None:
     assert decoded.episode_lengths.tolist() == [1, 2, 3]
 
 
+def test_round_trip_of_views_that_are_not_contiguous() -> None:
+    """Encode copies only what is not C-contiguous already: a transposed or strided view must
+    still arrive with its own shape and values."""
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    for returns in (base.T[2], base[1, ::2], base[::2, 1]):
+        lengths = np.arange(len(returns), dtype=np.int64)[::-1]
+        assert not returns.flags.c_contiguous and not lengths.flags.c_contiguous
+        decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns, episode_lengths=lengths)))
+        assert decoded.episode_returns.tolist() == returns.tolist()
+        assert decoded.episode_lengths.tolist() == lengths.tolist()
+    obs = np.arange(3 * 2 * 4, dtype=np.float32).reshape(4, 2, 3).transpose(2, 1, 0)  # [T + 1 = 3, N = 2, 4]
+    flags = np.zeros((2, 2), bool)
+    rollout = wire.Rollout(0, 0, "a", obs, np.zeros((2, 2), np.int64), np.zeros((2, 2), np.float32),
+                           np.ones((2, 2), np.float32), flags, flags, ~flags)  # fmt: skip
+    assert not obs.flags.c_contiguous
+    np.testing.assert_array_equal(wire.decode(wire.encode(rollout)).obs, obs)
+
+
 def test_encode_refuses_a_non_message() -> None:
     with pytest.raises(TypeError):
         wire.encode(RunConfig())  # type: ignore[arg-type]
