@@ -21,6 +21,7 @@ start-up is excluded), `--pairs` times: a bare turn, then an actor turn, each `-
 not counted and then a `--window-s` window counted. Turns of a few seconds, side by side, keep both
 loops in the same phase of a host whose speed drifts by tens of per cent within minutes; the
 figure is the median of the pairs' ratios (with the ratio of the two sides' medians beside it).
+It also prints the actor's start-up: launch → its first rollout at the sink.
 Children run with OMP/OPENBLAS/MKL threads=1; `--cpu K` pins both measured loops to core K (the
 peers stay unpinned: give them another core). Target: actor / bare ≥ 0.9.
 
@@ -204,6 +205,7 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
     argv = [sys.executable, "-m", "rlmq.cli", "actor", "--name", "actor-0",
             "--coordinator", peers.control_endpoint, "--broadcast", peers.broadcast_endpoint,
             "--metrics-port", "-1"]  # fmt: skip
+    launched = time.perf_counter()
     actor = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: pin(args.cpu))
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch loaded, same thread limits
     conn, child_conn = ctx.Pipe()
@@ -224,6 +226,8 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
             if actor.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"no rollout within {args.startup_timeout_s} s (actor exit code {actor.poll()})")
             peers.serve(time.perf_counter() + 0.1)
+        print(f"actor start-up: {peers.first_rollout_at - launched:.2f} s from launch to its first rollout at the sink "
+              "(the bare loop's process starts alongside)", flush=True)
         peers.turn(args.warmup_s, 0.0)
         bare_turn(args.warmup_s, 0.0)
         pairs = []
