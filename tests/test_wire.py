@@ -206,8 +206,8 @@ def test_round_trip_converts_non_native_byte_order() -> None:
 
 
 def test_round_trip_of_views_that_are_not_contiguous() -> None:
-    """Encode copies only what is not C-contiguous already: a transposed or strided view must
-    still arrive with its own shape and values."""
+    """Arrays that are not C-contiguous (transposed, strided, reversed views) arrive with their own
+    shape and values: encode lays them out in C order first."""
     base = np.arange(24, dtype=np.float64).reshape(4, 6)
     for returns in (base.T[2], base[1, ::2], base[::2, 1]):
         lengths = np.arange(len(returns), dtype=np.int64)[::-1]
