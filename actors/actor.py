@@ -25,10 +25,9 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
 from rlmq.common.models import NumpyPolicy, make_policy
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag, announce
 
 log = logging.getLogger("rlmq.actor")
-GREETING_PERIOD_S = 5.0
 WEIGHTS_WAIT_S = 0.5
 WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
 
@@ -37,7 +36,8 @@ class Actor:
     def __init__(self, cfg: ActorConfig, stop: StopFlag) -> None:
         self.cfg, self.stop = cfg, stop
         self.metrics = ActorMetrics()
-        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
+        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
+        announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
@@ -68,7 +68,7 @@ class Actor:
             self.learners.append(sock)
             self.credits.append(0)
         self.hello_frame = wire.encode(dataclasses.replace(hello, member=self.member))  # to learners
-        self.heard_from = [0.0] * len(self.learners)  # when each learner last sent us a credit
+        self.asked_at = [0.0] * len(self.learners)  # when we last asked each learner for credit
         self.poller = zmq.Poller()
         for sock in self.learners:
             self.poller.register(sock, zmq.POLLIN)
@@ -101,6 +101,7 @@ class Actor:
                 rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
+                self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit
                 steps = int(np.count_nonzero(rollout.valid))
                 self.unreported_steps += steps
                 steps_total += steps
@@ -114,19 +115,23 @@ class Actor:
         return EXIT_OK
 
     def greet_learners(self) -> None:
-        """Hello to every learner we hold no credit from and have not heard from lately: a
-        learner that restarted has forgotten us, and a credit lost with it would starve us."""
+        """Ask every learner we hold no credit from for one, again every CREDIT_REQUEST_RENEW_S
+        while we wait: a learner forgets requests that are not renewed (so that dead actors lose
+        their place), and one that restarted has forgotten us altogether."""
         now = time.monotonic()
         for i, sock in enumerate(self.learners):
-            if self.credits[i] == 0 and now - self.heard_from[i] > GREETING_PERIOD_S:
-                sock.send(self.hello_frame, flags=zmq.NOBLOCK)
-                self.heard_from[i] = now
+            if self.credits[i] == 0 and now - self.asked_at[i] >= wire.CREDIT_REQUEST_RENEW_S:
+                try:
+                    sock.send(self.hello_frame, flags=zmq.NOBLOCK)
+                except zmq.Again:  # not connected yet: the next renewal tries again
+                    continue
+                self.asked_at[i] = now
 
     def wait_for_credit(self, report: RateTimer, collector: Collector) -> int | None:
         """Index of a learner whose credit we hold (waiting as long as it takes), or None on stop.
 
-        While waiting: read the broadcast (a stop must get through), keep reporting, and greet
-        the learners again now and then, in case one restarted and forgot us.
+        While waiting: read the broadcast (a stop must get through), keep reporting, and renew our
+        requests for credit.
         """
         started = time.perf_counter()
         while not self.stop.is_set():
@@ -143,18 +148,17 @@ class Actor:
                         self.reject(exc)
                         continue
                     self.credits[i] += message.count
-                    self.heard_from[i] = time.monotonic()
                     self.awaited_version = max(self.awaited_version, message.policy_version)
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
                 self.await_weights(self.awaited_version)
                 self.unreported_credit_wait += time.perf_counter() - started
                 return best
+            self.greet_learners()
             self.poller.poll(50)
             self.read_broadcast(timeout_ms=0)
             if report.due():
                 self.report(collector)
-            self.greet_learners()
         return None
 
     def pull_weights(self, hello: wire.Hello, starving: RateTimer) -> None:

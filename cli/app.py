@@ -33,6 +33,33 @@ Run = Annotated[str, _opt("Run id: names the run's keys in Redis.", "RUN")]
 Coord = Annotated[str, _opt("Coordinator control endpoint.", "COORDINATOR")]
 Broadcast = Annotated[str, _opt("Coordinator broadcast (PUB) endpoint.", "BROADCAST")]
 MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none).", "METRICS_PORT")]
+Announce = Annotated[str, _opt("Write the ports this process bound to this JSON file.", "ANNOUNCE", hidden=True)]
+BindHost = Annotated[str, _opt("Address this process's listeners bind (*: every interface).", "BIND_HOST")]
+RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
+                                    "REDIS_OUTAGE_S", min=0.0)]
+
+
+# What redis-py's `from_url` accepts. A bare `HOST:PORT` is the usual slip; redis-py's own error
+# for it is a traceback from deep inside the first connection.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _require_redis_url(url: str | None) -> None:
+    """Exit 2 with one line naming the fix unless `url` is a URL redis-py can use (or None)."""
+    if url is None:
+        return
+    reason = ""
+    if url.startswith(REDIS_SCHEMES):
+        import redis
+
+        try:
+            redis.ConnectionPool.from_url(url)  # parses only; connects on first use
+            return
+        except (ValueError, TypeError) as exc:  # a port or db that is not a number, a bad query
+            reason = f" ({exc})"
+    typer.echo(f"error: --redis-url {url} is not a Redis URL{reason}: use redis://HOST:PORT/DB "
+               "(rediss:// for TLS, unix:///PATH for a socket)", err=True)
+    raise typer.Exit(EXIT_USAGE)
 
 
 def _start(name: str, torch_threads: int = 1) -> StopFlag:
@@ -51,9 +78,13 @@ def coordinator(
     control_bind: Annotated[str, _opt("Bind address of the control ROUTER.", "CONTROL_BIND")] = "tcp://*:5555",
     broadcast_bind: Annotated[str, _opt("Bind address of the broadcast PUB.", "BROADCAST_BIND")] = "tcp://*:5556",
     metrics_port: MetricsPort = 0,
+    bind_host: BindHost = "*",
+    announce: Announce = "",
+    redis_outage_s: RedisOutage = 30.0,
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
     """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
+    _require_redis_url(redis_url)
     stop = _start("coordinator")
     from rlmq.common.config import CoordinatorConfig, RunConfig, load_run_config
     from rlmq.coordinator.coordinator import main
@@ -64,7 +95,8 @@ def coordinator(
         typer.echo(f"error: run config {run_config}: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
-                            broadcast_bind=broadcast_bind, metrics_port=metrics_port, failpoint=failpoint)
+                            broadcast_bind=broadcast_bind, metrics_port=metrics_port, bind_host=bind_host,
+                            announce_file=announce, redis_outage_s=redis_outage_s, failpoint=failpoint)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -81,7 +113,11 @@ def learner(
     experience_port: Annotated[int, _opt("Experience ROUTER port (0: any).", "EXPERIENCE_PORT")] = 0,
     metrics_port: MetricsPort = 0,
     device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
-    torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS")] = 1,
+    torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS", min=1)] = 1,
+    bind_host: BindHost = "*",
+    announce: Announce = "",
+    collective_timeout: Annotated[float, _opt("Seconds a collective may wait for a peer rank.",
+                                              "COLLECTIVE_TIMEOUT_S", min=1.0)] = 30.0,
 ) -> None:
     """Run one learner rank."""
     stop = _start(f"learner-{rank}", torch_threads)
@@ -91,7 +127,8 @@ def learner(
     cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
                         world_size=world_size, master_addr=master_addr, master_port=master_port,
                         advertise_host=advertise_host, experience_port=experience_port,
-                        metrics_port=metrics_port, device=device, torch_threads=torch_threads)
+                        metrics_port=metrics_port, device=device, torch_threads=torch_threads,
+                        bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -101,6 +138,8 @@ def actor(
     coordinator: Coord = "tcp://127.0.0.1:5555",
     broadcast: Broadcast = "tcp://127.0.0.1:5556",
     metrics_port: MetricsPort = 0,
+    bind_host: BindHost = "*",
+    announce: Announce = "",
     max_steps: Annotated[int | None, _opt("Stop after this many env steps.", "MAX_STEPS")] = None,
 ) -> None:
     """Run one actor."""
@@ -109,7 +148,8 @@ def actor(
     from rlmq.common.config import ActorConfig
 
     cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
-                      metrics_port=metrics_port, max_steps=max_steps)
+                      metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
+                      max_steps=max_steps)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -127,23 +167,35 @@ def up(
     config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it.")] = None,
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
-    torch_threads: Annotated[int, _opt("Intra-op threads per learner.")] = 1,
+    torch_threads: Annotated[int, _opt("Intra-op threads per learner.", min=1)] = 1,
     device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.", "DEVICE")] = "auto",
+    redis_outage_s: RedisOutage = 30.0,
+    bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
+    collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
+                                              min=1.0)] = 30.0,
 ) -> None:
     """Train locally: coordinator, learners and actors as separate processes."""
-    from rlmq.cli.supervisor import UpConfig, run_up
+    from rlmq.cli.supervisor import UpConfig, probe_run_dir, run_up
 
+    _require_redis_url(redis_url)
     overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
                                        target_return=target_return, num_envs=num_envs,
                                        seed=seed, population=population).items() if v is not None}
     overrides["num_learners"] = learners
     try:
         up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
-                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device)
+                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
+                                bind_host=bind_host, collective_timeout_s=collective_timeout)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         typer.echo(f"error: {exc}. Fix the flag or the --config file (fields: common/config.py).", err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    raise typer.Exit(run_up(up_cfg))
+    try:
+        probe_run_dir(up_cfg.run_dir)
+    except OSError as exc:
+        typer.echo(f"error: cannot use {up_cfg.run_dir} as the run directory ({exc.strerror or exc}): "
+                   "pass a --run-dir where you can create and write files", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    raise typer.Exit(run_up(up_cfg, redis_outage_s))
 
 
 @app.command()
@@ -155,6 +207,7 @@ def status(
     """Print a run's live status from Redis."""
     from rlmq.cli.status import show_status
 
+    _require_redis_url(redis_url)
     raise typer.Exit(show_status(run_dir, redis_url, run))
 
 
@@ -172,6 +225,7 @@ def check(
         typer.echo("error: rlmq check needs the service's fixed metrics port: pass --metrics-port "
                    "or set RLMQ_METRICS_PORT (and start the service with the same port, not 0)", err=True)
         raise typer.Exit(EXIT_USAGE)
+    _require_redis_url(redis_url)
     try:
         typer.echo(run_check(metrics_port, max_age, redis_url, timeout))
     except CheckFailed as exc:

@@ -33,19 +33,32 @@ def server_binary() -> str:
 
 
 class RedisServer:
-    """Owns one redis-server process; `stop()` (or leaving the `with`) ends it."""
+    """Owns one redis-server process; `stop()` (or leaving the `with`) ends it, `restart()` starts
+    a new one on the same port and data directory (with `persist`, the AOF brings the data back).
+
+    Start and restart it from a thread that lives as long as the server should: the server dies
+    with the thread that started it (PR_SET_PDEATHSIG follows the parent thread, not the process).
+    """
 
     def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
-                "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        self.args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                     "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
+                     "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=die_with_parent)
-        self._wait_ready(data_dir)
+        self._wait_ready(self.data_dir)
+
+    def restart(self) -> None:
+        self.stop()
+        self._spawn()
 
     def _wait_ready(self, data_dir: Path, timeout_s: float = 10.0) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)

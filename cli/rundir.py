@@ -184,14 +184,9 @@ def write_results(
     status = store.status()
     progress = store.progress()
     population = run_config.population
-    title = f"{run_config.algo} on {run_config.env_id}" + (
-        f", population {population}" if population > 1 else ""
-    )
+    title = run_title(run_config)
     version = write_checkpoint(run_dir / "checkpoint.pt", store, spec, run_config)
-    write_csv(run_dir / "metrics.csv", progress, population)
-    plot_curve(
-        run_dir / "learning_curve.png", progress, title, run_config.target_return, population
-    )
+    write_curves(run_dir, progress, run_config)
     decisions = store.decisions()
     if population > 1:
         write_lineage(run_dir / "lineage.json", decisions)
@@ -200,10 +195,90 @@ def write_results(
             run_dir / "lineage.png",
             lineage_figure(decisions, population, end_steps, f"PBT lineage: {title}"),
         )
+    summary = summarize(
+        store.run,
+        outcome,
+        status,
+        run_config,
+        launched,
+        policy_version=version,
+        members=member_summaries(store, population),
+        pbt_decisions=store.applied_decision(),
+    )
+    write_summary(run_dir / "summary.json", summary)
+    return summary
+
+
+def write_last_seen(
+    run_dir: Path,
+    run: str,
+    status: dict[str, Any],
+    progress: list[dict[str, Any]],
+    run_config: RunConfig,
+    launched: float,
+    outcome: str,
+) -> dict[str, Any]:
+    """For a run whose Redis is gone at the end: metrics.csv, the learning curve and summary.json
+    from the status and progress samples `rlmq up` read while Redis answered. No checkpoint or
+    lineage (their data live in Redis only); summary.json says `"redis_unreachable": true`."""
+    write_curves(run_dir, progress, run_config)
+    summary = summarize(
+        run,
+        outcome,
+        status,
+        run_config,
+        launched,
+        policy_version=None,
+        members=[],
+        pbt_decisions=int(status.get("pbt_decisions", 0)),
+        redis_unreachable=True,
+    )
+    write_summary(run_dir / "summary.json", summary)
+    return summary
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    with atomic(path) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2))
+
+
+def run_title(run_config: RunConfig) -> str:
+    population = run_config.population
+    return f"{run_config.algo} on {run_config.env_id}" + (
+        f", population {population}" if population > 1 else ""
+    )
+
+
+def write_curves(run_dir: Path, progress: list[dict[str, Any]], run_config: RunConfig) -> None:
+    """metrics.csv and learning_curve.png from the progress samples."""
+    population = run_config.population
+    write_csv(run_dir / "metrics.csv", progress, population)
+    plot_curve(
+        run_dir / "learning_curve.png",
+        progress,
+        run_title(run_config),
+        run_config.target_return,
+        population,
+    )
+
+
+def summarize(
+    run: str,
+    outcome: str,
+    status: dict[str, Any],
+    run_config: RunConfig,
+    launched: float,
+    *,
+    policy_version: int | None,
+    members: list[dict[str, Any]],
+    pbt_decisions: int,
+    redis_unreachable: bool = False,
+) -> dict[str, Any]:
+    """summary.json: the run's end as its status in Redis recorded it."""
     first_step = status.get("first_step_at")
     ended = status.get("ended_at") or time.time()
-    summary = {
-        "run": store.run,
+    return {
+        "run": run,
         "outcome": outcome,
         "reason": status.get("reason"),
         "detail": status.get("detail"),
@@ -212,19 +287,18 @@ def write_results(
         "env_steps": int(status.get("env_steps_at_end", status.get("env_steps", 0))),
         "episodes": int(status.get("episodes", 0)),
         "mean_return_last_100": status.get("mean_return"),  # the best member's
-        "policy_version": version,  # the best member's (checkpoint "params")
-        "population": population,
+        "policy_version": policy_version,  # the best member's (checkpoint "params")
+        "population": run_config.population,
         "best_member": int(status.get("best_member", 0)),
-        "pbt_decisions": store.applied_decision(),
-        "members": member_summaries(store, population),
+        "pbt_decisions": pbt_decisions,
+        "members": members,
         "startup_s": None if first_step is None else first_step - launched,
         "train_wall_s": None if first_step is None else ended - first_step,
         "total_wall_s": ended - launched,
+        # True: Redis was gone at the end; the rest is what `rlmq up` last read from it
+        "redis_unreachable": redis_unreachable,
         "run_config": dataclasses.asdict(run_config),
     }
-    with atomic(run_dir / "summary.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 # --- population plots ------------------------------------------------------------------------

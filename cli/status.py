@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from rlmq.common.config import TUNABLE, HyperRange, RunConfig
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 WIDTH = 100  # the population table and decisions wrap to stay within this many columns
 RECENT_DECISIONS = 5
@@ -52,8 +50,8 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
             if run_config is not None and run_config.population > 1
             else None
         )
-    except redis.ConnectionError:
-        print(f"error: cannot reach Redis at {redis_url}: is the run still up?", file=sys.stderr)
+    except OUTAGE_ERRORS:
+        print(f"error: cannot reach Redis at {shown_url(redis_url)}: is the run still up?", file=sys.stderr)
         return EXIT_FAILED
     if not status:
         print(f"error: Redis at {redis_url} holds no run {run!r}", file=sys.stderr)
@@ -76,6 +74,10 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
         f"  policy version {status.get('policy_version', 0)}  policy lag {float(status.get('policy_lag', 0)):.1f}  "
         f"actors {status.get('actors', 0)}  learners {len(learners)}"
     )
+    skipped = int(status.get("nonfinite_skipped", 0))
+    if skipped:
+        print(f"  warning: {skipped:,} member update step(s) skipped: gradient not finite (weights kept; "
+              "check the env's rewards and observations)")
     updated = status.get("updated_at")
     if updated is not None:
         print(f"  updated {time.time() - float(updated):.1f} s ago")

@@ -9,22 +9,27 @@ process outlives the run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import envs
-from rlmq.common.config import RunConfig, from_mapping, load_run_config, to_json
+from rlmq.common.config import EnvSpec, RunConfig, from_mapping, load_run_config, to_json
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -36,11 +41,16 @@ from rlmq.common.service import (
     die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
+MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at
 PROGRESS_EVERY_S = 2.0
+# The watch loop's Redis reads give up this soon (their budget and their socket timeouts): while
+# Redis is down, children are still watched and Ctrl-C still answered; the coordinator does the
+# waiting for Redis.
+WATCH_REDIS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,10 +63,13 @@ class UpConfig:
     redis_url: str | None = None
     torch_threads: int = 1
     device: str = "auto"  # the learners' (distributed.choose_device)
+    bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
+    collective_timeout_s: float = 30.0
 
     @classmethod
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
-              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto") -> UpConfig:
+              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
+              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0) -> UpConfig:
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
         if actors < run_config.population:  # a member without an actor would never train
             raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
@@ -66,7 +79,22 @@ class UpConfig:
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
                    run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
-                   device=device)
+                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s)
+
+
+def probe_run_dir(path: Path) -> None:
+    """OSError unless `path` can be created and written to, found before any process starts. The
+    directories it makes are removed again, so that bad usage found later (an unknown env) leaves
+    no empty run directory behind; `run_up` makes them for good."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    finally:
+        for directory in made:
+            with contextlib.suppress(OSError):  # never made, or someone else wrote into it since
+                directory.rmdir()
 
 
 @dataclass
@@ -80,9 +108,28 @@ class Child:
     metrics_port: int = 0
 
 
+@dataclass
+class LastSeen:
+    """What `rlmq up` last read of its run in Redis: the results it writes if Redis is gone at the end."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
+
+    def read(self, store: RunStore) -> None:
+        """Refresh from Redis (its errors propagate): the status, and the progress samples not read yet."""
+        status, new = store.status(), store.progress(start=len(self.progress))
+        self.status = status
+        self.progress += new
+
+
 class Supervisor:
-    def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None) -> None:
+    def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None,
+                 redis_outage_s: float = 30.0) -> None:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
+        self.redis_outage_s = redis_outage_s
+        self.seen = LastSeen()
+        self.redis_down_since: float | None = None  # monotonic; None while Redis answers
+        self.redis_restarts = 0
         self.children: list[Child] = []
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
@@ -93,24 +140,55 @@ class Supervisor:
         self.learner_env = {**self.env, **dict.fromkeys(one, threads)}
 
     def plan(self) -> None:
-        control, broadcast, master = free_port(), free_port(), free_port()
+        host = self.cfg.bind_host
+        taken: set[int] = set()
+
+        def port() -> int:  # distinct: two children handed one port would fight over it all run long
+            while (drawn := free_port("0.0.0.0" if host == "*" else host)) in taken:
+                pass
+            taken.add(drawn)
+            return drawn
+
+        control, broadcast, master = port(), port(), port()
         base = [sys.executable, "-m", "rlmq.cli"]
         endpoints = ["--coordinator", f"tcp://127.0.0.1:{control}", "--broadcast", f"tcp://127.0.0.1:{broadcast}"]
         self.children.append(Child("coordinator", "coordinator", [
             *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_url,
             "--run-config", str(self.cfg.run_dir / "config.json"),
-            "--control-bind", f"tcp://127.0.0.1:{control}", "--broadcast-bind", f"tcp://127.0.0.1:{broadcast}"]))
+            "--control-bind", f"tcp://{host}:{control}", "--broadcast-bind", f"tcp://{host}:{broadcast}"]))
         for rank in range(self.cfg.learners):
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
                 "--world-size", str(self.cfg.learners), "--master-port", str(master),
-                "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device]))
+                "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
+                "--collective-timeout", str(self.cfg.collective_timeout_s)]))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
-        for child in self.children:  # known ports, so that Prometheus can be told where to scrape
-            child.metrics_port = free_port()
-            child.argv += ["--metrics-port", str(child.metrics_port)]
+        (self.cfg.run_dir / "ports").mkdir(exist_ok=True)
+        for child in self.children:
+            # A planned port, for Prometheus to be told where to scrape; a child that finds it taken
+            # binds another and announces it (refresh_scrape_targets).
+            child.metrics_port = port()
+            child.argv += ["--metrics-port", str(child.metrics_port), "--bind-host", host,
+                           "--announce", str(self.announce_path(child))]
         write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children)
+
+    def announce_path(self, child: Child) -> Path:
+        return self.cfg.run_dir / "ports" / f"{child.name}.json"
+
+    def refresh_scrape_targets(self) -> None:
+        """Follow the metrics ports the children announce they bound (a restarted child may have
+        had to take another): rewrite the scrape targets when one changed."""
+        changed = False
+        for child in self.children:
+            try:
+                bound = int(json.loads(self.announce_path(child).read_text())["metrics_port"])
+            except (OSError, ValueError, KeyError, TypeError):  # not started yet, or mid-write
+                continue
+            if bound != child.metrics_port:
+                child.metrics_port, changed = bound, True
+        if changed:
+            write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children)
 
     def spawn(self, child: Child) -> None:
         child.log_path = self.log_dir / f"{child.name}.log"
@@ -144,10 +222,16 @@ class Supervisor:
         signal.signal(signal.SIGTERM, handle)
 
     def watch(self, store: RunStore) -> str:
-        """Until the run ends: 'over' (coordinator finished), 'interrupted' or 'failed: why'."""
+        """Until the run ends: 'over' (coordinator finished), 'interrupted' or 'failed: why'.
+
+        `store` should give up fast (WATCH_REDIS_S): while Redis is down, the last status read
+        stands in for the current one."""
         started = time.monotonic()
         progress = RateTimer(PROGRESS_EVERY_S)
         while not self.stop.wait(0.2):
+            failed = self.keep_redis_up()
+            if failed:
+                return failed
             for child in self.children:
                 assert child.process is not None
                 code = child.process.poll()
@@ -155,7 +239,8 @@ class Supervisor:
                     continue
                 if child.role == "coordinator":
                     return "over" if code == 0 else f"failed: the coordinator exited with {code}; see {child.log_path}"
-                if store.status().get("state") in ("stopping", "done"):
+                self.look(store)
+                if self.seen.status.get("state") in ("stopping", "done"):
                     continue  # the run is ending: exits are expected
                 if child.role == "learner":
                     return f"failed: {child.name} exited with {code}; see {child.log_path}"
@@ -164,9 +249,67 @@ class Supervisor:
                 child.restarts += 1
                 print(f"{child.name} exited with {code}; restarting it ({child.restarts})", flush=True)
                 self.spawn(child)
-            if progress.due():
-                print(format_progress(store.status(), time.monotonic() - started, self.cfg.actors), flush=True)
+            if progress.due() and self.look(store):
+                print(format_progress(self.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
         return "interrupted"
+
+    def look(self, store: RunStore) -> bool:
+        """Refresh `seen` from Redis; False if it does not answer (said once per outage, as is its end)."""
+        try:
+            self.seen.read(store)
+        except OUTAGE_ERRORS:
+            if self.redis_down_since is None:
+                self.redis_down_since = time.monotonic()
+                print(f"Redis at {shown_url(self.redis_url)} unreachable; still supervising (the coordinator "
+                      f"waits up to {self.redis_outage_s:g} s for it)", flush=True)
+            return False
+        if self.redis_down_since is not None:
+            print(f"Redis at {shown_url(self.redis_url)} reachable again after "
+                  f"{time.monotonic() - self.redis_down_since:.1f} s", flush=True)
+            self.redis_down_since = None
+        return True
+
+    def keep_redis_up(self) -> str | None:
+        """Restart the private Redis server if it died, on its port and data directory (its AOF
+        brings the run's state back); 'failed: why' once restarts did not keep it up."""
+        server = self.redis_server
+        if server is None or server.process.poll() is None:
+            return None
+        if self.redis_restarts >= MAX_REDIS_RESTARTS:
+            return f"failed: the private Redis server died {self.redis_restarts + 1} times; see {server.data_dir}/redis.log"
+        self.redis_restarts += 1
+        print(f"the private Redis server exited with {server.process.returncode}; restarting it "
+              f"({self.redis_restarts})", flush=True)
+        try:
+            server.restart()
+        except RuntimeError as exc:  # still dead: the next loop counts it again
+            print(f"restarting Redis failed: {exc}", flush=True)
+        return None
+
+    def save_results(self, spec: EnvSpec, launched: float, outcome: str) -> dict[str, Any]:
+        """Write the run's results whatever became of Redis; return its last status.
+
+        From Redis if it answers within what is left of the outage budget (counted from when the
+        watch loop found it down; after an interrupt no more than the watch loop's, since the user
+        asked to stop); else metrics.csv, the learning curve and summary.json from what was last
+        read. A checkpoint needs the weights, which only Redis holds."""
+        self.keep_redis_up()
+        server_dead = self.redis_server is not None and self.redis_server.process.poll() is not None
+        down_for = 0.0 if self.redis_down_since is None else time.monotonic() - self.redis_down_since
+        budget = 0.0 if server_dead else max(self.redis_outage_s - down_for, 0.0)
+        if outcome == "interrupted":
+            budget = min(budget, WATCH_REDIS_S)
+        say = functools.partial(print, flush=True)
+        store = RunStore.connect(self.redis_url, self.cfg.run, outage_s=budget, report=say)
+        try:
+            self.seen.read(store)
+            rundir.write_results(self.cfg.run_dir, store, spec, self.cfg.run_config, launched, outcome)
+        except OUTAGE_ERRORS as exc:
+            print(f"error: Redis at {shown_url(self.redis_url)} unreachable ({exc}): metrics.csv and "
+                  "summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
+            rundir.write_last_seen(self.cfg.run_dir, self.cfg.run, self.seen.status, self.seen.progress,
+                                   self.cfg.run_config, launched, outcome)
+        return self.seen.status
 
     def shut_down(self) -> None:
         """Warm: SIGTERM, a bounded wait, then SIGKILL for whatever is left."""
@@ -204,38 +347,62 @@ def format_progress(status: dict[str, Any], elapsed: float, actors: int) -> str:
             f"lag {float(status.get('policy_lag', 0.0)):4.1f}  actors {status.get('actors', 0)}/{actors}")
 
 
-def run_up(cfg: UpConfig) -> int:
+def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     try:
         spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo)
     except envs.EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if cfg.redis_url is not None:  # before anything starts: a wrong URL is a one-line error
+        problem = unreachable(cfg.redis_url, cfg.run)
+        if problem:
+            print(problem, file=sys.stderr)
+            return EXIT_FAILED
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
     rundir.point_latest(cfg.run_dir)
-    redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis")
+    try:
+        redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis")
+    except RuntimeError as exc:  # no binary, or it would not start: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     redis_url = cfg.redis_url or redis_server.url  # type: ignore[union-attr]
     with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
         tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
-    supervisor = Supervisor(cfg, redis_url, redis_server)
+    supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
     supervisor.install_signals()
-    store = RunStore.connect(redis_url, cfg.run)
+    store = RunStore.connect(redis_url, cfg.run, outage_s=WATCH_REDIS_S, timeout_s=WATCH_REDIS_S, report=None)
     launched = time.time()
     try:
         print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
               f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
         supervisor.plan()
         for child in supervisor.children:
+            if child.role == "coordinator":  # the one child that talks to Redis
+                child.argv += ["--redis-outage-s", str(redis_outage_s)]
             supervisor.spawn(child)
         outcome = supervisor.watch(store)
         supervisor.shut_down()
-        status = store.status()
-        rundir.write_results(cfg.run_dir, store, spec, cfg.run_config, launched, outcome)
+        status = supervisor.save_results(spec, launched, outcome)
     finally:
         supervisor.kill_all(signal.SIGKILL)
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)
+
+
+def unreachable(url: str, run: str) -> str | None:
+    """Why `rlmq up --redis-url URL` cannot use that Redis, as a line that says what to do; None if it can."""
+    fix = "start it or drop --redis-url to use a private one"
+    try:
+        RunStore.connect(url, run, outage_s=WATCH_REDIS_S, timeout_s=WATCH_REDIS_S, report=None).ping()
+    except ValueError as exc:  # not a Redis URL at all
+        return f"error: --redis-url {url}: {exc}"
+    except OUTAGE_ERRORS as exc:
+        return f"error: cannot reach Redis at {shown_url(url)} ({exc}): {fix}"
+    except redis.RedisError as exc:  # reached, but refused: a password, a permission
+        return f"error: Redis at {shown_url(url)} refused rlmq ({exc}): fix the URL's credentials or {fix}"
+    return None
 
 
 def verdict(outcome: str, status: dict[str, Any], run_config: RunConfig) -> int:

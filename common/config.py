@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import reprlib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,31 @@ def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
     return problems
 
 
+def refuse_non_finite(config: Any, section: str = "") -> None:
+    """ValueError naming every NaN or infinite float in a config dataclass, nested ones included.
+
+    Checked before any other rule: NaN fails every comparison silently (`nan > 0` is merely False,
+    `inf > 0` True), and the wire refuses non-finite floats, so such a run would start and then
+    every process would drop its `Assign` and wait forever.
+    """
+    found = _non_finite(config, section)
+    if found:
+        raise ValueError("; ".join(f"{name} = {value} is not a finite number" for name, value in found))
+
+
+def _non_finite(value: Any, name: str) -> list[tuple[str, float]]:
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(name, value)]
+    dotted = f"{name}." if name else ""
+    if dataclasses.is_dataclass(value):
+        return [bad for f in dataclasses.fields(value) for bad in _non_finite(getattr(value, f.name), dotted + f.name)]
+    if isinstance(value, dict):
+        return [bad for key, item in value.items() for bad in _non_finite(item, f"{dotted}{key}")]
+    if isinstance(value, tuple):
+        return [bad for i, item in enumerate(value) for bad in _non_finite(item, f"{name}[{i}]")]
+    return []
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """Asynchronous PPO with V-trace targets (see learners/ppo.py)."""
@@ -63,6 +91,7 @@ class PPOConfig:
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
 
     def __post_init__(self) -> None:
+        refuse_non_finite(self, "ppo")
         problems = [f"ppo.{name} must be at least 1" for name in
                     ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
                     if getattr(self, name) < 1]  # fmt: skip
@@ -94,6 +123,7 @@ class ReplayConfig:
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N learner iterations
 
     def __post_init__(self) -> None:
+        refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
         problems = [f"{name} must be positive" for name in ("batch_size", "buffer_size", "replay_ratio",
                     "publish_every") if getattr(self, name) <= 0]  # fmt: skip
         if self.learning_starts < 0:
@@ -246,6 +276,7 @@ class PBTConfig:
     ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
 
     def __post_init__(self) -> None:
+        refuse_non_finite(self, "pbt")
         problems = []
         if self.selection not in ("truncation", "tournament"):
             problems.append(f"pbt.selection {self.selection!r} is not truncation or tournament")
@@ -296,6 +327,9 @@ class RunConfig:
     # With a population: how long a member's batch may wait for the other members' before the
     # learners update without them (members with slow actors, or none, must not stall the rest).
     batch_wait_s: float = 0.05
+    # How long a learner rank with a batch waits for the other ranks before the world updates
+    # without them: a rank whose actors died with its credits must not hold the others hostage.
+    rank_wait_s: float = 0.25
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sac: SACConfig = field(default_factory=SACConfig)
     td3: TD3Config = field(default_factory=TD3Config)
@@ -314,6 +348,7 @@ class RunConfig:
         return {name: float(getattr(self.algo_config, name)) for name in TUNABLE_BY_ALGO[self.algo]}
 
     def __post_init__(self) -> None:
+        refuse_non_finite(self)
         problems = []
         if not 1 <= self.return_window <= 100:
             problems.append("return_window must be in [1, 100]")
@@ -331,6 +366,8 @@ class RunConfig:
             problems.append("seed must not be negative")
         if self.report_interval_s <= 0:
             problems.append("report_interval_s must be positive")
+        if not 0 <= self.batch_wait_s <= self.rank_wait_s:
+            problems.append("need 0 <= batch_wait_s <= rank_wait_s")
         if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
             problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
@@ -368,8 +405,11 @@ class CoordinatorConfig:
     control_bind: str = "tcp://*:5555"  # ROUTER: Hello, reports, weights
     broadcast_bind: str = "tcp://*:5556"  # PUB: weights and directives
     metrics_port: int = 0  # 0 picks a free port; -1 disables /metrics
+    bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
+    announce_file: str = ""  # write the ports bound here (`rlmq up`)
     actor_timeout_s: float = 10.0  # an actor silent this long counts as gone
     shutdown_grace_s: float = 5.0  # after `stop`, wait this long for learners' final weights
+    redis_outage_s: float = 30.0  # ride out a Redis outage this long (retrying), then exit 1
     failpoint: str = ""  # tests only: a named point at which to die (coordinator/population.py)
 
 
@@ -382,13 +422,20 @@ class LearnerConfig:
     world_size: int = 1
     master_addr: str = "127.0.0.1"  # torch.distributed rendezvous (rank 0's address)
     master_port: int = 29500
-    bind_host: str = "*"
+    bind_host: str = "*"  # where every listener binds: experience, /metrics, rank 0's rendezvous
     advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
     experience_port: int = 0  # 0 picks a free port
-    credit_timeout_s: float = 10.0  # a credit not used this long is taken back (the actor died)
+    # A credit not used within 4× the slowest recent rollout turnaround, kept within these bounds,
+    # is taken back (its actor died; learners/credits.py).
+    credit_timeout_min_s: float = 1.0
+    credit_timeout_s: float = 10.0
     metrics_port: int = 0
+    announce_file: str = ""  # write the ports bound here (`rlmq up`)
     device: str = "auto"  # auto | cpu | cuda
     torch_threads: int = 1  # intra-op threads; more fight each other on shared cores
+    # A collective (the per-iteration agreement, DDP's all-reduce) that waits longer for a peer
+    # fails the rank. The rendezvous at start waits longer: ranks may start minutes apart.
+    collective_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -397,38 +444,97 @@ class ActorConfig:
     coordinator: str
     broadcast: str
     metrics_port: int = 0
+    bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
+    announce_file: str = ""  # write the ports bound here (`rlmq up`)
     max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)
 
 
 C = TypeVar("C")
 
 
-def from_mapping(cls: type[C], data: dict[str, Any]) -> C:
-    """Build a (nested) config dataclass from plain data, naming any key it does not know."""
+def from_mapping(cls: type[C], data: dict[str, Any], path: str = "") -> C:
+    """Build a (nested) config dataclass from plain data. A key it does not know, a field it lacks
+    or a value of another type than the field's hint is a ValueError naming the field's dotted
+    path (`ppo.epochs: expected int, got 2.5`), so a config file fails at load, not mid-run."""
     hints = typing.get_type_hints(cls)
+    where = f"{path}: " if path else ""
     unknown = set(data) - set(hints)
     if unknown:
-        raise ValueError(f"{cls.__name__} has no field {', '.join(sorted(unknown))}")
-    return cls(**{name: _from_plain(hints[name], value) for name, value in data.items()})
+        # `learning_rate = 1e-3` at the top of a run config belongs in a section, e.g. [ppo]
+        nested = [f"{section}.{name}" for name in sorted(unknown) for section, hint in hints.items()
+                  if isinstance(hint, type) and dataclasses.is_dataclass(hint)
+                  and name in {f.name for f in dataclasses.fields(hint)}]
+        sections = f" (fields of that name: {', '.join(nested)})" if nested else ""
+        raise ValueError(f"{where}{cls.__name__} has no field {', '.join(sorted(unknown))}{sections}")
+    required = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ValueError(f"{where}{cls.__name__} needs {', '.join(missing)}")
+    return cls(**{name: _from_plain(hints[name], value, f"{path}.{name}" if path else name)
+                  for name, value in data.items()})
 
 
-def _from_plain(hint: Any, value: Any) -> Any:
-    """JSON/TOML data → what a field of type `hint` holds (nested configs, tuples, maps of them)."""
-    if isinstance(value, dict):
-        if dataclasses.is_dataclass(hint):
-            return from_mapping(hint, value)  # type: ignore[arg-type]
-        if typing.get_origin(hint) is dict:
-            _, item = typing.get_args(hint)
-            return {k: _from_plain(item, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return tuple(value)
+# What a scalar field accepts: an int is a float too (TOML's `gamma = 1`), but a bool is no int.
+_SCALARS: dict[type, tuple[type, ...]] = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
+_INT64 = (-(2**63), 2**63 - 1)  # what the wire carries (common/wire.py)
+
+
+def _from_plain(hint: Any, value: Any, path: str) -> Any:
+    """JSON/TOML data → what a field of type `hint` holds (nested configs, tuples, maps of them),
+    or ValueError when `value` cannot be one."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):  # configs use only `X | None`
+        if value is None:
+            return None
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return _scalar(inner, value, path, f"{inner.__name__} or null")
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise _mismatch(path, f"a table of {hint.__name__} fields", value)
+        return from_mapping(hint, value, path)
+    if origin is dict:
+        _, item = args
+        if not isinstance(value, dict):
+            raise _mismatch(path, f"a table of {item.__name__}", value)
+        return {key: _from_plain(item, v, f"{path}.{key}") for key, v in value.items()}
+    if origin is tuple:  # tuple[X, ...]
+        if not isinstance(value, (list, tuple)):
+            raise _mismatch(path, f"a list of {args[0].__name__}", value)
+        return tuple(_from_plain(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    return _scalar(hint, value, path, hint.__name__)
+
+
+def _scalar(hint: type, value: Any, path: str, expected: str) -> Any:
+    if hint not in _SCALARS:
+        raise TypeError(f"{path}: config fields cannot have type {hint}")  # a new field's hint, not data
+    accepted = isinstance(value, _SCALARS[hint]) and (hint is bool or not isinstance(value, bool))
+    if not accepted:
+        raise _mismatch(path, expected, value)
+    if hint is int and not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError(f"{path}: {reprlib.repr(value)} does not fit in 64 bits")
+    if hint is float:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{path}: {reprlib.repr(value)} is too large for a float") from None
     return value
+
+
+def _mismatch(path: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"{path}: expected {expected}, got {reprlib.repr(value)}")
 
 
 def load_run_config(path: Path, overrides: dict[str, Any]) -> RunConfig:
     """A run config from a TOML or JSON file, with CLI overrides applied on top."""
     text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except ValueError as exc:  # TOMLDecodeError, JSONDecodeError: their text gives line and column
+        raise ValueError(f"not valid {kind}: {exc}") from None
+    if not isinstance(data, dict):  # JSON: a list or a number at the top
+        raise ValueError(f"expected a table of RunConfig fields at the top, got a {type(data).__name__}")
     return from_mapping(RunConfig, {**data, **overrides})
 
 

@@ -30,29 +30,48 @@ def _env_class(env_id: str) -> Callable[[], gym.Env] | type[gym.vector.VectorEnv
     module_name, attr = env_id.split(":", 1)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvError(f"cannot import {module_name!r} for env {env_id!r}: {exc}") from exc
+    except Exception as exc:  # the user's module may raise anything at import, SyntaxError included
+        raise EnvError(f"cannot import {module_name} for env {env_id!r}: {_one_line(exc)}. Fix the module, "
+                       "or the env id (package.module:EnvClass, importable on PYTHONPATH)") from exc
     found = getattr(module, attr, None)
     if isinstance(found, type) and issubclass(found, (gym.Env, gym.vector.VectorEnv)):
         return found
     return None  # gymnasium's own "module:RegisteredId" form: the import registered it
 
 
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, so that a service logs and `rlmq up` prints one line."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     env_class = _env_class(env_id)
     if env_class is not None:
-        if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
-            env: gym.vector.VectorEnv = env_class(num_envs=num_envs)  # type: ignore[call-arg]
-        else:
-            env = gym.vector.SyncVectorEnv([env_class] * num_envs)  # type: ignore[list-item]
+        try:
+            if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
+                env: gym.vector.VectorEnv = env_class(num_envs=num_envs)  # type: ignore[call-arg]
+            else:
+                env = gym.vector.SyncVectorEnv([env_class] * num_envs)  # type: ignore[list-item]
+        except Exception as exc:  # the user's constructor, or spaces SyncVectorEnv refuses
+            raise EnvError(f"env {env_id!r}: building it raised {_one_line(exc)}. Fix the env class "
+                           "(its constructor must take no arguments; a VectorEnv's only num_envs)") from exc
     else:
         try:
             spec = gym.spec(env_id)
         except gym.error.Error as exc:
-            raise EnvError(f"unknown env {env_id!r}: {exc}. Registered ids: `python -c "
+            if ":" in env_id:  # the module imported (else _env_class said so)
+                module_name, attr = env_id.split(":", 1)
+                raise EnvError(f"unknown env {env_id!r}: {module_name} has no gymnasium.Env or VectorEnv "
+                               f"class named {attr!r}, nor registered an id {attr!r}") from exc
+            raise EnvError(f"unknown env {env_id!r} ({exc}); registered ids: `python -c "
                            f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
         mode = "vector_entry_point" if spec.vector_entry_point else "sync"
-        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+        try:
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+        except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
+            raise EnvError(f"env {env_id!r} is registered but cannot be built: {_one_line(exc)}. "
+                           "Install what it needs, or use another --env") from exc
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if autoreset != AutoresetMode.NEXT_STEP:
         env.close()

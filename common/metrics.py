@@ -10,6 +10,8 @@ deploy/grafana/ use only these metrics (tests/test_observability.py holds them t
 
 from __future__ import annotations
 
+import errno
+import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -23,11 +25,21 @@ from prometheus_client.utils import floatToGoString
 PREFIX = "rlmq"
 
 
-def serve(registry: CollectorRegistry, port: int) -> int:
-    """Serve /metrics; port 0 picks a free one, -1 serves nothing. Returns the port (0 if none)."""
+def serve(registry: CollectorRegistry, port: int, host: str = "*") -> int:
+    """Serve /metrics on `host` ("*": every interface); port 0 picks a free one, -1 serves
+    nothing. A port taken by someone else is given up for a free one (the process announces what
+    it bound: service.announce), never a reason to fail. Returns the port (0 if none)."""
     if port < 0:
         return 0
-    server, _thread = start_http_server(port, addr="0.0.0.0", registry=registry)
+    addr = "0.0.0.0" if host == "*" else host
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        if port == 0 or exc.errno != errno.EADDRINUSE:
+            raise
+        server, _thread = start_http_server(0, addr=addr, registry=registry)
+        logging.getLogger("rlmq").warning("metrics port %d is taken; serving /metrics on %d instead", port,
+                                          server.server_port)  # fmt: skip
     return int(server.server_port)
 
 
@@ -158,6 +170,12 @@ class LearnerMetrics:
             registry=r,
         )
         self.loss = Gauge(f"{PREFIX}_learner_loss", "Last update's losses.", ["term"], registry=r)
+        self.nonfinite_skipped = Counter(
+            f"{PREFIX}_learner_nonfinite_skipped",
+            "Optimizer steps of a member skipped because its gradient (after the all-reduce) was "
+            "not finite; its weights kept their values.",
+            registry=r,
+        )
         self.rejected = _rejected(r)
         self.heartbeat = Heartbeat(r)
 
@@ -217,6 +235,13 @@ class CoordinatorMetrics:
         )
         self.connected_learners = Gauge(
             f"{PREFIX}_connected_learners", "Learner ranks registered.", registry=r
+        )
+        self.learner_behind = Gauge(
+            f"{PREFIX}_learner_behind",
+            "1 while the learner rank holds the world up: silent (stopped, hung or dead), or "
+            "waited for in a collective by the other ranks (coordinator/stragglers.py).",
+            ["rank"],
+            registry=r,
         )
         self.rejected = _rejected(r)
         self.heartbeat = Heartbeat(r)

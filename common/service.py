@@ -7,6 +7,7 @@ warmly (flush, say goodbye, close sockets). The second exits at once.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -96,6 +97,16 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
     heap = libc.mallopt(m_mmap_threshold, mmap_threshold)
     return bool(heap and libc.mallopt(m_trim_threshold, trim_threshold))
+
+
+def announce(path: str, **ports: int) -> None:
+    """Write the ports this process bound to `path` (JSON, replaced atomically), for `rlmq up`,
+    which follows them in its scrape targets; nothing when `path` is empty."""
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(ports, f)
+        os.replace(tmp, path)
 
 
 class RateTimer:

@@ -9,9 +9,11 @@ unpickles.
 
 Topology (who sends what to whom, see docs/architecture.md):
 
-    actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights
+    actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights,
+                                                  LearnerHeartbeat (a learner's own thread)
     coordinator     ROUTER → actor, learner       Assign
-    actor           DEALER → learner ROUTER       Hello (again while starved), Rollout (one per credit)
+    actor           DEALER → learner ROUTER       Hello (a request for credit, renewed while waiting),
+                                                  Rollout (one per credit)
     learner         ROUTER → actor                Credit
     coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
                                                   Decision ("pbt.", to learner 0)
@@ -40,6 +42,10 @@ MAX_ARRAY_DIMS = 6
 ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
 _INT64 = (-(2**63), 2**63 - 1)
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
+# An actor waiting for a learner's credit repeats its Hello this often; a learner forgets a request
+# not renewed for its TTL (learners/credits.py), so dead and stray identities lose their place.
+CREDIT_REQUEST_RENEW_S = 0.25
+CREDIT_REQUEST_TTL_S = 1.0
 
 
 @functools.cache
@@ -212,11 +218,32 @@ class LearnerReport:
     mean_policy_lag: float
     rejected: int = 0
     applied_decision: int = 0  # the id of the last PBT decision this rank applied
+    nonfinite_skipped: int = 0  # member steps skipped since the last report: gradient not finite
 
     def __post_init__(self) -> None:
         _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
-                "applied_decision")
+                "applied_decision", "nonfinite_skipped")
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
+
+
+@dataclass(frozen=True)
+class LearnerHeartbeat:
+    """A learner rank's pulse, sent every HEARTBEAT_PERIOD_S by a thread of its own, so that a rank
+    waiting in a collective still beats: how far its loop got, and how long it has been in the
+    synchronised part of its iteration (agreement and update). From these the coordinator names
+    a rank that holds the world up (coordinator/stragglers.py)."""
+
+    name: str
+    rank: int
+    iteration: int
+    waiting_s: float  # 0: not in the synchronised part now
+
+    def __post_init__(self) -> None:
+        _counts(self, "rank", "iteration")
+        _require(0 <= self.waiting_s <= MAX_COUNT, "LearnerHeartbeat.waiting_s outside [0, 2^40]")
+
+
+HEARTBEAT_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -280,10 +307,12 @@ def weights_topic(member: int) -> bytes:
     return f"w{member}.".encode()
 
 
-Message = Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | Directive | Decision
+Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | LearnerHeartbeat | Directive
+           | Decision)  # fmt: skip
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, Directive, Decision)
+    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, LearnerHeartbeat, Directive,
+                Decision)  # fmt: skip
 }
 
 

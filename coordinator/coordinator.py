@@ -22,9 +22,10 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
-from rlmq.common.service import EXIT_OK, EXIT_USAGE, RateTimer, StopFlag
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, StopFlag, announce
+from rlmq.coordinator import stragglers
 from rlmq.coordinator.population import Population
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
@@ -34,7 +35,8 @@ class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, store: RunStore, stop: StopFlag) -> None:
         self.cfg, self.store, self.stop = cfg, store, stop
         self.metrics = CoordinatorMetrics()
-        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
+        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
+        announce(cfg.announce_file, metrics_port=self.metrics_port)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
         self.control_endpoint = transport.bind(self.control, cfg.control_bind)
@@ -63,14 +65,19 @@ class Coordinator:
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
+        self.pulses: dict[int, stragglers.Pulse] = {}  # learner rank → its latest heartbeat
+        self.behind: dict[int, str] = {}  # learner rank → why it holds the world up
         self.finished_at: float | None = None
         self.final_weights = False
         self.first_step_at = float(store.status().get("first_step_at", float("inf")))
+        # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
+        self.nonfinite_skipped = int(store.status().get("nonfinite_skipped", 0))
         self.last_steps: tuple[float, int] = (time.monotonic(), int(store.status().get("env_steps", 0)))
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
             wire.ActorReport: self.on_actor_report,
             wire.LearnerReport: self.on_learner_report,
+            wire.LearnerHeartbeat: self.on_learner_heartbeat,
             wire.Weights: self.on_weights,
         }
 
@@ -144,6 +151,9 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
+            self.nonfinite_skipped += report.nonfinite_skipped
+            self.store.set_status(nonfinite_skipped=self.nonfinite_skipped)
         if report.rank == 0 and identity == self.publisher:
             for target in self.population.learner_reported(report.applied_decision):
                 # Rank 0 published the copy before this report: episodes played before it were
@@ -153,6 +163,26 @@ class Coordinator:
                 self.store.clear_returns(target)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
+
+    def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, frame: bytes) -> None:
+        if not 0 <= beat.rank < self.run_config.num_learners:
+            raise wire.WireError("bad_value", f"learner rank {beat.rank} outside the world")
+        self.pulses[beat.rank] = stragglers.Pulse(time.monotonic(), beat.iteration, beat.waiting_s)
+
+    def check_learners(self) -> None:
+        """Name the learner ranks that hold the world up (log, metric, status), while the run lasts."""
+        behind = stragglers.behind(self.pulses, self.run_config.num_learners, time.monotonic()) if self.pulses else {}
+        for rank, why in behind.items():
+            if rank not in self.behind:
+                log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)
+        for rank in self.behind.keys() - behind.keys():
+            log.info("learner-%d (rank %d) caught up", rank, rank)
+        for rank in range(self.run_config.num_learners):
+            self.metrics.learner_behind.labels(str(rank)).set(rank in behind)
+        if behind.keys() != self.behind.keys():
+            self.store.set_status(learners_behind="; ".join(
+                f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))  # fmt: skip
+        self.behind = behind
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
@@ -210,6 +240,7 @@ class Coordinator:
         """Status, progress and the end of the run; True when the coordinator may exit."""
         if self.finished_at is not None:
             return self.finishing()
+        self.check_learners()
         status = self.store.status()
         steps = int(status.get("env_steps", 0))
         recent = self.population.recent_returns()
@@ -285,13 +316,31 @@ def _actor_index(name: str, default: int) -> int:
 
 
 def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
-    store = RunStore.connect(cfg.redis_url, cfg.run)
+    # Every access retries through an outage of up to `redis_outage_s` (store.OutageRetry); past
+    # that the run cannot go on without its state, and the error ends the process here. A stop
+    # request ends the wait too: a supervisor's SIGTERM must not wait out the budget.
+    store = RunStore.connect(cfg.redis_url, cfg.run, outage_s=cfg.redis_outage_s, report=log.warning,
+                             give_up=stop)
     try:
         coordinator = Coordinator(cfg, store, stop)
     except envs.EnvError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    except OUTAGE_ERRORS as exc:
+        return redis_gone(cfg, stop, exc)
     try:
         return coordinator.run()
+    except OUTAGE_ERRORS as exc:
+        return redis_gone(cfg, stop, exc)
     finally:
         coordinator.close()
+
+
+def redis_gone(cfg: CoordinatorConfig, stop: StopFlag, exc: Exception) -> int:
+    url = shown_url(cfg.redis_url)
+    if stop.is_set():
+        log.error("stopped while Redis at %s was unreachable (%s): the write under way is lost", url, exc)
+    else:
+        log.error("giving up: Redis at %s unreachable for %g s (%s); start the coordinator again with the "
+                  "same --run once Redis is back to resume the run", url, cfg.redis_outage_s, exc)
+    return EXIT_FAILED

@@ -1,23 +1,50 @@
 """Credit-based flow control: how a learner rank keeps the data it has not trained on bounded.
 
 An actor may send a rollout to a learner only when it holds a credit from it. The learner grants
-credits, oldest-waiting actor first, while (credits out) + (rollouts queued) < budget. So however
+credits, oldest request first, while (credits out) + (rollouts queued) < budget. So however
 many actors there are, at most `budget` rollouts exist for this learner at once, and the policy lag
 stays near budget / rollouts-per-update instead of growing with the actor count and the socket
 buffers. The learner drops a rollout from an actor that holds no credit, so the bound is enforced,
-not hoped for. A credit unused for `timeout_s` (its actor died) is taken back. Pure bookkeeping.
+not hoped for. Pure bookkeeping.
+
+No peer can stall it, alive or dead:
+- A request for credit is a lease. An actor that waits repeats its request (a `Hello`) every
+  `wire.CREDIT_REQUEST_RENEW_S`; a request not renewed within `request_ttl_s` is forgotten. So a
+  dead actor, a restarted actor's old identity or a stray `Hello` that is never repeated leaves
+  the queue within the TTL, instead of being handed a credit it will never use.
+- A credit not used within the grant timeout is taken back. The timeout follows the actors: a few
+  times the slowest recent turnaround (grant → rollout), kept within [min_timeout_s,
+  max_timeout_s]; max_timeout_s until a rollout has come back. A rollout that arrives after its
+  credit was taken back still teaches the ledger how slow its actors are, and is kept when the
+  budget has room for it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+TURNAROUND_FACTOR = 4.0  # grant timeout = this × the slowest recent turnaround
+TURNAROUNDS_KEPT = 32
+MAX_WAITING = 4096  # requests held at once; a flood of Hellos pushes out the oldest
+MAX_REVOKED = 4096  # credits taken back whose rollout may still come
+
+
+@dataclass(frozen=True)
+class CreditTimeouts:
+    request_ttl_s: float = 1.0  # a request for credit not renewed this long is forgotten
+    min_s: float = 1.0  # the grant timeout never falls below this ...
+    max_s: float = 10.0  # ... nor rises above this (the timeout before any rollout came back)
 
 
 class CreditLedger:
-    def __init__(self, budget: int, timeout_s: float) -> None:
-        self.budget, self.timeout_s = budget, timeout_s
-        self.waiting: OrderedDict[bytes, None] = OrderedDict()  # actors without a credit, FIFO
+    def __init__(self, budget: int, timeouts: CreditTimeouts) -> None:
+        self.budget, self.timeouts = budget, timeouts
+        # actor → its latest request; in the order of first request (a renewal keeps the place)
+        self.waiting: OrderedDict[bytes, float] = OrderedDict()
         self.granted: dict[bytes, float] = {}  # actor → when its one credit was granted
+        self.revoked: OrderedDict[bytes, float] = OrderedDict()  # actor → when the lost credit was granted
+        self.turnarounds: deque[float] = deque(maxlen=TURNAROUNDS_KEPT)
 
     @property
     def in_flight(self) -> int:
@@ -26,26 +53,48 @@ class CreditLedger:
     def holds(self, actor: bytes) -> bool:
         return actor in self.granted
 
-    def hello(self, actor: bytes) -> None:
-        """The actor wants credit (it is new, or we restarted and forgot it). If our ledger says
-        it holds one, that credit may still be on its way: leave it to arrive or to time out.
-        (A restarted actor has a new socket identity, so it is a new actor here.)"""
-        if actor not in self.granted:
-            self.waiting[actor] = None
+    def grant_timeout_s(self) -> float:
+        if not self.turnarounds:
+            return self.timeouts.max_s
+        return min(max(TURNAROUND_FACTOR * max(self.turnarounds), self.timeouts.min_s), self.timeouts.max_s)
 
-    def delivered(self, actor: bytes) -> None:
-        """A rollout arrived; the actor wants the next credit."""
-        self.granted.pop(actor, None)
-        self.waiting[actor] = None
+    def hello(self, actor: bytes, now: float) -> None:
+        """The actor asks for credit, or renews its request. If our ledger says it holds one, that
+        credit may still be on its way: leave it to arrive or to time out."""
+        if actor in self.granted:
+            return
+        self.waiting[actor] = now  # an existing key keeps its place
+        if len(self.waiting) > MAX_WAITING:
+            self.waiting.popitem(last=False)
+
+    def delivered(self, actor: bytes, now: float, queued: int) -> bool:
+        """A rollout arrived from `actor`: whether it is within the budget (`queued`: rollouts
+        received before it and not yet trained). Its credit is spent either way, and an actor that
+        held one asks for the next."""
+        since = self.granted.pop(actor, None)
+        late = since is None
+        if late:
+            since = self.revoked.pop(actor, None)
+        if since is None:
+            return False  # never granted one: no place in the queue either
+        self.turnarounds.append(now - since)
+        self.waiting[actor] = now
+        return not late or self.in_flight + queued < self.budget
 
     def grant(self, now: float, queued: int) -> list[bytes]:
         """Actors to send one credit each, now. `queued`: rollouts received but not yet trained."""
+        timeout = self.grant_timeout_s()
         for actor, since in list(self.granted.items()):
-            if now - since > self.timeout_s:
-                del self.granted[actor]  # it will say hello again if it is still alive
+            if now - since > timeout:  # it died, or the credit was lost: it asks again if it lives
+                del self.granted[actor]
+                self.revoked[actor] = since
+                if len(self.revoked) > MAX_REVOKED:
+                    self.revoked.popitem(last=False)
         granted = []
         while self.waiting and self.in_flight + queued < self.budget:
-            actor, _ = self.waiting.popitem(last=False)
+            actor, asked = self.waiting.popitem(last=False)
+            if now - asked > self.timeouts.request_ttl_s:
+                continue  # not renewed: gone
             self.granted[actor] = now
             granted.append(actor)
         return granted

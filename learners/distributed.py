@@ -1,23 +1,28 @@
 """The learners' torch.distributed world: set-up, the per-iteration agreement, teardown.
 
 Every loop iteration all ranks join one small all-reduce that says whether each is ready to
-update, whether any must stop, how much data each member has, and whether rank 0 has a PBT decision
-to hand out. An update runs only when every rank is ready, so no rank ever waits in a DDP backward
-for a peer that has nothing to train on; a stop seen by one rank stops all of them, and a decision
-is applied by all of them, at the same iteration.
+update (or overdue: it has waited too long for the others), whether any must stop, how much data
+each member has, and whether rank 0 has a PBT decision to hand out. An update runs when every rank
+is ready, or when one is overdue: every rank then runs it, those without data on an empty batch,
+so no rank ever waits in a DDP backward its peers never run, and no rank without data holds the
+others hostage. A stop seen by one rank stops all of them, and a decision is applied by all of
+them, at the same iteration.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
+import os
 import socket
 import zlib
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # ranks may start minutes apart (pods, images)
 
 
 class Placement(NamedTuple):
@@ -47,18 +52,33 @@ def choose_device(requested: str, rank: int, placements: list[Placement]) -> tor
     return torch.device(requested)
 
 
-def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str) -> torch.device:
+def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str,
+               bind_host: str = "*", collective_timeout_s: float = 30.0) -> torch.device:  # fmt: skip
     """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
     `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
     is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
-    each one trains."""
+    each one trains.
+
+    Rank 0 serves the store on `bind_host` (torch's own store binds every interface); on a
+    loopback `bind_host` gloo and NCCL listen on the loopback interface too. The rendezvous waits
+    up to RENDEZVOUS_TIMEOUT for every rank; each collective after it, `collective_timeout_s`."""
+    if is_loopback(bind_host):
+        loopback = loopback_interface()
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    if rank == 0:
+        listener = socket.create_server(("" if bind_host == "*" else bind_host, master_port), backlog=world_size + 8)
+        store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT,
+                              master_listen_fd=listener.detach())  # fmt: skip
+    else:
+        store = dist.TCPStore(master_addr, master_port, world_size, False, RENDEZVOUS_TIMEOUT)
     cuda = requested != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
-        init_method=f"tcp://{master_addr}:{master_port}",
+        store=store,
         rank=rank,
         world_size=world_size,
-        timeout=COLLECTIVE_TIMEOUT,
+        timeout=datetime.timedelta(seconds=collective_timeout_s),
     )
     mine = torch.tensor([zlib.crc32(socket.gethostname().encode()), torch.cuda.device_count() if cuda else 0])
     table = [torch.zeros_like(mine) for _ in range(world_size)]
@@ -69,22 +89,42 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
     return device
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "*" or a host name
+        return False
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name (Linux: the one flagged IFF_LOOPBACK; "lo" elsewhere)."""
+    for flags in sorted(Path("/sys/class/net").glob("*/flags")):
+        try:
+            if int(flags.read_text(), 16) & 0x8:  # IFF_LOOPBACK
+                return flags.parent.name
+        except (OSError, ValueError):
+            continue
+    return "lo"
+
+
 class Agreement(NamedTuple):
-    everyone_ready: bool
+    update: bool  # every rank is ready, or one is overdue
     stop: bool
     member_samples: list[int]  # env steps in each member's batches this iteration, summed over ranks
     decision_bytes: int  # length of the PBT decision rank 0 hands out this iteration; 0: none
 
 
-def agree(ready: bool, stop: bool, member_samples: list[int], decision_bytes: int,
+def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
           device: torch.device) -> Agreement:  # fmt: skip
-    """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length."""
+    """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length.
+    `member_samples`: what this rank would train on if the world updates now."""
     if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
-        return Agreement(ready, stop, list(member_samples), decision_bytes)
-    flags = torch.tensor([int(ready), int(stop), decision_bytes, *member_samples], dtype=torch.int64, device=device)
+        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes)
+    flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, *member_samples], dtype=torch.int64,
+                         device=device)  # fmt: skip
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    ready_ranks, stops, length, *samples = (int(v) for v in flags.tolist())
-    return Agreement(ready_ranks == dist.get_world_size(), stops > 0, samples, length)
+    ready_ranks, overdue_ranks, stops, length, *samples = (int(v) for v in flags.tolist())
+    return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length)
 
 
 def share_any_length(frame: bytes, device: torch.device) -> bytes:

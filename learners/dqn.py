@@ -115,11 +115,12 @@ class DQN:
         assert grad is not None
         sync(grad)
         stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
+        norms = None
         if self.max_grad_norm is not None:
-            stats["grad_norm"] = clip_grad_norm_per_member(grad, self.max_grad_norm)
+            stats["grad_norm"] = norms = clip_grad_norm_per_member(grad, self.max_grad_norm)
         optimizer = self.optimizers["q"]
         optimizer.step(hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps,
-                                                           self.cfg.lr_final_fraction), active)  # fmt: skip
+                                                           self.cfg.lr_final_fraction), active, norms)  # fmt: skip
         self.steps += 1
         if self.steps % self.cfg.target_update_interval == 0:
             with torch.no_grad():

@@ -23,8 +23,17 @@ import zmq
 from rlmq.common import transport, wire
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag, keep_freed_memory
+from rlmq.common.service import (
+    EXIT_FAILED,
+    EXIT_OK,
+    RateTimer,
+    StopFlag,
+    announce,
+    keep_freed_memory,
+)
 from rlmq.learners import distributed
+from rlmq.learners.credits import CreditTimeouts
+from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
 from rlmq.learners.trainers import Trainer, make_trainer
 
@@ -32,13 +41,15 @@ log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
 MAX_PENDING = 1024  # decisions held ahead of the one to apply next
 MAX_ACTORS_REMEMBERED = 4096  # actors whose last weights sent we remember (restarted ones are new)
+NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
 
 
 class Learner:
     def __init__(self, cfg: LearnerConfig, stop: StopFlag) -> None:
         self.cfg, self.stop = cfg, stop
         self.metrics = LearnerMetrics()
-        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port)
+        self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
+        announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.name = f"learner-{cfg.rank}"
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
@@ -51,9 +62,12 @@ class Learner:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
             self.directives.connect(cfg.broadcast)
+        self.heartbeat = HeartbeatThread(self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(),
+                                         self.name, cfg.rank)  # fmt: skip
         self.counts = collections.Counter[str]()
         self.lags: list[int] = []
         self.applied = 0  # id of the last PBT decision applied
+        self.nonfinite_seen = 0  # member steps the trainer skipped for a non-finite gradient
         self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
         self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
         self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
@@ -169,17 +183,22 @@ class Learner:
         population = self.run_cfg.population
         # Off-policy data stay useful however old: the lag gate is PPO's.
         max_lag = self.run_cfg.ppo.max_policy_lag if self.run_cfg.algo == "ppo" else 2**62
-        self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, self.cfg.credit_timeout_s,
-                                    self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s)  # fmt: skip
+        timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
+        self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
+                                    self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,
+                                    self.run_cfg.rank_wait_s)  # fmt: skip
         base = self.run_cfg.base_hyperparams()
         self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
         self.applied = assign.applied_decision
         for weights in assign.member_weights:
             self.members.versions[weights.member] = weights.version
         torch.manual_seed(self.run_cfg.seed)
-        device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr,
-                                        self.cfg.master_port, self.cfg.device)  # fmt: skip
+        self.heartbeat.start()
+        self.heartbeat.enter()  # the rendezvous waits for every rank
+        device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port,
+                                        self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s)  # fmt: skip
         self.adopt_rank0_state(device)
+        self.heartbeat.leave()
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
         try:
@@ -217,16 +236,17 @@ class Learner:
             ready = self.members.ready()
             offer = self.decisions.get(self.applied + 1, b"")
             limit_hit = max_updates is not None and updates_done >= max_updates
-            agreed = distributed.agree(ready, self.stop.is_set() or limit_hit,
-                                       self.members.batch_samples() if ready else [0] * population,
-                                       len(offer), device)  # fmt: skip
+            self.heartbeat.enter()
+            agreed = distributed.agree(ready, self.members.overdue(), self.stop.is_set() or limit_hit,
+                                       self.members.batch_samples(), len(offer), device)  # fmt: skip
             if agreed.decision_bytes:
                 replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                     agreed.member_samples[replaced] = 0
             if agreed.stop:
                 break
-            if not agreed.everyone_ready:
+            if not agreed.update:
+                self.heartbeat.leave()
                 if report.due():
                     self.report()
                 continue
@@ -236,9 +256,11 @@ class Learner:
             self.lags += taken.lags
             started = time.perf_counter()
             stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples)
+            self.heartbeat.leave()
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)
+            self.count_nonfinite()
             updates_done += 1
             local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
             self.counts["updates"] += 1
@@ -256,6 +278,21 @@ class Learner:
                 self.publish(member, final=member == population - 1)
         self.report()
         return EXIT_OK
+
+    def count_nonfinite(self) -> None:
+        """Metric, report and a log line (the first, then one per NONFINITE_LOG_EVERY) for the
+        member steps the trainer skipped because their gradient was not finite."""
+        skipped = self.trainer.nonfinite_skipped()
+        new = skipped - self.nonfinite_seen
+        if new <= 0:
+            return
+        if self.nonfinite_seen == 0 or skipped // NONFINITE_LOG_EVERY > self.nonfinite_seen // NONFINITE_LOG_EVERY:
+            log.warning("skipped %d member step(s) whose gradient was not finite (%d so far); the weights keep "
+                        "their values. If this keeps happening, check the env's rewards and observations "
+                        "(docs/architecture.md, non-finite updates)", new, skipped)  # fmt: skip
+        self.nonfinite_seen = skipped
+        self.metrics.nonfinite_skipped.inc(new)
+        self.counts["nonfinite"] += new
 
     def apply_decision(self, decision: wire.Message) -> int | None:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
@@ -290,9 +327,11 @@ class Learner:
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
+            nonfinite_skipped=self.counts.pop("nonfinite", 0),
         ))  # fmt: skip
 
     def close(self) -> None:
+        self.heartbeat.close()
         for sock in (self.control, self.experience, self.directives):
             sock.close()
 

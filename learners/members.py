@@ -3,7 +3,9 @@
 Each member has its own credit ledger (credits.py), so one member's actors cannot crowd out
 another's, and its own version, which counts the updates it took part in. A rank is *ready* to
 update when every member has a batch queued, or when some member has one that has waited
-`wait_s` (members without actors, or slower ones, must not stall the rest).
+`wait_s` (members without actors, or slower ones, must not stall the rest). A batch that has
+waited `rank_wait_s` makes the rank *overdue*: the world then updates without the ranks that have
+no data (learner.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from rlmq.common import wire
-from rlmq.learners.credits import CreditLedger
+from rlmq.learners.credits import CreditLedger, CreditTimeouts
 
 
 class Taken(NamedTuple):
@@ -23,12 +25,13 @@ class Taken(NamedTuple):
 
 
 class MemberQueues:
-    def __init__(self, population: int, budget: int, credit_timeout_s: float, rollouts_per_batch: int,
-                 max_policy_lag: int, wait_s: float) -> None:  # fmt: skip
-        self.population, self.need, self.max_lag, self.wait_s = population, rollouts_per_batch, max_policy_lag, wait_s
+    def __init__(self, population: int, budget: int, timeouts: CreditTimeouts, rollouts_per_batch: int,
+                 max_policy_lag: int, wait_s: float, rank_wait_s: float) -> None:  # fmt: skip
+        self.population, self.need, self.max_lag = population, rollouts_per_batch, max_policy_lag
+        self.wait_s, self.rank_wait_s = wait_s, rank_wait_s
         self.queues: list[collections.deque[tuple[float, wire.Rollout]]] = [
             collections.deque() for _ in range(population)]  # fmt: skip
-        self.ledgers = [CreditLedger(budget, credit_timeout_s) for _ in range(population)]
+        self.ledgers = [CreditLedger(budget, timeouts) for _ in range(population)]
         self.versions = [0] * population
         self.oldest_allowed = [0] * population  # data from before a PBT copy is another policy's
 
@@ -38,16 +41,15 @@ class MemberQueues:
 
     def hello(self, actor: bytes, member: int) -> None:
         self.check(member)
-        self.ledgers[member].hello(actor)
+        self.ledgers[member].hello(actor, time.monotonic())
 
     def spend(self, actor: bytes, member: int) -> None:
         """A rollout for `member` arrived from `actor`: its credit is spent, whatever the rollout
         turns out to hold (the actor thinks so too, and asks for the next)."""
         self.check(member)
-        ledger = self.ledgers[member]
-        if not ledger.holds(actor):  # the budget holds only if credits are enforced
+        if not self.ledgers[member].delivered(actor, time.monotonic(), len(self.queues[member])):
+            # the budget holds only if credits are enforced
             raise wire.WireError("no_credit", f"a rollout for member {member} without a credit")
-        ledger.delivered(actor)
 
     def enqueue(self, rollout: wire.Rollout) -> None:
         self.queues[rollout.member].append((time.monotonic(), rollout))
@@ -81,10 +83,16 @@ class MemberQueues:
                 for q in self.queues]  # fmt: skip
 
     def ready(self) -> bool:
-        with_batch = [q for q in self.queues if len(q) >= self.need]
-        if len(with_batch) == self.population:
-            return True
-        return any(time.monotonic() - q[0][0] >= self.wait_s for q in with_batch)
+        with_batch = sum(len(q) >= self.need for q in self.queues)
+        return with_batch == self.population or self.waited(self.wait_s)
+
+    def overdue(self) -> bool:
+        """A batch has waited `rank_wait_s`: the world must not wait any longer for other ranks."""
+        return self.waited(self.rank_wait_s)
+
+    def waited(self, seconds: float) -> bool:
+        now = time.monotonic()
+        return any(len(q) >= self.need and now - q[0][0] >= seconds for q in self.queues)
 
     def take(self) -> Taken:
         rollouts, lags = [], []

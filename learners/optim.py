@@ -5,6 +5,11 @@ had no data in an update is *inactive*: its parameters, moments and step count s
 they were (a plain Adam step on a zero gradient would still move it along its momentum). The
 maths is torch.optim.Adam's (no weight decay, no amsgrad), row by row; the tests hold the two
 against each other.
+
+A member whose gradient is not finite skips the step the same way, and is counted: one rollout
+with an absurd reward (or an env bug) would otherwise turn its weights and moments into NaN for
+good. The check is on the gradient after the all-reduce, which every rank holds alike, so every
+rank skips alike (a non-finite loss on one rank makes the all-reduced gradient non-finite).
 """
 
 from __future__ import annotations
@@ -39,21 +44,26 @@ class PopulationAdam:
         self.exp_avg = torch.zeros_like(param)
         self.exp_avg_sq = torch.zeros_like(param)
         self.steps = torch.zeros(param.shape[0], dtype=param.dtype, device=param.device)
+        self.nonfinite = torch.zeros((), dtype=torch.int64, device=param.device)  # member steps skipped
 
     def zero_grad(self) -> None:
         self.param.grad = None
 
     @torch.no_grad()
-    def step(self, lr: Tensor, active: Tensor | None = None) -> None:
-        """One Adam step; `lr` [P] per member, `active` [P] bool (None: all)."""
+    def step(self, lr: Tensor, active: Tensor | None = None, norms: Tensor | None = None) -> None:
+        """One Adam step; `lr` [P] per member, `active` [P] bool (None: all), `norms` [P] the
+        gradient's norm per member if the caller has it (clipping does), else taken here."""
         grad = self.param.grad
         assert grad is not None, "step() before backward()"
+        finite = torch.isfinite(torch.linalg.vector_norm(grad, dim=1) if norms is None else norms)
+        self.nonfinite += (~finite if active is None else active & ~finite).sum()
+        active = finite if active is None else active & finite
         if grad.device.type == "cpu" and len(self.steps) == 1:
-            if active is None or bool(active[0]):
+            if bool(active[0]):
                 self._fused_step(grad, float(lr[0]))
             return
         beta1, beta2 = self.betas
-        if active is None or bool(active.all()):
+        if bool(active.all()):
             self.steps += 1
             self.exp_avg.lerp_(grad, 1 - beta1)
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -94,7 +104,7 @@ class PopulationAdam:
 
 def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
     """One optimizer's step on its own loss [P]: backward, the gradient averaged across ranks (each
-    optimizer is synced on its own), then Adam."""
+    optimizer is synced on its own), then Adam (which skips members whose gradient is not finite)."""
     optimizer.param.grad = None
     loss.sum().backward()
     assert optimizer.param.grad is not None

@@ -244,8 +244,8 @@ def update(
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
-        clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm)
-        optimizer.step(lr, active)
+        norms = clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm)
+        optimizer.step(lr, active, norms)
     terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}

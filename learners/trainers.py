@@ -44,6 +44,10 @@ class Trainer(Protocol):
         """One iteration on this rank's share; (stats, the members whose policy changed)."""
         ...
 
+    def nonfinite_skipped(self) -> int:
+        """Member steps skipped so far because the gradient was not finite (learners/optim.py)."""
+        ...
+
 
 def add_noise(stacked: Stacked, member: int, std: float, seed: int) -> None:
     """Parameter noise after a PBT copy, seeded by the decision: every rank draws the same."""
@@ -99,6 +103,9 @@ class PPOTrainer:
         copy_member(self.core, self.optimizer, decision)
         self.trained[decision.target] = self.trained[decision.source]
 
+    def nonfinite_skipped(self) -> int:
+        return int(self.optimizer.nonfinite)
+
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
         cfg, steps = self.cfg, self.run_cfg.rollout_length
         slots = cfg.rollouts_per_batch * self.run_cfg.num_envs
@@ -117,6 +124,8 @@ class PPOTrainer:
 
 class OffPolicy(Protocol):
     """An off-policy algorithm over the stacked population (learners/sac.py is one)."""
+
+    optimizers: dict[str, PopulationAdam]
 
     def member_params(self, member: int) -> Params:
         """What the actors run (the policy network), under the names common/models.py reads."""
@@ -180,6 +189,9 @@ class OffPolicyTrainer:
     def copy_member(self, decision: wire.Decision) -> None:
         self.algorithm.copy_member(decision.source, decision.target)
         self.stored[decision.target] = max(self.stored[decision.target], self.stored[decision.source])
+
+    def nonfinite_skipped(self) -> int:
+        return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
         for member, member_rollouts in enumerate(rollouts):

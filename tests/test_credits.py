@@ -5,16 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlmq.learners.credits import CreditLedger
+from rlmq.learners.credits import CreditLedger, CreditTimeouts
 
 A, B, C, D = b"actor-a", b"actor-b", b"actor-c", b"actor-d"
 
 
+def ledger_of(budget: int, timeout_s: float) -> CreditLedger:
+    """A ledger whose requests never expire and whose grant timeout is fixed at `timeout_s`."""
+    return CreditLedger(budget, CreditTimeouts(request_ttl_s=1e9, min_s=timeout_s, max_s=timeout_s))
+
+
 def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
-    ledger = CreditLedger(budget=2, timeout_s=10.0)
+    ledger = ledger_of(2, 10.0)
     assert ledger.grant(now=0.0, queued=0) == []  # nobody asked
     for actor in (A, B, C):
-        ledger.hello(actor)
+        ledger.hello(actor, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A, B]
     assert ledger.in_flight == 2
     assert ledger.grant(now=1.0, queued=0) == []  # C waits: the budget is spent
@@ -24,42 +29,42 @@ def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
     ("budget", "queued", "granted"), [(3, 0, 3), (3, 1, 2), (3, 3, 0), (3, 5, 0)]
 )
 def test_queued_rollouts_count_against_the_budget(budget: int, queued: int, granted: int) -> None:
-    ledger = CreditLedger(budget=budget, timeout_s=10.0)
+    ledger = ledger_of(budget, 10.0)
     for actor in (A, B, C, D):
-        ledger.hello(actor)
+        ledger.hello(actor, 0.0)
     assert ledger.grant(now=0.0, queued=queued) == [A, B, C, D][:granted]
     assert ledger.in_flight == granted
 
 
 def test_waiting_actors_are_served_first_come_first_served() -> None:
-    ledger = CreditLedger(budget=1, timeout_s=10.0)
+    ledger = ledger_of(1, 10.0)
     for actor in (A, B, C):
-        ledger.hello(actor)
+        ledger.hello(actor, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A]
-    ledger.delivered(A)  # A asks again, behind B and C
+    ledger.delivered(A, 0.0, 0)  # A asks again, behind B and C
     assert ledger.grant(now=0.1, queued=0) == [B]
-    ledger.delivered(B)
+    ledger.delivered(B, 0.0, 0)
     assert ledger.grant(now=0.2, queued=0) == [C]
-    ledger.delivered(C)
+    ledger.delivered(C, 0.0, 0)
     assert ledger.grant(now=0.3, queued=0) == [A]
 
 
 def test_a_repeated_hello_keeps_its_place_and_earns_one_credit() -> None:
-    ledger = CreditLedger(budget=5, timeout_s=10.0)
-    ledger.hello(A)
-    ledger.hello(B)
-    ledger.hello(A)
-    ledger.hello(A)
+    ledger = ledger_of(5, 10.0)
+    ledger.hello(A, 0.0)
+    ledger.hello(B, 0.0)
+    ledger.hello(A, 0.0)
+    ledger.hello(A, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A, B]
     assert ledger.in_flight == 2
 
 
 def test_delivered_frees_the_credit() -> None:
-    ledger = CreditLedger(budget=1, timeout_s=10.0)
-    ledger.hello(A)
-    ledger.hello(B)
+    ledger = ledger_of(1, 10.0)
+    ledger.hello(A, 0.0)
+    ledger.hello(B, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A]
-    ledger.delivered(A)
+    ledger.delivered(A, 0.0, 0)
     assert ledger.in_flight == 0
     # The rollout now sits in the queue, so it still holds the budget ...
     assert ledger.grant(now=0.1, queued=1) == []
@@ -68,9 +73,9 @@ def test_delivered_frees_the_credit() -> None:
 
 
 def test_an_unused_credit_is_reclaimed_after_the_timeout() -> None:
-    ledger = CreditLedger(budget=1, timeout_s=5.0)
-    ledger.hello(A)
-    ledger.hello(B)
+    ledger = ledger_of(1, 5.0)
+    ledger.hello(A, 0.0)
+    ledger.hello(B, 0.0)
     assert ledger.grant(now=100.0, queued=0) == [A]
     assert ledger.grant(now=104.9, queued=0) == []  # A may still be busy
     assert ledger.grant(now=105.0, queued=0) == []  # exactly the timeout: not yet
@@ -82,76 +87,137 @@ def test_an_unused_credit_is_reclaimed_after_the_timeout() -> None:
 def test_hello_from_an_actor_holding_a_credit_keeps_the_credit() -> None:
     """The hello may have crossed the credit on the wire: granting again would let the actor
     send two rollouts on one budget slot."""
-    ledger = CreditLedger(budget=1, timeout_s=10.0)
-    ledger.hello(A)
-    ledger.hello(B)
+    ledger = ledger_of(1, 10.0)
+    ledger.hello(A, 0.0)
+    ledger.hello(B, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A]
-    ledger.hello(A)
+    ledger.hello(A, 0.0)
     assert ledger.in_flight == 1 and ledger.holds(A)
     assert list(ledger.waiting) == [B]
     assert ledger.grant(now=0.1, queued=0) == []
-    ledger.delivered(A)
+    ledger.delivered(A, 0.0, 0)
     assert not ledger.holds(A)
     assert ledger.grant(now=0.2, queued=0) == [B]
 
 
 def test_a_lost_credit_comes_back_after_the_timeout() -> None:
-    ledger = CreditLedger(budget=1, timeout_s=10.0)
-    ledger.hello(A)
+    ledger = ledger_of(1, 10.0)
+    ledger.hello(A, 0.0)
     assert ledger.grant(now=0.0, queued=0) == [A]
-    ledger.hello(A)  # still waiting: the credit never arrived (the learner's reply was lost)
+    ledger.hello(A, 0.0)  # still waiting: the credit never arrived (the learner's reply was lost)
     assert ledger.grant(now=5.0, queued=0) == []
     assert ledger.grant(now=10.5, queued=0) == [] and ledger.in_flight == 0  # reclaimed
-    ledger.hello(A)  # the actor greets again while it starves (actors/actor.py)
+    ledger.hello(A, 0.0)  # the actor greets again while it starves (actors/actor.py)
     assert ledger.grant(now=11.0, queued=0) == [A]
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_budget_is_never_exceeded_by_random_traffic(seed: int) -> None:
-    """A learner's view of many actors: hellos, restarts, deaths, deliveries and training, at
-    random. Live actors use a credit well within the timeout (what the timeout assumes). Credits
-    out plus rollouts queued never pass the budget."""
+def test_budget_holds_and_the_dead_are_never_served_under_random_traffic(seed: int) -> None:
+    """A learner's view of many actors: requests renewed while waiting, restarts, deaths,
+    deliveries (some slow enough to lose their credit) and training, at random. Credits out plus
+    rollouts kept never pass the budget, and no actor is granted a credit more than the request
+    TTL after it died."""
     rng = np.random.default_rng(seed)
     budget = int(rng.integers(1, 5))
-    ledger = CreditLedger(budget=budget, timeout_s=3.0)
+    timeouts = CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=3.0)
+    ledger = CreditLedger(budget, timeouts)
     actors = [f"actor-{i}".encode() for i in range(int(rng.integers(2, 9)))]
     holding: dict[bytes, float] = {}  # actors holding a credit they will use → granted at
-    dead: set[bytes] = set()
+    died_at: dict[bytes, float] = {}
     queued = 0
     served: dict[bytes, int] = {actor: 0 for actor in actors}
-    for actor in actors:
-        ledger.hello(actor)
     now = 0.0
     for _ in range(600):
         now += float(rng.random())
+        for actor in actors:  # the living renew their requests (actors/actor.py)
+            if actor not in holding and actor not in died_at:
+                ledger.hello(actor, now)
         for actor, since in sorted(holding.items()):
-            if now - since > 0.5 * ledger.timeout_s:  # a live actor is never that slow
+            if now - since > 0.5 * ledger.grant_timeout_s():  # a live actor is rarely that slow
                 del holding[actor]
-                ledger.delivered(actor)
-                queued += 1
+                queued += ledger.delivered(actor, now, queued)
         event = rng.integers(5)
         if event == 0 and holding:  # an actor sends its rollout
             actor = sorted(holding)[rng.integers(len(holding))]
             del holding[actor]
-            ledger.delivered(actor)
-            queued += 1
+            queued += ledger.delivered(actor, now, queued)
         elif event == 1 and queued:  # the learner trains on one rollout
             queued -= 1
-        elif event == 2:  # an actor restarts (or a dead one comes back) and says hello
+        elif event == 2:  # an actor restarts (or a dead one comes back) and asks for credit
             actor = actors[rng.integers(len(actors))]
             holding.pop(actor, None)
-            dead.discard(actor)
-            ledger.hello(actor)
+            died_at.pop(actor, None)
+            ledger.hello(actor, now)
         elif event == 3 and rng.random() < 0.2:  # an actor dies, credit and all
             actor = actors[rng.integers(len(actors))]
             holding.pop(actor, None)
-            dead.add(actor)
+            died_at.setdefault(actor, now)
         for actor in ledger.grant(now, queued):
             served[actor] += 1
-            if actor not in dead:
+            assert now - died_at.get(actor, now) <= timeouts.request_ttl_s, "a credit went to the long dead"
+            if actor not in died_at:
                 holding[actor] = now
         assert ledger.in_flight + queued <= budget
         assert len(ledger.granted) == ledger.in_flight
         assert not set(ledger.granted) & set(ledger.waiting)
-        assert holding.keys() <= ledger.granted.keys()
     assert sum(served.values()) > 3 * budget  # the traffic really flowed
+
+
+def test_a_request_not_renewed_within_its_ttl_is_forgotten_and_a_renewal_keeps_its_place() -> None:
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=10.0))
+    ledger.hello(A, 0.0)  # A dies here
+    ledger.hello(B, 0.0)
+    ledger.hello(C, 0.5)
+    ledger.hello(B, 0.9)  # B renews: still ahead of C
+    assert ledger.grant(now=1.2, queued=0) == [B]  # A's request expired at 1.0
+    assert list(ledger.waiting) == [C]
+
+
+def test_the_grant_timeout_follows_the_slowest_recent_turnaround_within_its_bounds() -> None:
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=10.0))
+    assert ledger.grant_timeout_s() == 10.0  # nothing came back yet: the most patient
+    start = 0.0
+    for turnaround, timeout in ((0.01, 1.0), (0.5, 2.0), (5.0, 10.0)):
+        ledger.hello(A, start)
+        assert ledger.grant(now=start, queued=0) == [A]
+        assert ledger.delivered(A, start + turnaround, queued=0)
+        assert ledger.grant_timeout_s() == pytest.approx(timeout)
+        start += 10.0
+
+
+def test_a_rollout_whose_credit_was_taken_back_teaches_the_timeout_and_is_kept_if_there_is_room() -> None:
+    ledger = CreditLedger(2, CreditTimeouts(request_ttl_s=100.0, min_s=1.0, max_s=2.0))
+    ledger.hello(A, 0.0)
+    assert ledger.grant(now=0.0, queued=0) == [A]
+    assert ledger.grant(now=2.5, queued=0) == [] and not ledger.holds(A)  # taken back: A looked dead
+    assert ledger.delivered(A, 3.0, queued=1)  # a slow env, not a dead actor: one more fits
+    assert ledger.grant_timeout_s() == 2.0  # 4 × 3 s, capped
+    ledger.hello(B, 3.0)
+    assert ledger.grant(now=3.0, queued=1) == [A]  # A asked again when it delivered
+    ledger.hello(B, 5.0)
+    assert ledger.grant(now=5.5, queued=1) == [B]  # A's second credit is taken back too, and goes to B
+    assert not ledger.delivered(A, 6.0, queued=1)  # now the budget is full: A's late rollout goes
+
+
+def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_grant_timeout() -> None:
+    """500 identities ask once and never again (a script, or actors that died); a live actor asks
+    every CREDIT_REQUEST_RENEW_S. It gets a credit within the request TTL plus one grant timeout
+    (the one stray served before the rest expired)."""
+    timeouts = CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=10.0)
+    ledger = CreditLedger(1, timeouts)
+    ledger.hello(A, 0.0)  # one rollout came back quickly: the grant timeout is at its floor
+    assert ledger.grant(now=0.0, queued=0) == [A]
+    assert ledger.delivered(A, 0.01, queued=0)
+    assert ledger.grant(now=0.02, queued=0) == [A]
+    assert ledger.delivered(A, 0.03, queued=0)
+    for i in range(500):
+        ledger.hello(f"stray-{i}".encode(), 0.03)
+    ledger.waiting.move_to_end(A)  # the strays came first
+    now, served_at = 0.03, None
+    while served_at is None and now < 10.0:
+        now += 0.01
+        if round(now / 0.01) % 25 == 0:
+            ledger.hello(A, now)
+        if A in ledger.grant(now, queued=0):
+            served_at = now
+    assert served_at is not None and served_at - 0.03 <= timeouts.request_ttl_s + timeouts.min_s + 0.05

@@ -159,6 +159,49 @@ def test_population_adam_steps_each_member_as_torch_adam(population: int) -> Non
     assert int(optimizer.steps[-1]) == 2
 
 
+@pytest.mark.parametrize("population", [1, 3])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_member_whose_gradient_is_not_finite_skips_its_step_and_is_counted(population: int, bad: float) -> None:
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(population, 40))
+    optimizer = PopulationAdam(param)
+    lr = torch.full((population,), 1e-2)
+    param.grad = torch.randn(population, 40)
+    optimizer.step(lr)  # momentum, so that a step on a zero gradient would still move
+    before, moments = param.detach().clone(), optimizer.exp_avg.clone()
+    grad = torch.randn(population, 40)
+    grad[0, 7] = bad
+    param.grad = grad
+    optimizer.step(lr, torch.ones(population, dtype=torch.bool))
+    assert torch.equal(param.detach()[0], before[0]) and torch.equal(optimizer.exp_avg[0], moments[0])
+    assert int(optimizer.steps[0]) == 1 and int(optimizer.nonfinite) == 1
+    assert bool(torch.isfinite(param).all()) and bool(torch.isfinite(optimizer.exp_avg_sq).all())
+    if population > 1:  # the others step as usual
+        assert not torch.equal(param.detach()[1:], before[1:]) and optimizer.steps[1:].tolist() == [2.0, 2.0]
+    param.grad = torch.randn(population, 40)
+    optimizer.step(lr, norms=torch.tensor([bad] + [1.0] * (population - 1)))  # the clipping's norms say so
+    assert int(optimizer.nonfinite) == 2 and int(optimizer.steps[0]) == 1
+
+
+def test_a_ppo_update_on_absurd_rewards_leaves_the_weights_finite() -> None:
+    """Rewards of 3e38 are finite in float32, so the wire lets them through; their returns are not."""
+    torch.manual_seed(0)
+    pop = PopulationActorCritic(DISCRETE, (16, 16), 2)
+    optimizer = PopulationAdam(pop.flat)
+    batch = random_batch(DISCRETE, 2, 8, 4, seed=1)
+    batch = batch._replace(rewards=batch.rewards.index_fill(0, torch.tensor([0]), 3e38))  # member 0 only
+    cfg = PPOConfig(epochs=2)
+    hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.2), "learning_rate": 1e-3,
+                                             "gamma": 0.99, "gae_lambda": 0.95}] * 2, torch.device("cpu"))  # fmt: skip
+    before = pop.flat.detach().clone()
+    active = torch.ones(2, dtype=torch.bool)
+    ppo.update(pop, pop, optimizer, batch, hp, cfg, ppo.minibatch_plan(8 * 4, cfg, torch.Generator()), torch.ones(2),
+               ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1), active)  # fmt: skip
+    assert torch.equal(pop.flat.detach()[0], before[0]) and int(optimizer.nonfinite) == cfg.epochs
+    assert not torch.equal(pop.flat.detach()[1], before[1]), "the healthy member must still learn"
+    assert bool(torch.isfinite(pop.flat).all())
+
+
 def test_a_pbt_copy_moves_weights_and_optimizer_state() -> None:
     torch.manual_seed(0)
     pop = PopulationActorCritic(DISCRETE, (16, 16), 3)

@@ -39,11 +39,12 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
 
 
 def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
-          rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator) -> None:  # fmt: skip
+          rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator, ready: bool = True,
+          overdue: bool = False) -> None:  # fmt: skip
     device = torch.device("cpu")
     local = [sum(r.num_steps for r in rs) for rs in rollouts]
-    agreed = distributed.agree(True, False, local, 0, device)
-    assert agreed.everyone_ready and not agreed.stop
+    agreed = distributed.agree(ready, overdue, False, local, 0, device)
+    assert agreed.update and not agreed.stop
     samples = torch.tensor(agreed.member_samples)
     hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
                                        "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
@@ -81,19 +82,25 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
         sparse.valid[:] = False
         sparse.valid[0, :2] = True
     train(model, core, optimizer, [[sparse], [rollout(rng, 1)], []], cfg, generator)
+    # Rank 1 has no data at all and is not ready; rank 0 has waited too long for it (overdue):
+    # both update, rank 1 on an empty batch, and the replicas stay equal.
+    empty_handed = [[rollout(rng, 0)], [], []] if rank == 0 else [[], [], []]
+    train(model, core, optimizer, empty_handed, cfg, generator, ready=rank == 0, overdue=rank == 0)
     inactive_unmoved = bool(torch.equal(core.flat.detach()[2], after_first)) and not torch.equal(after_first, before[2])
     # A PBT decision only rank 0 received reaches every rank through the agreement.
     frame = wire.encode(DECISION) if rank == 0 else b""
-    agreed = distributed.agree(False, False, [0] * POPULATION, len(frame), device)
+    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), device)
     decision = wire.decode(distributed.share(frame, agreed.decision_bytes, device))
     assert isinstance(decision, wire.Decision) and decision == DECISION
     copy_member(core, optimizer, decision)
     copied = core.flat.detach().clone()
     assert torch.equal(optimizer.exp_avg[2], optimizer.exp_avg[0])
     train(model, core, optimizer, [[rollout(rng, 0)], [rollout(rng, 1)], [rollout(rng, 2)]], cfg, generator)
-    # One rank not ready: nobody updates; one rank stopping: everybody stops.
-    assert not distributed.agree(rank == 0, False, [5] * POPULATION, 0, device).everyone_ready
-    assert distributed.agree(True, rank == 1, [5] * POPULATION, 0, device).stop
+    # One rank not ready: nobody updates, until the ready one is overdue; one rank stopping:
+    # everybody stops.
+    assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, device).update
+    assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, device).update
+    assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, device).stop
     torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
                 "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
                 "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),

@@ -44,8 +44,8 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
 
 def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
     local = [sum(r.num_steps for r in rs) for rs in per_member]
-    agreed = distributed.agree(True, False, local, 0, torch.device("cpu"))
-    assert agreed.everyone_ready and not agreed.stop
+    agreed = distributed.agree(True, False, False, local, 0, torch.device("cpu"))
+    assert agreed.update and not agreed.stop
     _, updated = trainer.train(per_member, agreed.member_samples)
     return len(updated)
 

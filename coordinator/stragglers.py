@@ -1,0 +1,37 @@
+"""Which learner rank holds the world up, named before the collective it blocks times out.
+
+Every learner rank sends a heartbeat from a thread of its own (wire.LearnerHeartbeat), so a rank
+that waits in a collective for a peer still beats, and says how long it has waited. A rank is
+*behind* when it is silent (stopped, hung or dead: SIGSTOP stops every thread), or when the others
+have waited for it in a collective for WAITED_S while it is elsewhere. Pure: the coordinator feeds
+it the latest pulses and logs, counts and records what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+SILENT_S = 3.0  # three missed heartbeats
+WAITED_S = 5.0  # a rank's synchronised part (agreement and update) takes milliseconds to seconds
+
+
+class Pulse(NamedTuple):
+    heard: float  # monotonic seconds, on the coordinator's clock
+    iteration: int
+    waiting_s: float  # in the synchronised part when it beat; 0: not there
+
+
+def behind(pulses: dict[int, Pulse], world_size: int, now: float) -> dict[int, str]:
+    """rank → why it is behind, for each rank that holds the world up now."""
+    silent = {rank: f"no heartbeat for {now - p.heard:.1f} s (stopped, hung or dead)"
+              for rank, p in pulses.items() if now - p.heard > SILENT_S}  # fmt: skip
+    waited = {rank: p.waiting_s + now - p.heard for rank, p in pulses.items()
+              if rank not in silent and p.waiting_s > 0}  # fmt: skip
+    waiters = sorted(rank for rank, seconds in waited.items() if seconds >= WAITED_S)
+    if not waiters:
+        return silent
+    why = f"rank(s) {', '.join(map(str, waiters))} waited {max(waited.values()):.1f} s for it in a collective"
+    late = {rank: f"{why}; it is at iteration {p.iteration}, not in a collective"
+            for rank, p in pulses.items() if rank not in silent and rank not in waited}  # fmt: skip
+    missing = {rank: f"{why}; it never sent a heartbeat" for rank in range(world_size) if rank not in pulses}
+    return {**silent, **late, **missing}

@@ -1,0 +1,207 @@
+"""`rlmq up` against peers that die, hang, flood or lie: learning goes on (real processes, real
+sockets, a private Redis). The long churn figures are benchmarks/bench_churn.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from rlmq.common import wire
+from rlmq.coordinator.store import RunStore
+
+pytestmark = pytest.mark.slow
+
+
+def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(predicate: object, timeout: float, what: str, up: subprocess.Popen[str]) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert up.poll() is None, f"rlmq up ended early:\n{up.communicate()[0]}"
+        value = predicate()  # type: ignore[operator]
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_store(run_dir: Path) -> RunStore | None:
+    if not (run_dir / "run.json").exists():
+        return None
+    info = json.loads((run_dir / "run.json").read_text())
+    return RunStore.connect(info["redis_url"], info["run"])
+
+
+def metrics_ports(run_dir: Path, role: str) -> list[int]:
+    groups = json.loads((run_dir / "prometheus_targets.json").read_text())
+    return [int(t.rsplit(":", 1)[1]) for g in groups if g["labels"]["role"] == role for t in g["targets"]]
+
+
+def scrape(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+class UpdateGaps(threading.Thread):
+    """Polls a learner's update counter; the longest time it stood still is the longest stall."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.longest, self.updates = port, 0.0, 0.0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        changed = None
+        while not self.halt.wait(0.05):
+            try:
+                updates = scrape(self.port, "rlmq_learner_updates_total")
+            except OSError:
+                continue
+            now = time.monotonic()
+            if updates != self.updates:
+                if changed is not None:
+                    self.longest = max(self.longest, now - changed)
+                changed, self.updates = now, updates
+            elif changed is not None:
+                self.longest = max(self.longest, now - changed)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    found[child] = ""
+                frontier.append(child)
+    return found
+
+
+def listeners(pids: set[int]) -> list[tuple[str, int]]:
+    """(address, pid) of every listening TCP socket the processes hold, from /proc."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in (Path("/proc") / str(pid) / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address = fields[1].split(":")[0]
+                loopback = address in ("0100007F", "00000000000000000000000001000000")
+                found.append(("loopback" if loopback else address.rjust(width, "0"), inodes[fields[9]]))
+    return found
+
+
+def credit_for(sock: zmq.Socket, hello: wire.Hello) -> wire.Credit:
+    """Ask for credit as an actor does: again every CREDIT_REQUEST_RENEW_S until it comes."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        sock.send(wire.encode(hello))
+        if sock.poll(int(wire.CREDIT_REQUEST_RENEW_S * 1000)):
+            message = wire.decode(sock.recv())
+            if isinstance(message, wire.Credit):
+                return message
+    raise AssertionError("no credit from the learner")
+
+
+def poisoned_rollout(version: int, steps: int = 32, slots: int = 8) -> wire.Rollout:
+    """Finite in float32, so the wire lets it through; its returns are not."""
+    return wire.Rollout(
+        member=0, policy_version=version, actor="script", obs=np.zeros((steps + 1, slots, 4), np.float32),
+        actions=np.zeros((steps, slots), np.int64), logprobs=np.full((steps, slots), np.log(0.5), np.float32),
+        rewards=np.full((steps, slots), 3e38, np.float32), terminated=np.zeros((steps, slots), bool),
+        truncated=np.zeros((steps, slots), bool), valid=np.ones((steps, slots), bool),
+    )  # fmt: skip
+
+
+def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learning(tmp_path: Path) -> None:
+    """One run, everything a user's cluster throws at it: it still reaches 475.
+    - only loopback listeners;
+    - 500 identities each say Hello to a learner once and never again (a script, or dead actors);
+    - a registered actor sends a rollout with rewards of 3e38;
+    - an actor is SIGKILLed every 2 s (the supervisor restarts it under a new identity);
+    and the learners never stand still for more than 2 s."""
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "4", "--learners", "2", "--target-return", "475", "--total-steps", "2000000")
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 4096)
+    socks: list[zmq.Socket] = []
+    try:
+        store = wait_for(lambda: (s := run_store(run_dir)) and int(s.status().get("env_steps", 0)) > 0 and s, 90,
+                         "the first env steps", up)  # fmt: skip
+        assert isinstance(store, RunStore)
+        gaps = UpdateGaps(metrics_ports(run_dir, "learner")[0])
+        gaps.start()
+        held = listeners(set(descendants(up.pid)) | {up.pid})
+        assert held and all(address == "loopback" for address, _ in held), held
+
+        endpoints = [record["endpoint"] for _, record in sorted(store.learners().items())]
+        for i in range(500):
+            sock = ctx.socket(zmq.DEALER)
+            sock.connect(endpoints[i % len(endpoints)])
+            sock.send(wire.encode(wire.Hello(role="actor", name=f"stray-{i}", pid=1, member=0)))
+            socks.append(sock)
+
+        liar = ctx.socket(zmq.DEALER)
+        socks.append(liar)
+        liar.connect(endpoints[0])
+        credit = credit_for(liar, wire.Hello(role="actor", name="liar", pid=1, member=0))
+        liar.send(wire.encode(poisoned_rollout(credit.policy_version)))
+
+        killed = 0
+        while up.poll() is None and killed < 20:
+            time.sleep(2.0)
+            actors = [pid for pid, cmd in descendants(up.pid).items() if " actor --name " in cmd]
+            if actors:
+                os.kill(random.choice(actors), signal.SIGKILL)
+                killed += 1
+        out, _ = up.communicate(timeout=120)
+        gaps.halt.set()
+        gaps.join()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+    assert up.returncode == 0, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["success"] and summary["mean_return_last_100"] >= 475
+    assert killed >= 2, "the run ended before the churn began"
+    assert gaps.longest <= 2.0, f"the learners stood still for {gaps.longest:.1f} s"
+    skipped = [line for line in (run_dir / "logs" / "learner-0.log").read_text().splitlines() if "not finite" in line]
+    assert skipped, "the absurd rollout never reached an update"

@@ -1,0 +1,34 @@
+"""Naming the learner rank that holds the world up, from the heartbeats (coordinator/stragglers.py)."""
+
+from __future__ import annotations
+
+from rlmq.coordinator.stragglers import SILENT_S, WAITED_S, Pulse, behind
+
+
+def test_nobody_is_behind_while_every_rank_beats_and_waits_briefly() -> None:
+    pulses = {0: Pulse(heard=100.0, iteration=7, waiting_s=0.02), 1: Pulse(heard=99.5, iteration=7, waiting_s=0.0)}
+    assert behind(pulses, 2, now=100.5) == {}
+
+
+def test_a_silent_rank_is_named_and_the_ranks_waiting_for_it_are_not() -> None:
+    """SIGSTOP stops every thread of a rank, its heartbeat's too; its peer keeps beating from the
+    collective it waits in."""
+    pulses = {0: Pulse(heard=109.9, iteration=7, waiting_s=9.0), 1: Pulse(heard=110.0 - SILENT_S - 1, iteration=7,
+                                                                           waiting_s=0.0)}  # fmt: skip
+    named = behind(pulses, 2, now=110.0)
+    assert list(named) == [1] and "no heartbeat for 4.0 s" in named[1]
+
+
+def test_a_rank_that_beats_but_keeps_the_others_waiting_is_named() -> None:
+    pulses = {0: Pulse(heard=50.0, iteration=3, waiting_s=WAITED_S + 1), 1: Pulse(heard=50.0, iteration=3,
+                                                                                   waiting_s=WAITED_S + 0.5),
+              2: Pulse(heard=50.0, iteration=2, waiting_s=0.0)}  # fmt: skip
+    named = behind(pulses, 3, now=50.2)
+    assert list(named) == [2] and "rank(s) 0, 1 waited 6.2 s" in named[2] and "iteration 2" in named[2]
+
+
+def test_a_rank_that_never_beat_is_named_once_the_others_wait_for_it() -> None:
+    waiting = {0: Pulse(heard=10.0, iteration=0, waiting_s=1.0)}
+    assert behind(waiting, 2, now=10.0) == {}  # the rendezvous may wait a while for a rank to start
+    waiting = {0: Pulse(heard=10.0, iteration=0, waiting_s=WAITED_S)}
+    assert "never sent a heartbeat" in behind(waiting, 2, now=10.0)[1]
