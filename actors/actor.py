@@ -25,7 +25,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
 from rlmq.common.models import NumpyPolicy, make_policy
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, StopFlag, announce
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, StopFlag, announce
 
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
@@ -45,6 +45,7 @@ class Actor:
         self.credits: list[int] = []
         self.broadcast = transport.make_socket(self.ctx, zmq.SUB)
         self.rejected = 0
+        self.log_reject = RejectLog(log)
         self.unreported_steps = 0
         self.unreported_credit_wait = 0.0  # seconds; metrics are updated once per report, off the hot path
         self.first_step_at = 0.0
@@ -52,7 +53,7 @@ class Actor:
         self.awaited_version = 0
 
     def reject(self, exc: wire.WireError) -> None:
-        log.warning("dropped a message: %s", exc)
+        self.log_reject(exc.reason, str(exc))
         self.metrics.rejected.labels(exc.reason).inc()
         self.rejected += 1
 

@@ -243,13 +243,18 @@ class Supervisor:
                 if self.seen.status.get("state") in ("stopping", "done"):
                     continue  # the run is ending: exits are expected
                 if child.role == "learner":
-                    return f"failed: {child.name} exited with {code}; see {child.log_path}"
+                    # The rank that exits is often the one that waited for a hung or dead peer:
+                    # name the one the coordinator saw holding the world up.
+                    behind = self.seen.status.get("learners_behind")
+                    return (f"failed: {child.name} exited with {code}; see {child.log_path}"
+                            + (f". Before that, the coordinator saw {behind}" if behind else ""))
                 if child.restarts >= MAX_ACTOR_RESTARTS:
                     return f"failed: {child.name} died {child.restarts} times; see {child.log_path}"
                 child.restarts += 1
                 print(f"{child.name} exited with {code}; restarting it ({child.restarts})", flush=True)
                 self.spawn(child)
             if progress.due() and self.look(store):
+                self.refresh_scrape_targets()
                 print(format_progress(self.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
         return "interrupted"
 

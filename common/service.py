@@ -109,6 +109,32 @@ def announce(path: str, **ports: int) -> None:
         os.replace(tmp, path)
 
 
+class RejectLog:
+    """Log lines for dropped messages: reason, size and sender, never the content (a hostile
+    frame can hold megabytes), and at most one line per reason every `period_s`, which says how
+    many more of that reason were dropped since."""
+
+    DETAIL_CHARS = 160
+
+    def __init__(self, log: logging.Logger, period_s: float = 10.0) -> None:
+        self.log, self.period_s = log, period_s
+        self.quiet_until: dict[str, float] = {}
+        self.unlogged: dict[str, int] = {}
+
+    def __call__(self, reason: str, detail: str, size: int | None = None, sender: bytes = b"") -> None:
+        now = time.monotonic()
+        if now < self.quiet_until.get(reason, 0.0):
+            self.unlogged[reason] = self.unlogged.get(reason, 0) + 1
+            return
+        if len(self.quiet_until) > 1024:  # reasons come from a fixed set; bounded all the same
+            self.quiet_until.clear()
+        self.quiet_until[reason] = now + self.period_s
+        more = self.unlogged.pop(reason, 0)
+        self.log.warning("dropped a message: %s%s%s: %s%s", reason, "" if size is None else f", {size} bytes",
+                         f" from {sender[:32].hex()}" if sender else "", detail[: self.DETAIL_CHARS],
+                         f" (and {more} more of this reason in the last {self.period_s:g} s)" if more else "")  # fmt: skip
+
+
 class RateTimer:
     """True at most once per `period` seconds: for heartbeats inside hot loops."""
 

@@ -1,7 +1,8 @@
 """ZeroMQ sockets with the house defaults: bounded queues, no linger, polling with timeouts.
 
-Every socket has a high-water mark (a full queue blocks or drops instead of growing memory) and a
-short linger (closing never hangs a shutdown). Receiving always takes a timeout.
+Every socket has a high-water mark (a full queue blocks or drops instead of growing memory), a
+short linger (closing never hangs a shutdown) and a maximum message size (a peer that announces a
+larger frame is disconnected before any of it is buffered). Receiving always takes a timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def make_socket(
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     return sock

@@ -22,13 +22,22 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, StopFlag, announce
+from rlmq.common.service import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    RateTimer,
+    RejectLog,
+    StopFlag,
+    announce,
+)
 from rlmq.coordinator import stragglers
 from rlmq.coordinator.population import Population
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
+MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
 
 
 class Coordinator:
@@ -65,6 +74,7 @@ class Coordinator:
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
+        self.log_reject = RejectLog(log)
         self.pulses: dict[int, stragglers.Pulse] = {}  # learner rank → its latest heartbeat
         self.behind: dict[int, str] = {}  # learner rank → why it holds the world up
         self.finished_at: float | None = None
@@ -101,6 +111,8 @@ class Coordinator:
                 self.waiting_actors.clear()
         elif len(self.learner_endpoints) < self.run_config.num_learners:
             self.waiting_actors[identity] = hello
+            if len(self.waiting_actors) > MAX_WAITING_ACTORS:  # a flood of Hellos: the oldest go
+                del self.waiting_actors[next(iter(self.waiting_actors))]
         else:
             self.assign_actor(identity, hello)
 
@@ -216,7 +228,7 @@ class Coordinator:
                 raise wire.WireError("unexpected_kind", type(message).__name__)
             handler(identity, message, frame)
         except wire.WireError as exc:
-            log.warning("dropped a message: %s", exc)
+            self.log_reject(exc.reason, str(exc), len(frame), identity)
             self.metrics.rejected.labels(exc.reason).inc()
 
     def run(self, until: float | None = None) -> int:
@@ -252,7 +264,7 @@ class Coordinator:
         then, steps_then = self.last_steps
         rate = (steps - steps_then) / max(now - then, 1e-9)
         self.last_steps = (now, steps)
-        actors = self.store.live_actors(self.cfg.actor_timeout_s)
+        actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
         self.metrics.connected_learners.set(len(self.learner_endpoints))
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}

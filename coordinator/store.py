@@ -11,6 +11,9 @@
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
     rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, pid, metrics_port, identity}
     rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
+
+A store made by `RunStore.connect` rides out Redis outages for a budget of seconds (`OutageRetry`):
+each service picks its own, since a coordinator should wait and a status line should not.
 """
 
 from __future__ import annotations
@@ -195,8 +198,9 @@ class RunStore:
         the actor's liveness, its env steps and finished episodes. Returns the run's env steps and,
         if the report brought episodes, the member's recent returns after them, newest first.
 
-        A transaction: a pipeline cut off by an outage is retried whole, and MULTI/EXEC makes sure
-        no part of it was applied the first time (its HINCRBYs would count twice)."""
+        A transaction: a pipeline cut off by an outage is retried whole, and MULTI/EXEC applies all
+        of it or none, so the retry cannot repeat half of it. (A reply lost after EXEC still counts
+        the report twice: HINCRBY has no idempotent form.)"""
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.key("actors"), actor, time.time())
         pipe.hincrby(self.key("status"), "env_steps", env_steps)
@@ -281,9 +285,15 @@ class RunStore:
     def touch_actor(self, name: str) -> None:
         self.redis.hset(self.key("actors"), name, time.time())
 
-    def live_actors(self, timeout_s: float) -> int:
+    def live_actors(self, timeout_s: float, forget_after_s: float | None = None) -> int:
+        """Actors heard from within `timeout_s`; those silent for `forget_after_s` are deleted (a
+        fleet replaces pods with new names, and a fuzzer invents names: the hash stays bounded)."""
         now = time.time()
         seen = self.redis.hgetall(self.key("actors"))
+        if forget_after_s is not None:
+            gone = [name for name, t in seen.items() if now - float(t) > forget_after_s]
+            if gone:
+                self.redis.hdel(self.key("actors"), *gone)
         return sum(1 for t in seen.values() if now - float(t) < timeout_s)
 
     def put_learner(self, rank: int, record: dict[str, Any]) -> None:

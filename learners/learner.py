@@ -27,6 +27,7 @@ from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
     RateTimer,
+    RejectLog,
     StopFlag,
     announce,
     keep_freed_memory,
@@ -65,6 +66,7 @@ class Learner:
         self.heartbeat = HeartbeatThread(self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(),
                                          self.name, cfg.rank)  # fmt: skip
         self.counts = collections.Counter[str]()
+        self.log_reject = RejectLog(log)
         self.lags: list[int] = []
         self.applied = 0  # id of the last PBT decision applied
         self.nonfinite_seen = 0  # member steps the trainer skipped for a non-finite gradient
@@ -96,7 +98,7 @@ class Learner:
                 self.check_rollout(message)
                 self.members.enqueue(message)
             except wire.WireError as exc:
-                self.reject(exc)
+                self.reject(exc, len(parts[-1]), parts[0].bytes)
         self.grant_credits()
 
     def grant_credits(self) -> None:
@@ -142,8 +144,8 @@ class Learner:
         if spec.action_kind == "discrete" and (r.actions.min(initial=0) < 0 or r.actions.max(initial=0) >= spec.action_dim):
             raise wire.WireError("bad_value", "action index out of range")
 
-    def reject(self, exc: wire.WireError) -> None:
-        log.warning("dropped a message: %s", exc)
+    def reject(self, exc: wire.WireError, size: int | None = None, sender: bytes = b"") -> None:
+        self.log_reject(exc.reason, str(exc), size, sender)
         self.metrics.rejected.labels(exc.reason).inc()
         self.counts["rejected"] += 1
 

@@ -3,6 +3,7 @@ sockets, a private Redis). The long churn figures are benchmarks/bench_churn.py'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -205,3 +206,31 @@ def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learn
     assert gaps.longest <= 2.0, f"the learners stood still for {gaps.longest:.1f} s"
     skipped = [line for line in (run_dir / "logs" / "learner-0.log").read_text().splitlines() if "not finite" in line]
     assert skipped, "the absurd rollout never reached an update"
+
+
+def test_a_stopped_learner_is_named_before_the_collective_times_out(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "15")
+    stopped = None
+    try:
+        store = wait_for(lambda: (s := run_store(run_dir)) and int(s.status().get("env_steps", 0)) > 0 and s, 90,
+                         "the first env steps", up)  # fmt: skip
+        assert isinstance(store, RunStore)
+        stopped = next(pid for pid, cmd in descendants(up.pid).items() if " learner " in cmd and "--rank 1 " in cmd)
+        os.kill(stopped, signal.SIGSTOP)
+        since = time.monotonic()
+        behind = wait_for(lambda: store.status().get("learners_behind"), 15, "a learner named", up)
+        assert time.monotonic() - since < 15, "named only after the collective timed out"
+        assert isinstance(behind, str) and behind.startswith("learner-1 (rank 1): no heartbeat"), behind
+        out, _ = up.communicate(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
+    assert up.returncode == 1, out
+    assert "the coordinator saw learner-1 (rank 1): no heartbeat" in out, out
+    for name in ("checkpoint.pt", "metrics.csv", "summary.json"):
+        assert (run_dir / name).exists(), f"no {name} after a failed run"

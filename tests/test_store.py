@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import redis
@@ -53,3 +55,12 @@ def test_keys_live_under_the_run_prefix(store: RunStore, redis_client: redis.Red
     assert keys == {f"rlmq:{run_id}:{name}" for name in ("status", "actors", "member_steps")}
     store.delete_run()
     assert not list(redis_client.scan_iter(match=f"rlmq:{run_id}:*"))
+
+
+def test_actors_silent_for_long_are_forgotten(store: RunStore, redis_client: redis.Redis) -> None:
+    now = time.time()
+    redis_client.hset(store.key("actors"), mapping={"live": now, "quiet": now - 30, "gone": now - 500})
+    assert store.live_actors(timeout_s=10) == 1  # counting alone deletes nothing
+    assert redis_client.hlen(store.key("actors")) == 3
+    assert store.live_actors(timeout_s=10, forget_after_s=100) == 1
+    assert set(redis_client.hkeys(store.key("actors"))) == {b"live", b"quiet"}

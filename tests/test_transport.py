@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
+import pytest
 import zmq
 
 from rlmq.common import transport, wire
+from rlmq.common.service import RejectLog
 
 
 def test_readable_says_whether_a_message_waits() -> None:
@@ -32,3 +35,36 @@ def test_readable_says_whether_a_message_waits() -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
+    """The receiver caps message size: a peer announcing a larger frame is disconnected, and the
+    service never holds it (nor the half of it a slow peer sends)."""
+    ctx = zmq.Context.instance()
+    server = transport.make_socket(ctx, zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        big.connect(f"tcp://127.0.0.1:{port}")
+        big.send(b"x" * (wire.MAX_FRAME_BYTES + 1))
+        assert not server.poll(1000), "an oversized frame got through"
+        small.connect(f"tcp://127.0.0.1:{port}")
+        small.send(b"fine")
+        assert server.poll(5000) and server.recv_multipart()[-1] == b"fine"
+    finally:
+        for sock in (server, big, small):
+            sock.close(linger=0)
+
+
+def test_rejected_messages_are_logged_by_reason_and_size_never_by_content(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test-rejects")
+    rejects = RejectLog(log, period_s=60.0)
+    content = "A" * 16_000_000  # what a hostile frame's error might quote
+    with caplog.at_level(logging.WARNING, logger="test-rejects"):
+        for _ in range(5):
+            rejects("garbage", content, size=16_000_000, sender=b"\x00peer")
+        rejects("bad_shape", "obs (9, 4, 5)")
+    assert len(caplog.records) == 2, "one line per reason per period"
+    first = caplog.records[0].getMessage()
+    assert "garbage, 16000000 bytes from 0070656572" in first and len(first) < 300
+    assert sum(len(r.getMessage()) for r in caplog.records) < 1000
