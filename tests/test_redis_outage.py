@@ -242,7 +242,7 @@ def test_up_with_redis_gone_for_good_writes_what_it_saw_and_fails_without_a_trac
     up = start_up(run_dir, "--redis-url", own_redis.url, "--actors", "2", "--learners", "1",
                   "--total-steps", "100000000", "--redis-outage-s", "2")
     wait_until_stepping(run_dir, up)
-    time.sleep(2.5)  # the supervisor reads progress every 2 s: let it see some
+    time.sleep(4.5)  # the supervisor reads every 2 s: let it read the run at least twice
     own_redis.stop()
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 1, output
