@@ -7,6 +7,11 @@ Two measurements (issue: a dead peer never stalls learning):
 2. `--target-return 475` for each seed: wall time to the target, churn / no churn.
 
     .venv/bin/python benchmarks/bench_churn.py [--window 120] [--kill-every 10] [--seeds 0 1 2]
+        [--config FILE]
+
+The first kill comes half a period after the first update, so that a run which reaches the target
+in less than a period meets the churn too. `rlmq up` passes the environment on to the learners:
+RLMQ_CREDIT_TIMEOUT_MIN_S sets their grant timeout's floor.
 
 Results go to benchmarks/RESULTS.md.
 """
@@ -25,27 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def descendants(pid: int) -> dict[int, str]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found: dict[int, str] = {}
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                try:
-                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    found[child] = ""
-                frontier.append(child)
-    return found
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
+from procs import descendants  # noqa: E402  (the tests' helper, on the path above)
 
 
 def updates(port: int) -> float:
@@ -53,10 +39,11 @@ def updates(port: int) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rlmq_learner_updates_total"))
 
 
-def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool) -> dict[str, float]:
+def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool,
+        config: str | None) -> dict[str, float]:  # fmt: skip
     """One `rlmq up`; with `window`, stopped (SIGINT) `window` s after the first update."""
     args = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "4", "--learners", "2", "--seed", str(seed),
-            "--run-dir", str(run_dir), "--total-steps", "100000000"]  # fmt: skip
+            "--run-dir", str(run_dir), "--total-steps", "100000000", *(["--config", config] if config else [])]  # fmt: skip
     if target:
         args += ["--target-return", "475"]
     up = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -84,7 +71,7 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
                 longest = max(longest, now - last_change)
             last_change, count = now, seen
             first = first or now
-            next_kill = next_kill or (now + kill_every if kill_every else None)
+            next_kill = next_kill or (now + kill_every / 2 if kill_every else None)
         elif last_change is not None:
             longest = max(longest, now - last_change)
         if next_kill is not None and now >= next_kill:
@@ -108,21 +95,25 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=120.0)
     parser.add_argument("--kill-every", type=float, default=10.0)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--config", help="a run config for every run (e.g. rank_wait_s)")
+    parser.add_argument("--skip-window", action="store_true", help="only the runs to the target")
     args = parser.parse_args()
     random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        base = run(Path(tmp) / "window-calm", args.window, None, 0, target=False)
-        churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, target=False)
-        print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
-              f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
-              f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn")
+        if not args.skip_window:
+            base = run(Path(tmp) / "window-calm", args.window, None, 0, False, args.config)
+            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config)
+            print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
+                  f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
+                  f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",
+                  flush=True)  # fmt: skip
         for seed in args.seeds:
-            calm = run(Path(tmp) / f"target-calm-{seed}", None, None, seed, target=True)
-            stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, target=True)
+            calm = run(Path(tmp) / f"target-calm-{seed}", None, None, seed, True, args.config)
+            stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config)
             print(f"seed {seed}, target 475: train wall {calm['train_wall_s']:.1f} s calm (success {calm['success']}), "
                   f"{stormy['train_wall_s']:.1f} s with churn ({stormy['kills']} kills, success {stormy['success']}): "
                   f"ratio {stormy['train_wall_s'] / calm['train_wall_s']:.2f}; longest stall "
-                  f"{stormy['longest_stall_s']:.2f} s")  # fmt: skip
+                  f"{stormy['longest_stall_s']:.2f} s", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def coordinator(
     """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
     _require_redis_url(redis_url)
     stop = _start("coordinator")
-    from rlmq.common.config import CoordinatorConfig, RunConfig, load_run_config
+    from rlmq.common.config import CoordinatorConfig, RunConfig
+    from rlmq.common.loading import load_run_config
     from rlmq.coordinator.coordinator import main
 
     try:
@@ -118,17 +119,25 @@ def learner(
     announce: Announce = "",
     collective_timeout: Annotated[float, _opt("Seconds a collective may wait for a peer rank.",
                                               "COLLECTIVE_TIMEOUT_S", min=1.0)] = 30.0,
+    credit_timeout_min: Annotated[float, _opt("A credit unused this long, or 4x the slowest recent rollout if "
+                                              "longer, is taken back (its actor died).", "CREDIT_TIMEOUT_MIN_S",
+                                              min=0.01)] = 0.5,
 ) -> None:
     """Run one learner rank."""
     stop = _start(f"learner-{rank}", torch_threads)
     from rlmq.common.config import LearnerConfig
     from rlmq.learners.learner import main
 
-    cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
-                        world_size=world_size, master_addr=master_addr, master_port=master_port,
-                        advertise_host=advertise_host, experience_port=experience_port,
-                        metrics_port=metrics_port, device=device, torch_threads=torch_threads,
-                        bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce)
+    try:
+        cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
+                            world_size=world_size, master_addr=master_addr, master_port=master_port,
+                            advertise_host=advertise_host, experience_port=experience_port,
+                            metrics_port=metrics_port, device=device, torch_threads=torch_threads,
+                            bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
+                            credit_timeout_min_s=credit_timeout_min)  # fmt: skip
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     raise typer.Exit(main(cfg, stop))
 
 

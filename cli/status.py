@@ -54,7 +54,7 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
         print(f"error: cannot reach Redis at {shown_url(redis_url)}: is the run still up?", file=sys.stderr)
         return EXIT_FAILED
     if not status:
-        print(f"error: Redis at {redis_url} holds no run {run!r}", file=sys.stderr)
+        print(f"error: Redis at {shown_url(redis_url)} holds no run {run!r}", file=sys.stderr)
         return EXIT_USAGE
     print(f"run {run}  state {status.get('state')}  {status.get('detail') or ''}")
     if config is not None:

@@ -29,7 +29,8 @@ import redis
 from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import envs
-from rlmq.common.config import EnvSpec, RunConfig, from_mapping, load_run_config, to_json
+from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.loading import from_mapping, load_run_config, to_json
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -41,7 +42,7 @@ from rlmq.common.service import (
     die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
-from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
+from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore, shown_url
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
@@ -74,6 +75,8 @@ class UpConfig:
         if actors < run_config.population:  # a member without an actor would never train
             raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
                              f"use --actors {run_config.population} or more")
+        if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
+            raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -115,11 +118,21 @@ class LastSeen:
     status: dict[str, Any] = field(default_factory=dict)
     progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
 
+    TAIL = 64  # samples read per look: the coordinator writes two a second, `rlmq up` looks every 2 s
+
     def read(self, store: RunStore) -> None:
-        """Refresh from Redis (its errors propagate): the status, and the progress samples not read yet."""
-        status, new = store.status(), store.progress(start=len(self.progress))
+        """Refresh from Redis (its errors propagate): the status, and the progress samples newer
+        than the last one read. By time, not index: Redis trims the list at PROGRESS_SAMPLES, and a
+        private Redis killed outright may come back without its last writes."""
+        status = store.status()
+        last = float(self.progress[-1].get("time", 0.0)) if self.progress else None
+        new = store.progress() if last is None else store.progress(start=-self.TAIL)
+        if last is not None:
+            if new and float(new[0].get("time", 0.0)) > last:  # more came than one tail holds
+                new = store.progress()
+            new = [sample for sample in new if float(sample.get("time", 0.0)) > last]
         self.status = status
-        self.progress += new
+        self.progress = (self.progress + new)[-PROGRESS_SAMPLES:]
 
 
 class Supervisor:
@@ -131,6 +144,7 @@ class Supervisor:
         self.redis_down_since: float | None = None  # monotonic; None while Redis answers
         self.redis_restarts = 0
         self.children: list[Child] = []
+        self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -144,14 +158,17 @@ class Supervisor:
         taken: set[int] = set()
 
         def port() -> int:  # distinct: two children handed one port would fight over it all run long
-            while (drawn := free_port("0.0.0.0" if host == "*" else host)) in taken:
-                pass
-            taken.add(drawn)
-            return drawn
+            for _ in range(1000):
+                drawn = free_port("0.0.0.0" if host == "*" else host)
+                if drawn not in taken:
+                    taken.add(drawn)
+                    return drawn
+            raise RuntimeError(f"no free port on {host}")
 
         control, broadcast, master = port(), port(), port()
         base = [sys.executable, "-m", "rlmq.cli"]
-        endpoints = ["--coordinator", f"tcp://127.0.0.1:{control}", "--broadcast", f"tcp://127.0.0.1:{broadcast}"]
+        reach = "127.0.0.1" if host == "*" else host  # where the children find each other
+        endpoints = ["--coordinator", f"tcp://{reach}:{control}", "--broadcast", f"tcp://{reach}:{broadcast}"]
         self.children.append(Child("coordinator", "coordinator", [
             *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_url,
             "--run-config", str(self.cfg.run_dir / "config.json"),
@@ -159,7 +176,8 @@ class Supervisor:
         for rank in range(self.cfg.learners):
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
-                "--world-size", str(self.cfg.learners), "--master-port", str(master),
+                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--master-port", str(master),
+                "--advertise-host", reach,
                 "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
                 "--collective-timeout", str(self.cfg.collective_timeout_s)]))
         for index in range(self.cfg.actors):
@@ -171,7 +189,11 @@ class Supervisor:
             child.metrics_port = port()
             child.argv += ["--metrics-port", str(child.metrics_port), "--bind-host", host,
                            "--announce", str(self.announce_path(child))]
-        write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children)
+        self.reach = reach
+        self.write_scrape_targets()
+
+    def write_scrape_targets(self) -> None:
+        write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children, self.reach)
 
     def announce_path(self, child: Child) -> Path:
         return self.cfg.run_dir / "ports" / f"{child.name}.json"
@@ -188,7 +210,7 @@ class Supervisor:
             if bound != child.metrics_port:
                 child.metrics_port, changed = bound, True
         if changed:
-            write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children)
+            self.write_scrape_targets()
 
     def spawn(self, child: Child) -> None:
         child.log_path = self.log_dir / f"{child.name}.log"
@@ -253,8 +275,10 @@ class Supervisor:
                 child.restarts += 1
                 print(f"{child.name} exited with {code}; restarting it ({child.restarts})", flush=True)
                 self.spawn(child)
-            if progress.due() and self.look(store):
-                self.refresh_scrape_targets()
+            if not progress.due():
+                continue
+            self.refresh_scrape_targets()
+            if self.look(store):
                 print(format_progress(self.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
         return "interrupted"
 
@@ -332,12 +356,12 @@ class Supervisor:
             child.process.wait()
 
 
-def write_scrape_targets(path: Path, run: str, children: list[Child]) -> None:
+def write_scrape_targets(path: Path, run: str, children: list[Child], host: str = "127.0.0.1") -> None:
     """Prometheus file_sd targets, one group per role: point a `file_sd_configs` job at this file
     (Prometheus re-reads it when it changes) to scrape every process of the run."""
     groups = []
     for role in ("coordinator", "learner", "actor"):
-        targets = [f"127.0.0.1:{c.metrics_port}" for c in children if c.role == role]
+        targets = [f"{host}:{c.metrics_port}" for c in children if c.role == role]
         if targets:
             groups.append({"targets": targets, "labels": {"job": "rlmq", "role": role, "run": run}})
     with rundir.atomic(path) as tmp:

@@ -7,16 +7,9 @@ learners inside `Assign`, so its fields are restricted to what `rlmq.common.wire
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import reprlib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
-
-import tomllib
+from typing import Any
 
 ALGORITHMS = ("ppo", "sac", "td3", "dqn")
 # The hyperparameters population-based training may set per member: fields of the algorithm's
@@ -427,7 +420,7 @@ class LearnerConfig:
     experience_port: int = 0  # 0 picks a free port
     # A credit not used within 4× the slowest recent rollout turnaround, kept within these bounds,
     # is taken back (its actor died; learners/credits.py).
-    credit_timeout_min_s: float = 1.0
+    credit_timeout_min_s: float = 0.5  # benchmarks/RESULTS.md §8
     credit_timeout_s: float = 10.0
     metrics_port: int = 0
     announce_file: str = ""  # write the ports bound here (`rlmq up`)
@@ -436,6 +429,11 @@ class LearnerConfig:
     # A collective (the per-iteration agreement, DDP's all-reduce) that waits longer for a peer
     # fails the rank. The rendezvous at start waits longer: ranks may start minutes apart.
     collective_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.credit_timeout_min_s <= self.credit_timeout_s:
+            raise ValueError(f"credit timeouts: need 0 < minimum ({self.credit_timeout_min_s:g} s) <= "
+                             f"maximum ({self.credit_timeout_s:g} s)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -447,96 +445,3 @@ class ActorConfig:
     bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
     announce_file: str = ""  # write the ports bound here (`rlmq up`)
     max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)
-
-
-C = TypeVar("C")
-
-
-def from_mapping(cls: type[C], data: dict[str, Any], path: str = "") -> C:
-    """Build a (nested) config dataclass from plain data. A key it does not know, a field it lacks
-    or a value of another type than the field's hint is a ValueError naming the field's dotted
-    path (`ppo.epochs: expected int, got 2.5`), so a config file fails at load, not mid-run."""
-    hints = typing.get_type_hints(cls)
-    where = f"{path}: " if path else ""
-    unknown = set(data) - set(hints)
-    if unknown:
-        # `learning_rate = 1e-3` at the top of a run config belongs in a section, e.g. [ppo]
-        nested = [f"{section}.{name}" for name in sorted(unknown) for section, hint in hints.items()
-                  if isinstance(hint, type) and dataclasses.is_dataclass(hint)
-                  and name in {f.name for f in dataclasses.fields(hint)}]
-        sections = f" (fields of that name: {', '.join(nested)})" if nested else ""
-        raise ValueError(f"{where}{cls.__name__} has no field {', '.join(sorted(unknown))}{sections}")
-    required = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in data]
-    if missing:
-        raise ValueError(f"{where}{cls.__name__} needs {', '.join(missing)}")
-    return cls(**{name: _from_plain(hints[name], value, f"{path}.{name}" if path else name)
-                  for name, value in data.items()})
-
-
-# What a scalar field accepts: an int is a float too (TOML's `gamma = 1`), but a bool is no int.
-_SCALARS: dict[type, tuple[type, ...]] = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
-_INT64 = (-(2**63), 2**63 - 1)  # what the wire carries (common/wire.py)
-
-
-def _from_plain(hint: Any, value: Any, path: str) -> Any:
-    """JSON/TOML data → what a field of type `hint` holds (nested configs, tuples, maps of them),
-    or ValueError when `value` cannot be one."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):  # configs use only `X | None`
-        if value is None:
-            return None
-        (inner,) = [arg for arg in args if arg is not type(None)]
-        return _scalar(inner, value, path, f"{inner.__name__} or null")
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise _mismatch(path, f"a table of {hint.__name__} fields", value)
-        return from_mapping(hint, value, path)
-    if origin is dict:
-        _, item = args
-        if not isinstance(value, dict):
-            raise _mismatch(path, f"a table of {item.__name__}", value)
-        return {key: _from_plain(item, v, f"{path}.{key}") for key, v in value.items()}
-    if origin is tuple:  # tuple[X, ...]
-        if not isinstance(value, (list, tuple)):
-            raise _mismatch(path, f"a list of {args[0].__name__}", value)
-        return tuple(_from_plain(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
-    return _scalar(hint, value, path, hint.__name__)
-
-
-def _scalar(hint: type, value: Any, path: str, expected: str) -> Any:
-    if hint not in _SCALARS:
-        raise TypeError(f"{path}: config fields cannot have type {hint}")  # a new field's hint, not data
-    accepted = isinstance(value, _SCALARS[hint]) and (hint is bool or not isinstance(value, bool))
-    if not accepted:
-        raise _mismatch(path, expected, value)
-    if hint is int and not _INT64[0] <= value <= _INT64[1]:
-        raise ValueError(f"{path}: {reprlib.repr(value)} does not fit in 64 bits")
-    if hint is float:
-        try:
-            return float(value)
-        except OverflowError:
-            raise ValueError(f"{path}: {reprlib.repr(value)} is too large for a float") from None
-    return value
-
-
-def _mismatch(path: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"{path}: expected {expected}, got {reprlib.repr(value)}")
-
-
-def load_run_config(path: Path, overrides: dict[str, Any]) -> RunConfig:
-    """A run config from a TOML or JSON file, with CLI overrides applied on top."""
-    text = path.read_text()
-    kind = "TOML" if path.suffix == ".toml" else "JSON"
-    try:
-        data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
-    except ValueError as exc:  # TOMLDecodeError, JSONDecodeError: their text gives line and column
-        raise ValueError(f"not valid {kind}: {exc}") from None
-    if not isinstance(data, dict):  # JSON: a list or a number at the top
-        raise ValueError(f"expected a table of RunConfig fields at the top, got a {type(data).__name__}")
-    return from_mapping(RunConfig, {**data, **overrides})
-
-
-def to_json(config: Any) -> str:
-    return json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True)

@@ -40,7 +40,7 @@ MAX_STR_CHARS = 4096
 MAX_SEQUENCE = 4096
 MAX_ARRAY_DIMS = 6
 ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
-_INT64 = (-(2**63), 2**63 - 1)
+INT64_RANGE = (-(2**63), 2**63 - 1)  # what an int field may hold
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
 # An actor waiting for a learner's credit repeats its Hello this often; a learner forgets a request
 # not renewed for its TTL (learners/credits.py), so dead and stray identities lose their place.
@@ -457,7 +457,7 @@ def _unpack_scalar(hint: Any, raw: Any, where: str) -> Any:
             raise WireError("bad_type", f"{where} must be a bool")
         return raw
     if hint is int:
-        if not isinstance(raw, int) or isinstance(raw, bool) or not _INT64[0] <= raw <= _INT64[1]:
+        if not isinstance(raw, int) or isinstance(raw, bool) or not INT64_RANGE[0] <= raw <= INT64_RANGE[1]:
             raise WireError("bad_type", f"{where} must be an int64")
         return raw
     if hint is float:

@@ -77,6 +77,7 @@ class Coordinator:
         self.log_reject = RejectLog(log)
         self.pulses: dict[int, stragglers.Pulse] = {}  # learner rank → its latest heartbeat
         self.behind: dict[int, str] = {}  # learner rank → why it holds the world up
+        self.checked_at = time.monotonic()  # the last check_learners
         self.finished_at: float | None = None
         self.final_weights = False
         self.first_step_at = float(store.status().get("first_step_at", float("inf")))
@@ -183,7 +184,11 @@ class Coordinator:
 
     def check_learners(self) -> None:
         """Name the learner ranks that hold the world up (log, metric, status), while the run lasts."""
-        behind = stragglers.behind(self.pulses, self.run_config.num_learners, time.monotonic()) if self.pulses else {}
+        now = time.monotonic()
+        away, self.checked_at = now - self.checked_at, now
+        if away > stragglers.SILENT_S:  # we were stalled (a Redis outage): their beats wait unread, not missing
+            self.pulses = {rank: p._replace(heard=p.heard + away) for rank, p in self.pulses.items()}
+        behind = stragglers.behind(self.pulses, self.run_config.num_learners, now) if self.pulses else {}
         for rank, why in behind.items():
             if rank not in self.behind:
                 log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)

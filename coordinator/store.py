@@ -32,7 +32,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig, from_mapping
+from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.loading import from_mapping
 
 RECENT_EPISODES = 100
 PROGRESS_SAMPLES = 100_000
@@ -187,8 +188,7 @@ class RunStore:
         pipe.execute()
 
     def progress(self, start: int = 0) -> list[dict[str, Any]]:
-        """The progress samples from index `start` on: a reader that keeps what it read asks only
-        for what is new."""
+        """The progress samples from index `start` on (negative: that many from the end)."""
         return [json.loads(s) for s in self.redis.lrange(self.key("progress"), start, -1)]
 
     # --- members, episodes, weights -----------------------------------------------------------

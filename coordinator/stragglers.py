@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SILENT_S = 3.0  # three missed heartbeats
+from rlmq.common import wire
+
+SILENT_S = 3 * wire.HEARTBEAT_PERIOD_S  # three missed heartbeats
 WAITED_S = 5.0  # a rank's synchronised part (agreement and update) takes milliseconds to seconds
 
 

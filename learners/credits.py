@@ -13,10 +13,9 @@ No peer can stall it, alive or dead:
   dead actor, a restarted actor's old identity or a stray `Hello` that is never repeated leaves
   the queue within the TTL, instead of being handed a credit it will never use.
 - A credit not used within the grant timeout is taken back. The timeout follows the actors: a few
-  times the slowest recent turnaround (grant → rollout), kept within [min_timeout_s,
-  max_timeout_s]; max_timeout_s until a rollout has come back. A rollout that arrives after its
-  credit was taken back still teaches the ledger how slow its actors are, and is kept when the
-  budget has room for it.
+  times the slowest recent turnaround (grant → rollout), kept within [min_s, max_s]; max_s until a
+  rollout has come back. A rollout that arrives after its credit was taken back still teaches the
+  ledger how slow its actors are, and is kept when the budget has room for it.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ MAX_REVOKED = 4096  # credits taken back whose rollout may still come
 @dataclass(frozen=True)
 class CreditTimeouts:
     request_ttl_s: float = 1.0  # a request for credit not renewed this long is forgotten
-    min_s: float = 1.0  # the grant timeout never falls below this ...
+    min_s: float = 0.5  # the grant timeout never falls below this ...
     max_s: float = 10.0  # ... nor rises above this (the timeout before any rollout came back)
 
 
@@ -81,11 +80,14 @@ class CreditLedger:
         self.waiting[actor] = now
         return not late or self.in_flight + queued < self.budget
 
-    def grant(self, now: float, queued: int) -> list[bytes]:
-        """Actors to send one credit each, now. `queued`: rollouts received but not yet trained."""
+    def grant(self, now: float, queued: int, read_at: float | None = None) -> list[bytes]:
+        """Actors to send one credit each, now. `queued`: rollouts received but not yet trained.
+        Credits and requests are judged by `read_at` (default: now), when the actors' messages
+        were last read: a rollout or a renewal still unread is not missing."""
+        seen = now if read_at is None else read_at
         timeout = self.grant_timeout_s()
         for actor, since in list(self.granted.items()):
-            if now - since > timeout:  # it died, or the credit was lost: it asks again if it lives
+            if seen - since > timeout:  # it died, or the credit was lost: it asks again if it lives
                 del self.granted[actor]
                 self.revoked[actor] = since
                 if len(self.revoked) > MAX_REVOKED:
@@ -93,7 +95,7 @@ class CreditLedger:
         granted = []
         while self.waiting and self.in_flight + queued < self.budget:
             actor, asked = self.waiting.popitem(last=False)
-            if now - asked > self.timeouts.request_ttl_s:
+            if seen - asked > self.timeouts.request_ttl_s:
                 continue  # not renewed: gone
             self.granted[actor] = now
             granted.append(actor)

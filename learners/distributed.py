@@ -66,12 +66,12 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
         loopback = loopback_interface()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
-    if rank == 0:
-        listener = socket.create_server(("" if bind_host == "*" else bind_host, master_port), backlog=world_size + 8)
+    if rank == 0 and bind_host != "*":
+        listener = socket.create_server((bind_host, master_port), backlog=world_size + 8)
         store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT,
                               master_listen_fd=listener.detach())  # fmt: skip
-    else:
-        store = dist.TCPStore(master_addr, master_port, world_size, False, RENDEZVOUS_TIMEOUT)
+    else:  # rank 0 on "*": torch's own server, every interface (IPv6 too)
+        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, RENDEZVOUS_TIMEOUT)
     cuda = requested != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if cuda else "gloo",

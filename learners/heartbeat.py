@@ -18,10 +18,7 @@ from rlmq.common import transport, wire
 
 class HeartbeatThread:
     def __init__(self, ctx: zmq.Context, coordinator: str, identity: bytes, name: str, rank: int) -> None:
-        self.name, self.rank = name, rank
-        # Its own socket: ZeroMQ sockets are not shared between threads.
-        self.sock = transport.make_socket(ctx, zmq.DEALER, identity=identity)
-        self.sock.connect(coordinator)
+        self.ctx, self.coordinator, self.identity, self.name, self.rank = ctx, coordinator, identity, name, rank
         self.iteration = 0
         self.entered = 0.0  # monotonic time the synchronised part began; 0: not in it
         self._stop = threading.Event()
@@ -39,15 +36,20 @@ class HeartbeatThread:
         self.iteration += 1
 
     def _run(self) -> None:
-        while True:
-            entered = self.entered
-            waiting = time.monotonic() - entered if entered else 0.0
-            transport.send(self.sock, wire.LearnerHeartbeat(self.name, self.rank, self.iteration, waiting))
-            if self._stop.wait(wire.HEARTBEAT_PERIOD_S):
-                return
+        # Its own socket, made, used and closed in this thread: ZeroMQ sockets are not shared.
+        sock = transport.make_socket(self.ctx, zmq.DEALER, identity=self.identity)
+        sock.connect(self.coordinator)
+        try:
+            while True:
+                entered = self.entered
+                waiting = time.monotonic() - entered if entered else 0.0
+                transport.send(sock, wire.LearnerHeartbeat(self.name, self.rank, self.iteration, waiting))
+                if self._stop.wait(wire.HEARTBEAT_PERIOD_S):
+                    return
+        finally:
+            sock.close()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(2 * wire.HEARTBEAT_PERIOD_S)
-        self.sock.close()

@@ -99,6 +99,7 @@ class Learner:
                 self.members.enqueue(message)
             except wire.WireError as exc:
                 self.reject(exc, len(parts[-1]), parts[0].bytes)
+        self.members.drained()
         self.grant_credits()
 
     def grant_credits(self) -> None:
@@ -200,13 +201,13 @@ class Learner:
         device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port,
                                         self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s)  # fmt: skip
         self.adopt_rank0_state(device)
-        self.heartbeat.leave()
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
         try:
             self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
                                                  self.cfg.world_size, device)  # fmt: skip
             self.trainer.set_hyperparams(self.hyperparams)
+            self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
             return self.train(device, max_updates)
         finally:
             distributed.shutdown()
@@ -246,6 +247,7 @@ class Learner:
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                     agreed.member_samples[replaced] = 0
             if agreed.stop:
+                self.heartbeat.leave()
                 break
             if not agreed.update:
                 self.heartbeat.leave()
@@ -262,7 +264,6 @@ class Learner:
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():
                 self.metrics.loss.labels(term).set(value)
-            self.count_nonfinite()
             updates_done += 1
             local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
             self.counts["updates"] += 1
@@ -323,6 +324,7 @@ class Learner:
         transport.send_frame(self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
 
     def report(self) -> None:
+        self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
         transport.send(self.control, wire.LearnerReport(
             name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),

@@ -4,8 +4,8 @@ Each member has its own credit ledger (credits.py), so one member's actors canno
 another's, and its own version, which counts the updates it took part in. A rank is *ready* to
 update when every member has a batch queued, or when some member has one that has waited
 `wait_s` (members without actors, or slower ones, must not stall the rest). A batch that has
-waited `rank_wait_s` makes the rank *overdue*: the world then updates without the ranks that have
-no data (learner.py).
+waited `rank_wait_s` makes the rank *overdue*: the world then updates at once, the ranks without
+data on an empty batch (learner.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class MemberQueues:
         self.ledgers = [CreditLedger(budget, timeouts) for _ in range(population)]
         self.versions = [0] * population
         self.oldest_allowed = [0] * population  # data from before a PBT copy is another policy's
+        self.read_at = time.monotonic()
 
     def check(self, member: int) -> None:
         if not 0 <= member < self.population:
@@ -54,11 +55,17 @@ class MemberQueues:
     def enqueue(self, rollout: wire.Rollout) -> None:
         self.queues[rollout.member].append((time.monotonic(), rollout))
 
+    def drained(self) -> None:
+        """The socket was read just now: rollouts and renewed requests sent before are in."""
+        self.read_at = time.monotonic()
+
     def grant(self, send: Callable[[bytes, int], None]) -> None:
-        """Hand out the credits due: `send(actor, member)` for each."""
+        """Hand out the credits due: `send(actor, member)` for each. The ledgers' clock is the time
+        the socket was last read: after a stall of the learner's own (a long update, a collective)
+        a credit whose rollout waits unread is not late, nor is a request whose renewal waits."""
         now = time.monotonic()
         for member, ledger in enumerate(self.ledgers):
-            for actor in ledger.grant(now, queued=len(self.queues[member])):
+            for actor in ledger.grant(now, len(self.queues[member]), self.read_at):
                 send(actor, member)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,10 @@ import pytest
 import redis
 
 from rlmq.cli.redis_server import RedisServer
+
+# tests/helpers/procs.py, shared by the end-to-end tests, imports as `procs` (the tests themselves are
+# imported by path, --import-mode=importlib, so they cannot import one another).
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,8 @@ from rlmq.common.config import (
     PBTConfig,
     RunConfig,
     SACConfig,
-    from_mapping,
-    to_json,
 )
+from rlmq.common.loading import from_mapping, to_json
 from rlmq.common.transport import free_port
 
 HANG = 60  # seconds: these commands fail at start-up; one still running this long is the bug

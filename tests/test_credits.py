@@ -221,3 +221,14 @@ def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_
         if A in ledger.grant(now, queued=0):
             served_at = now
     assert served_at is not None and served_at - 0.03 <= timeouts.request_ttl_s + timeouts.min_s + 0.05
+
+
+def test_a_stalled_learner_judges_credits_and_requests_by_when_it_last_read_its_socket() -> None:
+    """After a long update the rollout that was due, and the renewals, wait unread: not missing."""
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=1.0))
+    ledger.hello(A, 0.0)
+    ledger.hello(B, 0.0)
+    assert ledger.grant(now=0.0, queued=0) == [A]
+    assert ledger.grant(now=5.0, queued=0, read_at=0.5) == []  # stalled since 0.5: A's credit stands
+    assert ledger.holds(A) and list(ledger.waiting) == [B]
+    assert ledger.delivered(A, 5.0, queued=0)

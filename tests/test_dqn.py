@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import DQNConfig, EnvSpec, PBTConfig, RunConfig, from_mapping
+from rlmq.common.config import DQNConfig, EnvSpec, PBTConfig, RunConfig
+from rlmq.common.loading import from_mapping
 from rlmq.common.models import EpsilonGreedyPolicy, linear_epsilon, make_policy
 from rlmq.learners import dqn
 from rlmq.learners.optim import per_member

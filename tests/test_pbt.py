@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rlmq.common.config import HyperRange, PBTConfig, PPOConfig, from_mapping
+from rlmq.common.config import HyperRange, PBTConfig, PPOConfig
+from rlmq.common.loading import from_mapping
 from rlmq.coordinator import pbt
 
 RANGES = {"learning_rate": HyperRange(1e-4, 1e-2, log=True), "ent_coef": HyperRange(0.0, 0.02)}

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 import zmq
+from procs import start_up, wait_for, wait_until_stepping
 
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
@@ -34,16 +35,6 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A Redis server for this test alone, to take down and bring back."""
     with RedisServer(tmp_path / "redis", persist=True) as server:
         yield server
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -176,28 +167,6 @@ def test_a_stop_request_ends_the_coordinators_wait_for_redis(
 # --- rlmq up ---------------------------------------------------------------------------------
 
 
-def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
-def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert up.poll() is None, up.communicate()[0]
-        if (run_dir / "run.json").exists():
-            info = json.loads((run_dir / "run.json").read_text())
-            try:
-                if int(RunStore.connect(info["redis_url"], info["run"]).status().get("env_steps", 0)) > 0:
-                    return
-            except redis.ConnectionError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError("the run never took an env step")
-
-
 def private_redis_pid(up: subprocess.Popen[str]) -> int:
     """The pid of the redis-server `rlmq up` started (a direct child of it, from /proc)."""
     for entry in Path("/proc").iterdir():
@@ -220,7 +189,7 @@ def test_up_rides_out_a_redis_outage_and_writes_its_results(tmp_path: Path, own_
                   "--env", "CartPole-v1", "--target-return", "475", "--seed", "1")
     wait_until_stepping(run_dir, up)
     own_redis.stop()
-    time.sleep(6)
+    time.sleep(10)  # the issue's outage
     own_redis.restart()
     output, _ = up.communicate(timeout=120)
     assert up.returncode == 0, output

@@ -8,8 +8,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -18,34 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from procs import descendants, start_up, wait_for, wait_until_stepping
 
 from rlmq.common import wire
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.stragglers import SILENT_S
 
 pytestmark = pytest.mark.slow
-
-
-def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-
-
-def wait_for(predicate: object, timeout: float, what: str, up: subprocess.Popen[str]) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert up.poll() is None, f"rlmq up ended early:\n{up.communicate()[0]}"
-        value = predicate()  # type: ignore[operator]
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def run_store(run_dir: Path) -> RunStore | None:
-    if not (run_dir / "run.json").exists():
-        return None
-    info = json.loads((run_dir / "run.json").read_text())
-    return RunStore.connect(info["redis_url"], info["run"])
 
 
 def metrics_ports(run_dir: Path, role: str) -> list[int]:
@@ -80,28 +56,6 @@ class UpdateGaps(threading.Thread):
                 changed, self.updates = now, updates
             elif changed is not None:
                 self.longest = max(self.longest, now - changed)
-
-
-def descendants(pid: int) -> dict[int, str]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found: dict[int, str] = {}
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                try:
-                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    found[child] = ""
-                frontier.append(child)
-    return found
 
 
 def listeners(pids: set[int]) -> list[tuple[str, int]]:
@@ -161,9 +115,7 @@ def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learn
     ctx.set(zmq.MAX_SOCKETS, 4096)
     socks: list[zmq.Socket] = []
     try:
-        store = wait_for(lambda: (s := run_store(run_dir)) and int(s.status().get("env_steps", 0)) > 0 and s, 90,
-                         "the first env steps", up)  # fmt: skip
-        assert isinstance(store, RunStore)
+        store = wait_until_stepping(run_dir, up)
         gaps = UpdateGaps(metrics_ports(run_dir, "learner")[0])
         gaps.start()
         held = listeners(set(descendants(up.pid)) | {up.pid})
@@ -199,6 +151,7 @@ def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learn
         for sock in socks:
             sock.close(linger=0)
         ctx.term()
+    print(f"longest stall {gaps.longest:.2f} s with {killed} kills; {gaps.updates:.0f} updates")  # pytest -s shows it
     assert up.returncode == 0, out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["success"] and summary["mean_return_last_100"] >= 475
@@ -213,14 +166,13 @@ def test_a_stopped_learner_is_named_before_the_collective_times_out(tmp_path: Pa
     up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "15")
     stopped = None
     try:
-        store = wait_for(lambda: (s := run_store(run_dir)) and int(s.status().get("env_steps", 0)) > 0 and s, 90,
-                         "the first env steps", up)  # fmt: skip
-        assert isinstance(store, RunStore)
+        store = wait_until_stepping(run_dir, up)
         stopped = next(pid for pid, cmd in descendants(up.pid).items() if " learner " in cmd and "--rank 1 " in cmd)
         os.kill(stopped, signal.SIGSTOP)
         since = time.monotonic()
         behind = wait_for(lambda: store.status().get("learners_behind"), 15, "a learner named", up)
-        assert time.monotonic() - since < 15, "named only after the collective timed out"
+        # three heartbeats missed, then the coordinator's next tick (0.5 s): well within the 15 s
+        assert time.monotonic() - since < SILENT_S + 3, "named late"
         assert isinstance(behind, str) and behind.startswith("learner-1 (rank 1): no heartbeat"), behind
         out, _ = up.communicate(timeout=90)
     finally:

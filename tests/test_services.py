@@ -16,6 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from procs import wait_for
 
 from rlmq.common import wire
 from rlmq.common.config import EnvSpec, RunConfig
@@ -66,16 +67,6 @@ def rejected_total(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("rlmq_rejected_messages_total{"))
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def receive(sock: zmq.Socket, timeout_ms: int = 10_000) -> wire.Message:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import EnvSpec, RunConfig, TD3Config, from_mapping
+from rlmq.common.config import EnvSpec, RunConfig, TD3Config
+from rlmq.common.loading import from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
 from rlmq.learners import td3
 from rlmq.learners.optim import per_member

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from rlmq.common import transport, wire
 from rlmq.common.service import RejectLog
@@ -43,16 +44,20 @@ def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
     ctx = zmq.Context.instance()
     server = transport.make_socket(ctx, zmq.ROUTER)
     port = server.bind_to_random_port("tcp://127.0.0.1")
+    monitor = server.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
     try:
         big.connect(f"tcp://127.0.0.1:{port}")
         big.send(b"x" * (wire.MAX_FRAME_BYTES + 1))
-        assert not server.poll(1000), "an oversized frame got through"
+        assert monitor.poll(10_000), "the peer that sent an oversized frame is still connected"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert not server.poll(0), "an oversized frame got through"
         small.connect(f"tcp://127.0.0.1:{port}")
         small.send(b"fine")
         assert server.poll(5000) and server.recv_multipart()[-1] == b"fine"
     finally:
-        for sock in (server, big, small):
+        server.disable_monitor()
+        for sock in (monitor, server, big, small):
             sock.close(linger=0)
 
 

@@ -13,69 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import torch
+from procs import descendants, running, start_up, wait_until_stepping
 
 from rlmq.common import envs
-from rlmq.common.config import EnvSpec, from_mapping
+from rlmq.common.config import EnvSpec
+from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy
-from rlmq.coordinator.store import RunStore
 
 pytestmark = pytest.mark.slow
-
-
-def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float = 90) -> RunStore:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert up.poll() is None, up.communicate()[0]
-        if (run_dir / "run.json").exists():
-            info = json.loads((run_dir / "run.json").read_text())
-            store = RunStore.connect(info["redis_url"], info["run"])
-            try:
-                if int(store.status().get("env_steps", 0)) > 0:
-                    return store
-            except redis.ConnectionError:  # the run is over and its Redis gone: the next poll says why
-                pass
-        time.sleep(0.2)
-    raise AssertionError("the run never took an env step")
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """pid → command line of every process below `pid` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                try:
-                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    found[child] = ""
-                frontier.append(child)
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def mean_sampled_return(checkpoint: Path, episodes: int = 20) -> float:

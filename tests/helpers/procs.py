@@ -1,0 +1,81 @@
+"""What the end-to-end tests (and bench_churn.py) share: starting `rlmq up`, waiting on it, and
+finding its processes in /proc. Imported as `procs` (tests/conftest.py puts this folder on the path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from rlmq.coordinator.store import RunStore
+
+
+def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, up: subprocess.Popen[str] | None = None) -> Any:
+    """`predicate()`'s first true value within `timeout` s; with `up`, the run must not end first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if up is not None and up.poll() is not None:
+            raise AssertionError(f"rlmq up ended while waiting for {what}:\n{up.communicate()[0]}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float = 90) -> RunStore:
+    """The run's store, once its actors have taken an env step."""
+
+    def stepping() -> RunStore | None:
+        if not (run_dir / "run.json").exists():
+            return None
+        info = json.loads((run_dir / "run.json").read_text())
+        store = RunStore.connect(info["redis_url"], info["run"])
+        try:
+            return store if int(store.status().get("env_steps", 0)) > 0 else None
+        except redis.ConnectionError:  # the run is over and its Redis gone: the next poll says why
+            return None
+
+    return wait_for(stepping, timeout, "the run's first env step", up)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid → command line of every process below `pid` (parent links from /proc/PID/stat)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    found[child] = ""
+                frontier.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
