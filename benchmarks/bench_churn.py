@@ -6,11 +6,11 @@ Two measurements (issue: a dead peer never stalls learning):
    counter stood still, polled every 50 ms) and update count, churn / no churn;
 2. `--target-return 475` for each seed: wall time to the target, churn / no churn.
 
-    .venv/bin/python benchmarks/bench_churn.py [--window 120] [--kill-every 10] [--seeds 0 1 2]
-        [--config FILE]
+    .venv/bin/python benchmarks/bench_churn.py [--window 120] [--kill-every 10] [--first-kill 2]
+        [--seeds 0 1 2] [--config FILE] [--skip-window]
 
-The first kill comes half a period after the first update, so that a run which reaches the target
-in less than a period meets the churn too. `rlmq up` passes the environment on to the learners:
+The first kill comes `--first-kill` seconds after the first update, so that a run which reaches
+the target in less than a period meets the churn too. `rlmq up` passes the environment on to the learners:
 RLMQ_CREDIT_TIMEOUT_MIN_S sets their grant timeout's floor.
 
 Results go to benchmarks/RESULTS.md.
@@ -40,7 +40,7 @@ def updates(port: int) -> float:
 
 
 def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool,
-        config: str | None) -> dict[str, float]:  # fmt: skip
+        config: str | None, first_kill: float = 2.0) -> dict[str, float]:  # fmt: skip
     """One `rlmq up`; with `window`, stopped (SIGINT) `window` s after the first update."""
     args = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "4", "--learners", "2", "--seed", str(seed),
             "--run-dir", str(run_dir), "--total-steps", "100000000", *(["--config", config] if config else [])]  # fmt: skip
@@ -71,7 +71,7 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
                 longest = max(longest, now - last_change)
             last_change, count = now, seen
             first = first or now
-            next_kill = next_kill or (now + kill_every / 2 if kill_every else None)
+            next_kill = next_kill or (now + first_kill if kill_every else None)
         elif last_change is not None:
             longest = max(longest, now - last_change)
         if next_kill is not None and now >= next_kill:
@@ -94,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=120.0)
     parser.add_argument("--kill-every", type=float, default=10.0)
+    parser.add_argument("--first-kill", type=float, default=2.0, help="seconds after the first update")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--config", help="a run config for every run (e.g. rank_wait_s)")
     parser.add_argument("--skip-window", action="store_true", help="only the runs to the target")
@@ -102,14 +103,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_window:
             base = run(Path(tmp) / "window-calm", args.window, None, 0, False, args.config)
-            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config)
+            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config, args.first_kill)
             print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
                   f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
                   f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",
                   flush=True)  # fmt: skip
         for seed in args.seeds:
             calm = run(Path(tmp) / f"target-calm-{seed}", None, None, seed, True, args.config)
-            stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config)
+            stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config,
+                         args.first_kill)  # fmt: skip
             print(f"seed {seed}, target 475: train wall {calm['train_wall_s']:.1f} s calm (success {calm['success']}), "
                   f"{stormy['train_wall_s']:.1f} s with churn ({stormy['kills']} kills, success {stormy['success']}): "
                   f"ratio {stormy['train_wall_s'] / calm['train_wall_s']:.2f}; longest stall "

@@ -34,6 +34,7 @@ Coord = Annotated[str, _opt("Coordinator control endpoint.", "COORDINATOR")]
 Broadcast = Annotated[str, _opt("Coordinator broadcast (PUB) endpoint.", "BROADCAST")]
 MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none).", "METRICS_PORT")]
 Announce = Annotated[str, _opt("Write the ports this process bound to this JSON file.", "ANNOUNCE", hidden=True)]
+Fd = Annotated[int, _opt("A listening socket inherited from rlmq up (-1: bind here).", hidden=True)]
 BindHost = Annotated[str, _opt("Address this process's listeners bind (*: every interface).", "BIND_HOST")]
 RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
                                     "REDIS_OUTAGE_S", min=0.0)]
@@ -80,6 +81,8 @@ def coordinator(
     metrics_port: MetricsPort = 0,
     bind_host: BindHost = "*",
     announce: Announce = "",
+    control_fd: Fd = -1,
+    broadcast_fd: Fd = -1,
     redis_outage_s: RedisOutage = 30.0,
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
@@ -97,7 +100,8 @@ def coordinator(
         raise typer.Exit(EXIT_USAGE) from None
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
                             broadcast_bind=broadcast_bind, metrics_port=metrics_port, bind_host=bind_host,
-                            announce_file=announce, redis_outage_s=redis_outage_s, failpoint=failpoint)
+                            announce_file=announce, control_fd=control_fd, broadcast_fd=broadcast_fd,
+                            redis_outage_s=redis_outage_s, failpoint=failpoint)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -117,6 +121,7 @@ def learner(
     torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS", min=1)] = 1,
     bind_host: BindHost = "*",
     announce: Announce = "",
+    master_fd: Fd = -1,
     collective_timeout: Annotated[float, _opt("Seconds a collective may wait for a peer rank.",
                                               "COLLECTIVE_TIMEOUT_S", min=1.0)] = 30.0,
     credit_timeout_min: Annotated[float, _opt("A credit unused this long, or 4x the slowest recent rollout if "
@@ -134,7 +139,7 @@ def learner(
                             advertise_host=advertise_host, experience_port=experience_port,
                             metrics_port=metrics_port, device=device, torch_threads=torch_threads,
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
-                            credit_timeout_min_s=credit_timeout_min)  # fmt: skip
+                            credit_timeout_min_s=credit_timeout_min, master_fd=master_fd)  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None

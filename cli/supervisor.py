@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,18 @@ def probe_run_dir(path: Path) -> None:
                 directory.rmdir()
 
 
+@dataclass(frozen=True)
+class Listener:
+    """A listening socket `rlmq up` binds for a child and hands down to it."""
+
+    sock: socket.socket
+    port: int
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno()
+
+
 @dataclass
 class Child:
     name: str
@@ -109,6 +122,7 @@ class Child:
     restarts: int = 0
     log_path: Path = field(default_factory=Path)
     metrics_port: int = 0
+    listeners: list[Listener] = field(default_factory=list)  # handed down at its first start
 
 
 @dataclass
@@ -165,21 +179,25 @@ class Supervisor:
                     return drawn
             raise RuntimeError(f"no free port on {host}")
 
-        control, broadcast, master = port(), port(), port()
+        # The ports every other process must be told of are bound here, and the listening sockets
+        # handed down to the processes that serve them: no other socket can take one in between.
+        control, broadcast, master = (self.listen(host) for _ in range(3))
         base = [sys.executable, "-m", "rlmq.cli"]
         reach = "127.0.0.1" if host == "*" else host  # where the children find each other
-        endpoints = ["--coordinator", f"tcp://{reach}:{control}", "--broadcast", f"tcp://{reach}:{broadcast}"]
+        endpoints = ["--coordinator", f"tcp://{reach}:{control.port}", "--broadcast", f"tcp://{reach}:{broadcast.port}"]
         self.children.append(Child("coordinator", "coordinator", [
             *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_url,
             "--run-config", str(self.cfg.run_dir / "config.json"),
-            "--control-bind", f"tcp://{host}:{control}", "--broadcast-bind", f"tcp://{host}:{broadcast}"]))
+            "--control-bind", f"tcp://{host}:{control.port}", "--control-fd", str(control.fd),
+            "--broadcast-bind", f"tcp://{host}:{broadcast.port}", "--broadcast-fd", str(broadcast.fd)],
+            listeners=[control, broadcast]))
         for rank in range(self.cfg.learners):
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
-                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--master-port", str(master),
-                "--advertise-host", reach,
+                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--master-port", str(master.port),
+                *(["--master-fd", str(master.fd)] if rank == 0 else []), "--advertise-host", reach,
                 "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
-                "--collective-timeout", str(self.cfg.collective_timeout_s)]))
+                "--collective-timeout", str(self.cfg.collective_timeout_s)], listeners=[master] if rank == 0 else []))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
         (self.cfg.run_dir / "ports").mkdir(exist_ok=True)
@@ -191,6 +209,10 @@ class Supervisor:
                            "--announce", str(self.announce_path(child))]
         self.reach = reach
         self.write_scrape_targets()
+
+    def listen(self, host: str) -> Listener:
+        sock = socket.create_server(("" if host == "*" else host, 0), backlog=128)
+        return Listener(sock, int(sock.getsockname()[1]))
 
     def write_scrape_targets(self) -> None:
         write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children, self.reach)
@@ -219,7 +241,11 @@ class Supervisor:
                 child.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=self.learner_env if child.role == "learner" else self.env,
                 start_new_session=True, preexec_fn=die_with_parent,
+                pass_fds=[listener.fd for listener in child.listeners],
             )
+        for listener in child.listeners:  # the child has them now (coordinator and learners start once)
+            listener.sock.close()
+        child.listeners = []
 
     def kill_all(self, sig: int) -> None:
         for child in self.children:

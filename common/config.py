@@ -397,6 +397,10 @@ class CoordinatorConfig:
     run_config: RunConfig
     control_bind: str = "tcp://*:5555"  # ROUTER: Hello, reports, weights
     broadcast_bind: str = "tcp://*:5556"  # PUB: weights and directives
+    # Listening sockets `rlmq up` bound for these and handed down (-1: bind here): their ports
+    # cannot be taken between the supervisor's choice and the coordinator's start.
+    control_fd: int = -1
+    broadcast_fd: int = -1
     metrics_port: int = 0  # 0 picks a free port; -1 disables /metrics
     bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
     announce_file: str = ""  # write the ports bound here (`rlmq up`)
@@ -415,6 +419,7 @@ class LearnerConfig:
     world_size: int = 1
     master_addr: str = "127.0.0.1"  # torch.distributed rendezvous (rank 0's address)
     master_port: int = 29500
+    master_fd: int = -1  # rank 0: the rendezvous socket `rlmq up` bound for it (-1: bind here)
     bind_host: str = "*"  # where every listener binds: experience, /metrics, rank 0's rendezvous
     advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
     experience_port: int = 0  # 0 picks a free port

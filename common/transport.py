@@ -35,9 +35,13 @@ def make_socket(
     return sock
 
 
-def bind(sock: zmq.Socket, endpoint: str) -> str:
-    """Bind; a tcp port of 0 picks a free one. Returns the endpoint actually bound."""
-    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+def bind(sock: zmq.Socket, endpoint: str, fd: int = -1) -> str:
+    """Bind; a tcp port of 0 picks a free one. Returns the endpoint actually bound. `fd`: a TCP
+    socket already listening at `endpoint`, handed down by a parent that holds the port for us
+    (`rlmq up`), so that no other socket can take it between its choice and our bind."""
+    if fd >= 0:
+        sock.setsockopt(zmq.USE_FD, fd)
+    elif endpoint.startswith("tcp://") and endpoint.endswith(":0"):
         host = endpoint[len("tcp://") : -len(":0")]
         port = sock.bind_to_random_port(f"tcp://{host}")
         return f"tcp://{host}:{port}"

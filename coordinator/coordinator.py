@@ -48,9 +48,9 @@ class Coordinator:
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
-        self.control_endpoint = transport.bind(self.control, cfg.control_bind)
+        self.control_endpoint = transport.bind(self.control, cfg.control_bind, cfg.control_fd)
         self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
-        self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind)
+        self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind, cfg.broadcast_fd)
 
         saved = store.load_config()
         if saved is None:

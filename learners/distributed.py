@@ -53,25 +53,28 @@ def choose_device(requested: str, rank: int, placements: list[Placement]) -> tor
 
 
 def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str,
-               bind_host: str = "*", collective_timeout_s: float = 30.0) -> torch.device:  # fmt: skip
+               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1) -> torch.device:  # fmt: skip
     """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
     `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
     is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
     each one trains.
 
-    Rank 0 serves the store on `bind_host` (torch's own store binds every interface); on a
-    loopback `bind_host` gloo and NCCL listen on the loopback interface too. The rendezvous waits
+    Rank 0 serves the store on `master_fd` if a parent bound it (`rlmq up`), else on `bind_host`
+    (torch's own store binds every interface); on a loopback `bind_host` gloo and NCCL listen on
+    the loopback interface too. The rendezvous waits
     up to RENDEZVOUS_TIMEOUT for every rank; each collective after it, `collective_timeout_s`."""
     if is_loopback(bind_host):
         loopback = loopback_interface()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
-    if rank == 0 and bind_host != "*":
-        listener = socket.create_server((bind_host, master_port), backlog=world_size + 8)
-        store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT,
-                              master_listen_fd=listener.detach())  # fmt: skip
+    if rank == 0 and (master_fd >= 0 or bind_host != "*"):
+        if master_fd < 0:
+            master_fd = socket.create_server((bind_host, master_port), backlog=world_size + 8).detach()
+        store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT, multi_tenant=True,
+                              master_listen_fd=master_fd)  # fmt: skip
     else:  # rank 0 on "*": torch's own server, every interface (IPv6 too)
-        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, RENDEZVOUS_TIMEOUT)
+        # multi_tenant as torch's own tcp:// rendezvous makes its store
+        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, RENDEZVOUS_TIMEOUT, multi_tenant=True)
     cuda = requested != "cpu" and torch.cuda.is_available()
     dist.init_process_group(
         backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
@@ -144,6 +147,11 @@ def share(frame: bytes, length: int, device: torch.device) -> bytes:
     return bytes(buffer.cpu().numpy())
 
 
-def shutdown() -> None:
+def shutdown(together: bool = False) -> None:
+    """Leave the world. `together` (a clean stop, which every rank reaches at the same iteration):
+    wait for the others first; a rank that tore its world down while a peer still used it made
+    that peer abort at exit now and then ("terminate called without an active exception")."""
     if dist.is_initialized():
+        if together and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -199,7 +199,8 @@ class Learner:
         self.heartbeat.start()
         self.heartbeat.enter()  # the rendezvous waits for every rank
         device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port,
-                                        self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s)  # fmt: skip
+                                        self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
+                                        self.cfg.master_fd)  # fmt: skip
         self.adopt_rank0_state(device)
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
@@ -208,9 +209,11 @@ class Learner:
                                                  self.cfg.world_size, device)  # fmt: skip
             self.trainer.set_hyperparams(self.hyperparams)
             self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
-            return self.train(device, max_updates)
+            code = self.train(device, max_updates)
+            distributed.shutdown(together=True)
+            return code
         finally:
-            distributed.shutdown()
+            distributed.shutdown()  # after a failure: at once (no-op after a clean stop)
 
     def adopt_rank0_state(self, device: torch.device) -> None:
         """Every rank takes rank 0's PBT state: each got its own Assign, and a decision applied

@@ -20,11 +20,13 @@ def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path) -> None:
     port, world, updates = free_port(), 2, 4
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r])])
+        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r])],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)
     ]
-    for p in procs:
-        assert p.wait(timeout=120) == 0
+    for r, p in enumerate(procs):
+        output, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{output}"
     a, b = (torch.load(o, weights_only=True) for o in outs)
     assert a["moved"] > 0 and b["moved"] > 0, "the updates changed nothing"
     assert a["inactive_unmoved"] and b["inactive_unmoved"], "a member without data moved"

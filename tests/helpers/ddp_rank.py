@@ -105,7 +105,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
                 "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
                 "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),
                 "inactive_unmoved": inactive_unmoved}, out)  # fmt: skip
-    distributed.shutdown()
+    distributed.shutdown(together=True)
 
 
 if __name__ == "__main__":

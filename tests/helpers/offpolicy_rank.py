@@ -84,7 +84,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     torch.save({"replicated": [t.detach().clone() for t in algorithm.replicated()],
                 "optimizers": [t.clone() for o in optimizers for t in (o.exp_avg, o.exp_avg_sq, o.steps)],
                 "moved": moved, "inactive_unmoved": inactive_unmoved, "copied": copied}, out)  # fmt: skip
-    distributed.shutdown()
+    distributed.shutdown(together=True)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     for name, optimizer in algo.optimizers.items():
         state[f"{name}_exp_avg"], state[f"{name}_exp_avg_sq"] = optimizer.exp_avg, optimizer.exp_avg_sq
     torch.save({**state, "moved": float((algo.actor.flat.detach() - start).abs().sum())}, out)
-    distributed.shutdown()
+    distributed.shutdown(together=True)
 
 
 if __name__ == "__main__":
