@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlmq.common import wire
 from rlmq.common.config import EnvSpec, RunConfig
 from rlmq.coordinator.store import RunStore
 
@@ -56,14 +57,19 @@ def write_checkpoint(
     a loader that knows nothing of populations gets the policy worth keeping. "members" holds them
     all (plain dicts of tensors, ints, floats and strings, as weights_only requires)."""
     published = {m: w for m in range(run_config.population) if (w := store.weights(m)) is not None}
+    return save_checkpoint(path, published, int(store.status().get("best_member", 0)), store.members(), spec,
+                           run_config)  # fmt: skip
+
+
+def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, records: dict[int, dict[str, Any]],
+                    spec: EnvSpec, run_config: RunConfig) -> int | None:  # fmt: skip
+    """`write_checkpoint` from weights and member records in hand; the best member's version."""
     if not published:
         return None
     import torch  # only here: `rlmq up` itself stays light until the run is over
 
-    best = int(store.status().get("best_member", 0))
     if best not in published:  # no weights of its own in Redis yet: still keep a policy
         best = min(published)
-    records = store.members()
     members = {
         member: {
             "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
@@ -217,10 +223,16 @@ def write_last_seen(
     run_config: RunConfig,
     launched: float,
     outcome: str,
+    spec: EnvSpec,
+    weights: dict[int, wire.Weights],
+    records: dict[int, dict[str, Any]],
 ) -> dict[str, Any]:
-    """For a run whose Redis is gone at the end: metrics.csv, the learning curve and summary.json
-    from the status and progress samples `rlmq up` read while Redis answered. No checkpoint or
-    lineage (their data live in Redis only); summary.json says `"redis_unreachable": true`."""
+    """For a run whose Redis is gone at the end: checkpoint.pt, metrics.csv, the learning curve and
+    summary.json from what `rlmq up` read while Redis answered (the weights it last read, up to
+    LastSeen.WEIGHTS_EVERY looks old). No lineage (the PBT log lives in Redis only); summary.json
+    says `"redis_unreachable": true`."""
+    version = save_checkpoint(run_dir / "checkpoint.pt", weights, int(status.get("best_member", 0)), records, spec,
+                              run_config)  # fmt: skip
     write_curves(run_dir, progress, run_config)
     summary = summarize(
         run,
@@ -228,7 +240,7 @@ def write_last_seen(
         status,
         run_config,
         launched,
-        policy_version=None,
+        policy_version=version,
         members=[],
         pbt_decisions=int(status.get("pbt_decisions", 0)),
         redis_unreachable=True,

@@ -29,7 +29,7 @@ import redis
 
 from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
-from rlmq.common import envs
+from rlmq.common import envs, wire
 from rlmq.common.config import EnvSpec, RunConfig
 from rlmq.common.loading import from_mapping, load_run_config, to_json
 from rlmq.common.service import (
@@ -131,13 +131,28 @@ class LastSeen:
 
     status: dict[str, Any] = field(default_factory=dict)
     progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
+    weights: dict[int, wire.Weights] = field(default_factory=dict)  # member → its latest weights read
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # member → its record
+    looks: int = 0
 
     TAIL = 64  # samples read per look: the coordinator writes two a second, `rlmq up` looks every 2 s
+    WEIGHTS_EVERY = 5  # looks: weights are larger, and a checkpoint ten seconds old still serves
 
-    def read(self, store: RunStore) -> None:
+    def read(self, store: RunStore, population: int) -> None:
         """Refresh from Redis (its errors propagate): the status, and the progress samples newer
         than the last one read. By time, not index: Redis trims the list at PROGRESS_SAMPLES, and a
-        private Redis killed outright may come back without its last writes."""
+        private Redis killed outright may come back without its last writes. Every WEIGHTS_EVERY
+        looks, the members' weights and records too."""
+        if self.looks % self.WEIGHTS_EVERY == 0:
+            for member in range(population):
+                try:
+                    weights = store.weights(member)
+                except wire.WireError:  # Redis is not trusted more than the wire: keep what we had
+                    continue
+                if weights is not None:
+                    self.weights[member] = weights
+            self.records = store.members()
+        self.looks += 1
         status = store.status()
         last = float(self.progress[-1].get("time", 0.0)) if self.progress else None
         new = store.progress() if last is None else store.progress(start=-self.TAIL)
@@ -311,7 +326,7 @@ class Supervisor:
     def look(self, store: RunStore) -> bool:
         """Refresh `seen` from Redis; False if it does not answer (said once per outage, as is its end)."""
         try:
-            self.seen.read(store)
+            self.seen.read(store, self.cfg.run_config.population)
         except OUTAGE_ERRORS:
             if self.redis_down_since is None:
                 self.redis_down_since = time.monotonic()
@@ -347,7 +362,7 @@ class Supervisor:
         From Redis if it answers within what is left of the outage budget (counted from when the
         watch loop found it down; after an interrupt no more than the watch loop's, since the user
         asked to stop); else metrics.csv, the learning curve and summary.json from what was last
-        read. A checkpoint needs the weights, which only Redis holds."""
+        read (the checkpoint from the weights last read)."""
         self.keep_redis_up()
         server_dead = self.redis_server is not None and self.redis_server.process.poll() is not None
         down_for = 0.0 if self.redis_down_since is None else time.monotonic() - self.redis_down_since
@@ -357,13 +372,14 @@ class Supervisor:
         say = functools.partial(print, flush=True)
         store = RunStore.connect(self.redis_url, self.cfg.run, outage_s=budget, report=say)
         try:
-            self.seen.read(store)
+            self.seen.read(store, self.cfg.run_config.population)
             rundir.write_results(self.cfg.run_dir, store, spec, self.cfg.run_config, launched, outcome)
         except OUTAGE_ERRORS as exc:
-            print(f"error: Redis at {shown_url(self.redis_url)} unreachable ({exc}): metrics.csv and "
-                  "summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
+            print(f"error: Redis at {shown_url(self.redis_url)} unreachable ({exc}): checkpoint.pt, metrics.csv "
+                  "and summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
             rundir.write_last_seen(self.cfg.run_dir, self.cfg.run, self.seen.status, self.seen.progress,
-                                   self.cfg.run_config, launched, outcome)
+                                   self.cfg.run_config, launched, outcome, spec, self.seen.weights,
+                                   self.seen.records)  # fmt: skip
         return self.seen.status
 
     def shut_down(self) -> None:
