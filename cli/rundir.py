@@ -229,7 +229,7 @@ def write_last_seen(
 ) -> dict[str, Any]:
     """For a run whose Redis is gone at the end: checkpoint.pt, metrics.csv, the learning curve and
     summary.json from what `rlmq up` read while Redis answered (the weights it last read, up to
-    LastSeen.WEIGHTS_EVERY looks old). No lineage (the PBT log lives in Redis only); summary.json
+    run_redis.LastSeen.WEIGHTS_EVERY looks old). No lineage (the PBT log lives in Redis only); summary.json
     says `"redis_unreachable": true`."""
     version = save_checkpoint(run_dir / "checkpoint.pt", weights, int(status.get("best_member", 0)), records, spec,
                               run_config)  # fmt: skip

@@ -10,7 +10,6 @@ process outlives the run.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
@@ -25,12 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from rlmq.cli import rundir
+from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
-from rlmq.common import envs, wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common import envs
+from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping, load_run_config, to_json
 from rlmq.common.service import (
     EXIT_FAILED,
@@ -43,16 +40,11 @@ from rlmq.common.service import (
     die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
-from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore, shown_url
+from rlmq.coordinator.store import RunStore
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
-MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at
 PROGRESS_EVERY_S = 2.0
-# The watch loop's Redis reads give up this soon (their budget and their socket timeouts): while
-# Redis is down, children are still watched and Ctrl-C still answered; the coordinator does the
-# waiting for Redis.
-WATCH_REDIS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,53 +117,11 @@ class Child:
     listeners: list[Listener] = field(default_factory=list)  # handed down at its first start
 
 
-@dataclass
-class LastSeen:
-    """What `rlmq up` last read of its run in Redis: the results it writes if Redis is gone at the end."""
-
-    status: dict[str, Any] = field(default_factory=dict)
-    progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
-    weights: dict[int, wire.Weights] = field(default_factory=dict)  # member → its latest weights read
-    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # member → its record
-    looks: int = 0
-
-    TAIL = 64  # samples read per look: the coordinator writes two a second, `rlmq up` looks every 2 s
-    WEIGHTS_EVERY = 5  # looks: weights are larger, and a checkpoint ten seconds old still serves
-
-    def read(self, store: RunStore, population: int) -> None:
-        """Refresh from Redis (its errors propagate): the status, and the progress samples newer
-        than the last one read. By time, not index: Redis trims the list at PROGRESS_SAMPLES, and a
-        private Redis killed outright may come back without its last writes. Every WEIGHTS_EVERY
-        looks, the members' weights and records too."""
-        if self.looks % self.WEIGHTS_EVERY == 0:
-            for member in range(population):
-                try:
-                    weights = store.weights(member)
-                except wire.WireError:  # Redis is not trusted more than the wire: keep what we had
-                    continue
-                if weights is not None:
-                    self.weights[member] = weights
-            self.records = store.members()
-        self.looks += 1
-        status = store.status()
-        last = float(self.progress[-1].get("time", 0.0)) if self.progress else None
-        new = store.progress() if last is None else store.progress(start=-self.TAIL)
-        if last is not None:
-            if new and float(new[0].get("time", 0.0)) > last:  # more came than one tail holds
-                new = store.progress()
-            new = [sample for sample in new if float(sample.get("time", 0.0)) > last]
-        self.status = status
-        self.progress = (self.progress + new)[-PROGRESS_SAMPLES:]
-
-
 class Supervisor:
     def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None,
                  redis_outage_s: float = 30.0) -> None:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
-        self.redis_outage_s = redis_outage_s
-        self.seen = LastSeen()
-        self.redis_down_since: float | None = None  # monotonic; None while Redis answers
-        self.redis_restarts = 0
+        self.redis = run_redis.RunRedis(redis_url, redis_server, redis_outage_s, cfg.run, cfg.run_dir, cfg.run_config)
         self.children: list[Child] = []
         self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
         self.stop = StopFlag()
@@ -287,12 +237,12 @@ class Supervisor:
     def watch(self, store: RunStore) -> str:
         """Until the run ends: 'over' (coordinator finished), 'interrupted' or 'failed: why'.
 
-        `store` should give up fast (WATCH_REDIS_S): while Redis is down, the last status read
+        `store` should give up fast (run_redis.WATCH_REDIS_S): while Redis is down, the last status read
         stands in for the current one."""
         started = time.monotonic()
         progress = RateTimer(PROGRESS_EVERY_S)
         while not self.stop.wait(0.2):
-            failed = self.keep_redis_up()
+            failed = self.redis.keep_up()
             if failed:
                 return failed
             for child in self.children:
@@ -302,13 +252,13 @@ class Supervisor:
                     continue
                 if child.role == "coordinator":
                     return "over" if code == 0 else f"failed: the coordinator exited with {code}; see {child.log_path}"
-                self.look(store)
-                if self.seen.status.get("state") in ("stopping", "done"):
+                self.redis.look(store)
+                if self.redis.seen.status.get("state") in ("stopping", "done"):
                     continue  # the run is ending: exits are expected
                 if child.role == "learner":
                     # The rank that exits is often the one that waited for a hung or dead peer:
                     # name the one the coordinator saw holding the world up.
-                    behind = self.seen.status.get("learners_behind")
+                    behind = self.redis.seen.status.get("learners_behind")
                     return (f"failed: {child.name} exited with {code}; see {child.log_path}"
                             + (f". Before that, the coordinator saw {behind}" if behind else ""))
                 if child.restarts >= MAX_ACTOR_RESTARTS:
@@ -319,68 +269,9 @@ class Supervisor:
             if not progress.due():
                 continue
             self.refresh_scrape_targets()
-            if self.look(store):
-                print(format_progress(self.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
+            if self.redis.look(store):
+                print(format_progress(self.redis.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
         return "interrupted"
-
-    def look(self, store: RunStore) -> bool:
-        """Refresh `seen` from Redis; False if it does not answer (said once per outage, as is its end)."""
-        try:
-            self.seen.read(store, self.cfg.run_config.population)
-        except OUTAGE_ERRORS:
-            if self.redis_down_since is None:
-                self.redis_down_since = time.monotonic()
-                print(f"Redis at {shown_url(self.redis_url)} unreachable; still supervising (the coordinator "
-                      f"waits up to {self.redis_outage_s:g} s for it)", flush=True)
-            return False
-        if self.redis_down_since is not None:
-            print(f"Redis at {shown_url(self.redis_url)} reachable again after "
-                  f"{time.monotonic() - self.redis_down_since:.1f} s", flush=True)
-            self.redis_down_since = None
-        return True
-
-    def keep_redis_up(self) -> str | None:
-        """Restart the private Redis server if it died, on its port and data directory (its AOF
-        brings the run's state back); 'failed: why' once restarts did not keep it up."""
-        server = self.redis_server
-        if server is None or server.process.poll() is None:
-            return None
-        if self.redis_restarts >= MAX_REDIS_RESTARTS:
-            return f"failed: the private Redis server died {self.redis_restarts + 1} times; see {server.data_dir}/redis.log"
-        self.redis_restarts += 1
-        print(f"the private Redis server exited with {server.process.returncode}; restarting it "
-              f"({self.redis_restarts})", flush=True)
-        try:
-            server.restart()
-        except RuntimeError as exc:  # still dead: the next loop counts it again
-            print(f"restarting Redis failed: {exc}", flush=True)
-        return None
-
-    def save_results(self, spec: EnvSpec, launched: float, outcome: str) -> dict[str, Any]:
-        """Write the run's results whatever became of Redis; return its last status.
-
-        From Redis if it answers within what is left of the outage budget (counted from when the
-        watch loop found it down; after an interrupt no more than the watch loop's, since the user
-        asked to stop); else metrics.csv, the learning curve and summary.json from what was last
-        read (the checkpoint from the weights last read)."""
-        self.keep_redis_up()
-        server_dead = self.redis_server is not None and self.redis_server.process.poll() is not None
-        down_for = 0.0 if self.redis_down_since is None else time.monotonic() - self.redis_down_since
-        budget = 0.0 if server_dead else max(self.redis_outage_s - down_for, 0.0)
-        if outcome == "interrupted":
-            budget = min(budget, WATCH_REDIS_S)
-        say = functools.partial(print, flush=True)
-        store = RunStore.connect(self.redis_url, self.cfg.run, outage_s=budget, report=say)
-        try:
-            self.seen.read(store, self.cfg.run_config.population)
-            rundir.write_results(self.cfg.run_dir, store, spec, self.cfg.run_config, launched, outcome)
-        except OUTAGE_ERRORS as exc:
-            print(f"error: Redis at {shown_url(self.redis_url)} unreachable ({exc}): checkpoint.pt, metrics.csv "
-                  "and summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
-            rundir.write_last_seen(self.cfg.run_dir, self.cfg.run, self.seen.status, self.seen.progress,
-                                   self.cfg.run_config, launched, outcome, spec, self.seen.weights,
-                                   self.seen.records)  # fmt: skip
-        return self.seen.status
 
     def shut_down(self) -> None:
         """Warm: SIGTERM, a bounded wait, then SIGKILL for whatever is left."""
@@ -425,7 +316,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if cfg.redis_url is not None:  # before anything starts: a wrong URL is a one-line error
-        problem = unreachable(cfg.redis_url, cfg.run)
+        problem = run_redis.unreachable(cfg.redis_url, cfg.run)
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_FAILED
@@ -442,7 +333,6 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
     supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
     supervisor.install_signals()
-    store = RunStore.connect(redis_url, cfg.run, outage_s=WATCH_REDIS_S, timeout_s=WATCH_REDIS_S, report=None)
     launched = time.time()
     try:
         print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
@@ -452,28 +342,14 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
             if child.role == "coordinator":  # the one child that talks to Redis
                 child.argv += ["--redis-outage-s", str(redis_outage_s)]
             supervisor.spawn(child)
-        outcome = supervisor.watch(store)
+        outcome = supervisor.watch(supervisor.redis.watching_store())
         supervisor.shut_down()
-        status = supervisor.save_results(spec, launched, outcome)
+        status = supervisor.redis.save_results(spec, launched, outcome)
     finally:
         supervisor.kill_all(signal.SIGKILL)
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)
-
-
-def unreachable(url: str, run: str) -> str | None:
-    """Why `rlmq up --redis-url URL` cannot use that Redis, as a line that says what to do; None if it can."""
-    fix = "start it or drop --redis-url to use a private one"
-    try:
-        RunStore.connect(url, run, outage_s=WATCH_REDIS_S, timeout_s=WATCH_REDIS_S, report=None).ping()
-    except ValueError as exc:  # not a Redis URL at all
-        return f"error: --redis-url {url}: {exc}"
-    except OUTAGE_ERRORS as exc:
-        return f"error: cannot reach Redis at {shown_url(url)} ({exc}): {fix}"
-    except redis.RedisError as exc:  # reached, but refused: a password, a permission
-        return f"error: Redis at {shown_url(url)} refused rlmq ({exc}): fix the URL's credentials or {fix}"
-    return None
 
 
 def verdict(outcome: str, status: dict[str, Any], run_config: RunConfig) -> int:

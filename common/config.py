@@ -423,9 +423,9 @@ class LearnerConfig:
     bind_host: str = "*"  # where every listener binds: experience, /metrics, rank 0's rendezvous
     advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
     experience_port: int = 0  # 0 picks a free port
-    # A credit not used within 4× the slowest recent rollout turnaround, kept within these bounds,
-    # is taken back (its actor died; learners/credits.py).
-    credit_timeout_min_s: float = 0.5  # benchmarks/RESULTS.md §8
+    # A credit not used within a few times the slowest recent rollout turnaround, kept within these
+    # bounds, is taken back: its actor died (learners/credits.py; the floor: benchmarks/RESULTS.md §8).
+    credit_timeout_min_s: float = 0.5
     credit_timeout_s: float = 10.0
     metrics_port: int = 0
     announce_file: str = ""  # write the ports bound here (`rlmq up`)

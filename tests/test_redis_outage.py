@@ -139,12 +139,19 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
     sock.close()
 
 
+def coordinator_at_work(start_service: Any, tmp_path: Path, own_redis: RedisServer, run_id: str,
+                        outage_s: float) -> Any:  # fmt: skip
+    """A coordinator service that has written its first status."""
+    coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=outage_s)
+    store = RunStore.connect(own_redis.url, run_id)
+    wait_for(lambda: store.status().get("updated_at"), 60, "the coordinator's first status")
+    return coordinator
+
+
 def test_the_coordinator_gives_up_after_its_budget_with_one_line(
     own_redis: RedisServer, start_service: Any, tmp_path: Path, run_id: str
 ) -> None:
-    coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=1)
-    store = RunStore.connect(own_redis.url, run_id)
-    wait_for(lambda: store.status().get("updated_at"), 60, "the coordinator's first status")
+    coordinator = coordinator_at_work(start_service, tmp_path, own_redis, run_id, outage_s=1)
     own_redis.stop()
     assert coordinator.process.wait(30) == 1
     log = coordinator.log()
@@ -154,9 +161,7 @@ def test_the_coordinator_gives_up_after_its_budget_with_one_line(
 def test_a_stop_request_ends_the_coordinators_wait_for_redis(
     own_redis: RedisServer, start_service: Any, tmp_path: Path, run_id: str
 ) -> None:
-    coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=60)
-    store = RunStore.connect(own_redis.url, run_id)
-    wait_for(lambda: store.status().get("updated_at"), 60, "the coordinator's first status")
+    coordinator = coordinator_at_work(start_service, tmp_path, own_redis, run_id, outage_s=60)
     own_redis.stop()
     time.sleep(1.5)  # into the outage: its next tick waits for Redis
     coordinator.process.send_signal(signal.SIGTERM)
