@@ -10,9 +10,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from rlmq.common.config import EnvSpec
-from rlmq.common.envs import flatten_obs
 from rlmq.common.models import NumpyPolicy
+from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 
 
@@ -21,9 +20,7 @@ class Collector:
         self.env, self.spec, self.length = env, spec, rollout_length
         self.num_envs = env.num_envs
         self.rng = np.random.default_rng(seed)
-        self.obs = flatten_obs(env.reset(seed=seed)[0], self.num_envs)
-        # A Box's shape (envs.describe), of obs_dim numbers in all: rows are flattened as copied in.
-        self.obs_shape = env.single_observation_space.shape or (spec.obs_dim,)
+        self.obs = env.reset(seed=seed)[0]
         self.prev_done = np.zeros(self.num_envs, dtype=bool)
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -38,22 +35,16 @@ class Collector:
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
         """One rollout of `rollout_length` vector steps under `policy`."""
-        steps, n = self.length, self.num_envs
-        obs = np.empty((steps + 1, n, self.spec.obs_dim), np.float32)
-        action_shape = (steps, n) if policy.discrete else (steps, n, self.spec.action_dim)
-        actions = np.empty(action_shape, np.int64 if policy.discrete else np.float32)
-        logprobs = np.empty((steps, n), np.float32)
-        rewards = np.empty((steps, n), np.float32)
-        terminated = np.empty((steps, n), bool)
-        truncated = np.empty((steps, n), bool)
-        valid = np.empty((steps, n), bool)
+        steps = self.length
+        arrays = allocate(self.spec, steps, self.num_envs)
+        obs, actions, logprobs, rewards = arrays["obs"], arrays["actions"], arrays["logprobs"], arrays["rewards"]
+        terminated, truncated, valid = arrays["terminated"], arrays["truncated"], arrays["valid"]
         env, rng, clip = self.env, self.rng, self.clip
-        obs[0] = self.obs
-        env_obs = obs.reshape(steps + 1, n, *self.obs_shape)  # a view of obs
+        obs[0] = self.obs  # in the spec's dtype from here on (a float64 observation becomes float32)
         for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
             action, logp = policy.act(obs[t], rng)
             next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
-            env_obs[t + 1] = next_obs
+            obs[t + 1] = next_obs
             actions[t], logprobs[t], rewards[t] = action, logp, reward
             terminated[t], truncated[t] = term, trunc
         self.obs = obs[steps].copy()
@@ -62,10 +53,7 @@ class Collector:
         np.logical_not(done[:-1], out=valid[1:])
         self.prev_done = done[-1].copy()
         self.unscanned.append((rewards, valid, done))
-        return Rollout(
-            member=member, policy_version=version, actor=actor, obs=obs, actions=actions,
-            logprobs=logprobs, rewards=rewards, terminated=terminated, truncated=truncated, valid=valid,
-        )  # fmt: skip
+        return Rollout(member=member, policy_version=version, actor=actor, **arrays)
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes that ended since the last call, ordered by slot,

@@ -44,8 +44,9 @@ import numpy as np
 import zmq
 
 from rlmq.common import envs, transport, wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy
+from rlmq.common.schema import EnvSpec
 
 ENV_ID = "CartPole-v1"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -55,12 +55,13 @@ limit_threads(_threads.parse_known_args(sys.argv[1:])[0].threads)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from rlmq.common.config import EnvSpec, PPOConfig  # noqa: E402
+from rlmq.common.config import PPOConfig  # noqa: E402
+from rlmq.common.schema import EnvSpec  # noqa: E402
 from rlmq.learners import ppo, stacked_mlp  # noqa: E402
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402
 from rlmq.learners.optim import PopulationAdam, per_member  # noqa: E402
 
-SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)  # CartPole-v1
+SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)  # CartPole-v1
 TARGET_RATIO, TARGET_POPULATION = 4.0, 8
 Plan = list[torch.Tensor | None]
 # What `update` and `update_each_member` both take after the models: batch, hp, cfg, plan,
@@ -116,7 +117,7 @@ def random_batch(
     g = torch.Generator().manual_seed(seed)
     shape = (population, steps, slots)
     batch = ppo.Batch(
-        obs=torch.randn(population, steps + 1, slots, SPEC.obs_dim, generator=g),
+        obs=torch.randn(population, steps + 1, slots, SPEC.obs_size, generator=g),
         actions=torch.randint(0, SPEC.action_dim, shape, generator=g),
         behaviour_logp=-torch.rand(shape, generator=g) - 0.2,
         rewards=torch.ones(shape),
@@ -321,7 +322,7 @@ def main() -> None:
     device = pick_device(args.device)
     hidden = "×".join(map(str, args.hidden))
     print(
-        f"CartPole-sized ({SPEC.obs_dim} obs, {SPEC.action_dim} actions, {hidden}), "
+        f"CartPole-sized ({SPEC.obs_size} obs, {SPEC.action_dim} actions, {hidden}), "
         f"T={args.steps} × B={args.slots} per member, "
         f"{PPOConfig.epochs} epochs × {args.minibatches} minibatch(es), {device}, "
         f"{args.threads} thread(s), loop Adam {args.loop_adam}, malloc {args.malloc}, "

@@ -212,6 +212,63 @@ def up(
     raise typer.Exit(run_up(up_cfg, redis_outage_s))
 
 
+@app.command("eval")
+def eval_(
+    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up`, or its checkpoint.pt.")] = Path("runs/latest"),
+    episodes: Annotated[int, _opt("Episodes to play.", min=1)] = 20,
+    member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
+    sample: Annotated[bool, _opt("Sample actions as the actors do, rather than the deterministic policy.")] = False,
+    seed: Annotated[int, _opt("Episode i starts from reset(seed=SEED + i).")] = 0,
+    video: Annotated[Path | None, _opt("Write the first episode to this .mp4 or .gif (envs that render rgb_array).")] = None,
+) -> None:
+    """Play a checkpoint's policy for N episodes; print the mean return ± std and episode lengths."""
+    from rlmq.cli.evaluate import evaluate, load_checkpoint, summary
+    from rlmq.common.envs import EnvError
+
+    try:
+        checkpoint = load_checkpoint(source, member)
+        result = evaluate(checkpoint, episodes, seed, deterministic=not sample, video=video)
+    except (ValueError, EnvError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    typer.echo(summary(checkpoint, result, deterministic=not sample))
+    if video is not None:
+        typer.echo(f"  video of episode 0: {video}")
+
+
+@app.command()
+def export(
+    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up`, or its checkpoint.pt.")] = Path("runs/latest"),
+    out: Annotated[Path, _opt("The TorchScript file to write.")] = Path("policy.pt"),
+    member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
+) -> None:
+    """Write the deterministic policy as TorchScript that runs with plain torch (README: five lines)."""
+    from rlmq.cli.evaluate import load_checkpoint
+    from rlmq.cli.export import export as write
+
+    try:
+        checkpoint = load_checkpoint(source, member)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    typer.echo(f"wrote {write(checkpoint, out)}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
+               f"member {checkpoint.member}, version {checkpoint.version}")
+
+
+@app.command()
+def configs() -> None:
+    """List the shipped run configs: `rlmq up --env ID --algo A` uses the one for that pair."""
+    from rlmq.cli.shipped import shipped
+
+    rows = shipped()
+    typer.echo(f"{'env':28} {'algo':5} {'file':26} summary")
+    for s in rows:
+        note = s.summary if s.population == 1 else f"(--config only: a population of {s.population}) {s.summary}"
+        typer.echo(f"{s.env_id:28} {s.algo:5} {s.path.name:26} {note}")
+    if rows:
+        typer.echo(f"in {rows[0].path.parent}")
+
+
 @app.command()
 def status(
     run_dir: Annotated[Path, _opt("Run directory of an `rlmq up` run.")] = Path("runs/latest"),

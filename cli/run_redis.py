@@ -20,7 +20,8 @@ import redis
 from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore, shown_url
 
 MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.store import RunStore
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, r
         member: {
             "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
             "version": weights.version,
+            "trained_steps": weights.trained_steps,
             "hyperparams": {
                 k: float(v) for k, v in records.get(member, {}).get("hyperparams", {}).items()
             },

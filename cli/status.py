@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlmq.common.config import TUNABLE, HyperRange, RunConfig
+from rlmq.common.config import ALGORITHMS, HyperRange, RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
+
+PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
 
 WIDTH = 100  # the population table and decisions wrap to stay within this many columns
 RECENT_DECISIONS = 5
@@ -25,6 +28,13 @@ SHORT_NAMES = {
     "gae_lambda": "lambda",
     "max_grad_norm": "grad_norm",
 }
+
+
+def describe_obs(spec: EnvSpec) -> str:
+    """`float32[8]`, `uint8[6, 6, 2]`, or `one of 16` for a Discrete observation."""
+    if spec.obs_categories:
+        return f"one of {spec.obs_categories}"
+    return f"{spec.obs_dtype}{list(spec.obs_shape)}"
 
 
 def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
@@ -60,7 +70,7 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
     if config is not None:
         rc, spec = config
         print(
-            f"  {rc.algo} on {rc.env_id} ({spec.action_kind} actions, obs {spec.obs_dim}); "
+            f"  {rc.algo} on {rc.env_id} ({spec.action_kind} actions, obs {describe_obs(spec)}); "
             f"target {rc.target_return}, budget {rc.total_steps:,} env steps"
         )
     mean = status.get("mean_return")
@@ -162,7 +172,7 @@ def format_value(value: float, hyper_range: HyperRange | None) -> str:
 
 
 def _ordered(names: Mapping[str, Any]) -> list[str]:
-    return sorted(names, key=lambda n: (TUNABLE.index(n) if n in TUNABLE else len(TUNABLE), n))
+    return sorted(names, key=lambda n: (PPO_TUNABLE.index(n) if n in PPO_TUNABLE else len(PPO_TUNABLE), n))
 
 
 def hyperparam_words(

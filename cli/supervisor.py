@@ -26,6 +26,7 @@ from typing import Any
 
 from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
+from rlmq.cli.shipped import pick
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping, load_run_config, to_json
@@ -59,11 +60,16 @@ class UpConfig:
     device: str = "auto"  # the learners' (distributed.choose_device)
     bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
     collective_timeout_s: float = 30.0
+    config_file: Path | None = None  # what the run config was read from (None: the library defaults)
 
     @classmethod
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
               bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0) -> UpConfig:
+        if config_file is None:  # the shipped config for the env and algorithm, if any
+            defaults = RunConfig()
+            found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
+            config_file = found.path if found else None
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
         if actors < run_config.population:  # a member without an actor would never train
             raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
@@ -75,7 +81,8 @@ class UpConfig:
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
                    run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
-                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s)
+                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
+                   config_file=config_file)
 
 
 def probe_run_dir(path: Path) -> None:
@@ -337,6 +344,8 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     try:
         print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
               f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
+        print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library defaults "
+              f"(no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` lists them)")  # fmt: skip
         supervisor.plan()
         for child in supervisor.children:
             if child.role == "coordinator":  # the one child that talks to Redis

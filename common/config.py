@@ -11,14 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("ppo", "sac", "td3", "dqn")
-# The hyperparameters population-based training may set per member: fields of the algorithm's
-# config (PPOConfig, SACConfig, TD3Config, DQNConfig).
-TUNABLE = ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
-TUNABLE_BY_ALGO = {"ppo": TUNABLE, "sac": ("learning_rate", "gamma", "tau"),
-                   "td3": ("learning_rate", "gamma", "tau"), "dqn": ("learning_rate", "gamma")}
-ALL_TUNABLE = frozenset(name for names in TUNABLE_BY_ALGO.values() for name in names)
-# Where each must stay whatever a range says: (low, high, low inclusive).
+# Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
                    "vf_coef": (0.0, 1e9, True), "tau": (0.0, 1.0, False)}
 
@@ -82,6 +75,12 @@ class PPOConfig:
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
     max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
+    # Each minibatch's advantages standardized per member (SB3's default).
+    normalize_advantage: bool = True
+    # Rewards divided by the running std of their slot's discounted return, clipped to ±reward_clip
+    # (SB3's VecNormalize norm_reward; learners/normalization.py).
+    normalize_reward: bool = False
+    reward_clip: float = 10.0
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
@@ -97,6 +96,7 @@ class PPOConfig:
             "max_grad_norm > 0": self.max_grad_norm > 0,
             "max_policy_lag >= 0": self.max_policy_lag >= 0,
             "anneal_steps >= 0": self.anneal_steps >= 0,
+            "reward_clip > 0": self.reward_clip > 0,
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
@@ -239,6 +239,34 @@ class DQNConfig(ReplayConfig):
             raise ValueError("; ".join(problems))
 
 
+AlgoConfig = PPOConfig | SACConfig | TD3Config | DQNConfig
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What every process needs to know of an algorithm, declared once. Its NumPy actor policy is
+    `common/models.py` POLICIES[name], its trainer `learners/trainers.py` TRAINERS[name]; a test
+    holds the three registries, and RunConfig's sections, to the same names."""
+
+    name: str  # --algo, and its section of RunConfig (and of a TOML run config)
+    config: type[AlgoConfig]
+    tunable: tuple[str, ...]  # fields of `config` that population-based training may set per member
+    action_kinds: tuple[str, ...]  # the action spaces it can act in
+    # Learns from its current policy's data only: rollouts too many updates old are dropped (the
+    # lag gate); off-policy data stay useful however old.
+    on_policy: bool
+
+
+ALGORITHMS = {algorithm.name: algorithm for algorithm in (
+    Algorithm("ppo", PPOConfig, ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda",
+                                 "max_grad_norm"), ("discrete", "continuous"), on_policy=True),
+    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False),
+    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False),
+    Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False),
+)}  # fmt: skip
+ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
+
+
 @dataclass(frozen=True)
 class HyperRange:
     """Where population-based training may put one hyperparameter."""
@@ -323,6 +351,10 @@ class RunConfig:
     # How long a learner rank with a batch waits for the other ranks before the world updates
     # without them: a rank whose actors died with its credits must not hold the others hostage.
     rank_wait_s: float = 0.25
+    # Running observation normalization (learners/normalization.py): each member's features are
+    # standardized by the mean and variance of all its data so far, then clipped to ±obs_clip.
+    normalize_obs: bool = False
+    obs_clip: float = 10.0
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sac: SACConfig = field(default_factory=SACConfig)
     td3: TD3Config = field(default_factory=TD3Config)
@@ -331,14 +363,15 @@ class RunConfig:
     pbt: PBTConfig = field(default_factory=PBTConfig)
 
     @property
-    def algo_config(self) -> PPOConfig | SACConfig | TD3Config | DQNConfig:
-        off_policy: dict[str, SACConfig | TD3Config | DQNConfig] = {"sac": self.sac, "td3": self.td3, "dqn": self.dqn}
-        return off_policy.get(self.algo, self.ppo)
+    def algo_config(self) -> AlgoConfig:
+        """The run's algorithm's section."""
+        section: AlgoConfig = getattr(self, self.algo)
+        return section
 
     def base_hyperparams(self) -> dict[str, float]:
         """The algorithm's tunable hyperparameters as the config sets them (each member's start
         when they are not ranged)."""
-        return {name: float(getattr(self.algo_config, name)) for name in TUNABLE_BY_ALGO[self.algo]}
+        return {name: float(getattr(self.algo_config, name)) for name in ALGORITHMS[self.algo].tunable}
 
     def __post_init__(self) -> None:
         refuse_non_finite(self)
@@ -347,11 +380,11 @@ class RunConfig:
             problems.append("return_window must be in [1, 100]")
         if not 1 <= self.population <= 256:
             problems.append("population must be in [1, 256]")
-        tunable = TUNABLE_BY_ALGO.get(self.algo, ())
+        if self.algo not in ALGORITHMS:
+            raise ValueError(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
+        tunable = ALGORITHMS[self.algo].tunable
         if self.population > 1 and any(name not in tunable for name in self.pbt.ranges):
             problems.append(f"pbt.ranges: {self.algo} tunes only {', '.join(tunable)}")
-        if self.algo not in ALGORITHMS:
-            problems.append(f"algo {self.algo!r} is not one of {', '.join(ALGORITHMS)}")
         for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")
@@ -365,29 +398,10 @@ class RunConfig:
             problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             problems.append("hidden_sizes must be positive")
+        if self.obs_clip <= 0:
+            problems.append("obs_clip must be positive")
         if problems:
             raise ValueError("; ".join(problems))
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """The spaces of the environment, as the networks need them (probed by the coordinator)."""
-
-    obs_dim: int
-    action_kind: str  # "discrete" | "continuous"
-    action_dim: int  # number of actions (discrete) or action-vector length (continuous)
-    action_low: tuple[float, ...] = ()  # continuous bounds; empty when unbounded
-    action_high: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.obs_dim < 1 or self.action_dim < 1:
-            raise ValueError("obs_dim and action_dim must be positive")
-        if self.action_kind not in ("discrete", "continuous"):
-            raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
-        if len(self.action_low) != len(self.action_high) or self.action_low and (
-            len(self.action_low) != self.action_dim or self.action_kind == "discrete"
-        ):
-            raise ValueError("action bounds must both be empty or both hold action_dim values")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ actor's `valid` mask relies on.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlmq.common.config import EnvSpec
+from rlmq.common.config import ALGORITHMS
+from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
 
 
 class EnvError(ValueError):
@@ -39,13 +39,23 @@ def _env_class(env_id: str) -> Callable[[], gym.Env] | type[gym.vector.VectorEnv
     return None  # gymnasium's own "module:RegisteredId" form: the import registered it
 
 
+# Gymnasium's env families whose packages come as an extra of rlmq (pyproject.toml), by entry point.
+EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco"}
+
+
+def _extra(entry_point: str) -> str:
+    return next((extra for prefix, extra in EXTRAS.items() if entry_point.startswith(prefix)), "")
+
+
 def _one_line(exc: BaseException) -> str:
     """`Type: message` on one line, so that a service logs and `rlmq up` prints one line."""
     message = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) -> gym.vector.VectorEnv:
+    """`num_envs` slots of `env_id`; a `render_mode` (e.g. rgb_array for `rlmq eval --video`) is
+    passed to a registered id's envs."""
     env_class = _env_class(env_id)
     if env_class is not None:
         try:
@@ -66,10 +76,15 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
                                f"class named {attr!r}, nor registered an id {attr!r}") from exc
             raise EnvError(f"unknown env {env_id!r} ({exc}); registered ids: `python -c "
                            f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
-        mode = "vector_entry_point" if spec.vector_entry_point else "sync"
+        mode = "vector_entry_point" if spec.vector_entry_point and render_mode is None else "sync"
+        kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
         try:
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
+            extra = _extra(str(spec.entry_point))
+            if extra and isinstance(exc, (ImportError, gym.error.DependencyNotInstalled)):
+                raise EnvError(f"env {env_id!r} needs the {extra} extra: pip install \"rlmq[{extra}]\" "
+                               f"(it could not import what it needs: {_one_line(exc)})") from exc
             raise EnvError(f"env {env_id!r} is registered but cannot be built: {_one_line(exc)}. "
                            "Install what it needs, or use another --env") from exc
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
@@ -80,18 +95,15 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 
 
 def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
-    obs_space, action_space = env.single_observation_space, env.single_action_space
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise EnvError(f"{env_id}: observation space {obs_space} is not a Box; rlmq's MLP "
-                       "policies take vector observations (wrap it, e.g. FlattenObservation)")
-    obs_dim = int(math.prod(obs_space.shape))
+    obs = observation_spec(env.single_observation_space, env_id)
+    action_space = env.single_action_space
     if isinstance(action_space, gym.spaces.Discrete):
-        return EnvSpec(obs_dim=obs_dim, action_kind="discrete", action_dim=int(action_space.n))
+        return EnvSpec(**obs, action_kind="discrete", action_dim=int(action_space.n))
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         low, high = action_space.low.astype(float), action_space.high.astype(float)
         bounded = bool(np.isfinite(low).all() and np.isfinite(high).all())
         return EnvSpec(
-            obs_dim=obs_dim,
+            **obs,
             action_kind="continuous",
             action_dim=int(action_space.shape[0]),
             action_low=tuple(low.tolist()) if bounded else (),
@@ -100,9 +112,20 @@ def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
     raise EnvError(f"{env_id}: action space {action_space} is not supported; use Discrete or a 1-D Box")
 
 
-# The action spaces each algorithm can act in.
-ACTION_KINDS = {"ppo": ("discrete", "continuous"), "sac": ("continuous",), "td3": ("continuous",),
-                "dqn": ("discrete",)}
+def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
+    """The EnvSpec fields of an observation space: a Box of at most MAX_OBS_DIMS dims, its dtype
+    as it travels (floats as float32, other integers as int64), or a Discrete one from 0."""
+    if isinstance(space, gym.spaces.Discrete):
+        if int(space.start) != 0:
+            raise EnvError(f"{env_id}: Discrete observations must start at 0, not {space.start} "
+                           "(wrap the env: TransformObservation)")  # fmt: skip
+        return {"obs_shape": (), "obs_dtype": "int64", "obs_categories": int(space.n)}
+    if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= MAX_OBS_DIMS:
+        raise EnvError(f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions "
+                       "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)")  # fmt: skip
+    dtype = np.dtype(space.dtype)
+    travels = {"f": "float32", "b": "bool"}.get(dtype.kind, "uint8" if dtype == np.uint8 else "int64")
+    return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travels}
 
 
 def probe(env_id: str, algo: str | None = None) -> EnvSpec:
@@ -113,12 +136,8 @@ def probe(env_id: str, algo: str | None = None) -> EnvSpec:
         spec = describe(env, env_id)
     finally:
         env.close()
-    if algo is not None and spec.action_kind not in ACTION_KINDS[algo]:
-        fitting = [a for a, kinds in ACTION_KINDS.items() if spec.action_kind in kinds]
-        raise EnvError(f"{algo} needs {' or '.join(ACTION_KINDS[algo])} actions and {env_id} has "
+    if algo is not None and spec.action_kind not in ALGORITHMS[algo].action_kinds:
+        fitting = [a.name for a in ALGORITHMS.values() if spec.action_kind in a.action_kinds]
+        raise EnvError(f"{algo} needs {' or '.join(ALGORITHMS[algo].action_kinds)} actions and {env_id} has "
                        f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")  # fmt: skip
     return spec
-
-
-def flatten_obs(obs: Any, num_envs: int) -> np.ndarray:
-    return np.asarray(obs, dtype=np.float32).reshape(num_envs, -1)

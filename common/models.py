@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
+from rlmq.common.schema import EnvSpec, obs_features, obs_normalizer
 from rlmq.common.wire import Params
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -28,38 +29,53 @@ def policy_layer_names(params: Params) -> list[tuple[str, str]]:
     return layers
 
 
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0, out=x)
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": _relu}
+
+
 class NumpyPolicy:
     """Samples actions and their log-probabilities from a tanh MLP policy (PPO's)."""
 
-    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None,
-                 activation: Callable[[np.ndarray], np.ndarray] = np.tanh) -> None:  # fmt: skip
-        self.activation = activation
+    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh") -> None:
+        self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
             raise ValueError("weights hold no policy.* layers")
         # Transposed and contiguous once here, so that each call is x @ W + b.
-        self._layers = [
+        self.layers = [
             (np.ascontiguousarray(params[w].T, dtype=np.float32), params[b].astype(np.float32))
             for w, b in names
         ]
-        width = spec.obs_dim  # every layer must take what the one before it gives
-        for weight, bias in self._layers:
+        self.spec = spec
+        self.norm = obs_normalizer(params, spec.obs_size)
+        width = spec.obs_size  # every layer must take what the one before it gives
+        for weight, bias in self.layers:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
                 raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")
             width = weight.shape[1]
         if width != (outputs or spec.action_dim):
             raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
         self.discrete = spec.action_kind == "discrete"
+        # The deterministic action `mode` (and `rlmq export`) takes from the network's output.
+        self.head = "argmax" if self.discrete else "mean"
+        self.scale, self.bias = scale_and_bias(spec)
         # PPO's Gaussian keeps a state-free log-std; a policy with its own outputs (SAC) does not.
         self._log_std = None if self.discrete or outputs else params["log_std"].astype(np.float32)
         if self._log_std is not None and self._log_std.shape != (spec.action_dim,):
             raise ValueError(f"log_std {self._log_std.shape} does not fit {spec.action_dim} actions")
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        x = obs
-        for weight, bias in self._layers[:-1]:
+        """The network's output for observations [N, *obs_shape] as the env gives them."""
+        x = obs_features(obs, self.spec)
+        if self.norm is not None:
+            mean, inverse_std, clip = self.norm
+            x = np.clip((x - mean) * inverse_std, -clip, clip)
+        for weight, bias in self.layers[:-1]:
             x = self.activation(x @ weight + bias)
-        weight, bias = self._layers[-1]
+        weight, bias = self.layers[-1]
         out: np.ndarray = x @ weight + bias
         return out
 
@@ -74,16 +90,25 @@ class NumpyPolicy:
         logp = -(0.5 * noise * noise + self._log_std + _HALF_LOG_2PI).sum(axis=-1)
         return actions, logp.astype(np.float32)
 
+    def mode(self, obs: np.ndarray) -> np.ndarray:
+        """The deterministic action (evaluation, export), as `head` says: the likeliest one, the
+        Gaussian's mean (the env's bounds clip it, as they clip every action), or tanh of the
+        mean (SAC) or of the output (TD3) mapped onto the bounds."""
+        out = self.forward(obs)
+        if self.head == "argmax":
+            return np.argmax(out, axis=-1)
+        if self.head == "mean":
+            return out
+        if self.head == "squashed_mean":
+            out = np.split(out, 2, axis=-1)[0]
+        return (np.tanh(out) * self.scale + self.bias).astype(np.float32)
+
 
 def scale_and_bias(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray]:
     """How [-1, 1] maps onto the env's action bounds (unbounded: onto [-1, 1] itself)."""
     low = np.asarray(spec.action_low or (-1.0,) * spec.action_dim, np.float32)
     high = np.asarray(spec.action_high or (1.0,) * spec.action_dim, np.float32)
     return (high - low) / 2, (high + low) / 2
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0, out=x)
 
 
 class SquashedGaussianPolicy(NumpyPolicy):
@@ -93,8 +118,8 @@ class SquashedGaussianPolicy(NumpyPolicy):
     def __init__(self, params: Params, spec: EnvSpec) -> None:
         if spec.action_kind != "continuous":
             raise ValueError("SAC needs continuous actions")
-        super().__init__(params, spec, outputs=2 * spec.action_dim, activation=_relu)
-        self._scale, self._bias = scale_and_bias(spec)
+        super().__init__(params, spec, outputs=2 * spec.action_dim, activation="relu")
+        self.head = "squashed_mean"
         self._log_std = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +127,7 @@ class SquashedGaussianPolicy(NumpyPolicy):
         noise = rng.standard_normal(mean.shape, dtype=np.float32)
         action = np.tanh(mean + np.exp(np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)) * noise)
         # Off-policy learners do not use the behaviour log-probability.
-        return (action * self._scale + self._bias).astype(np.float32), np.zeros(len(obs), np.float32)
+        return (action * self.scale + self.bias).astype(np.float32), np.zeros(len(obs), np.float32)
 
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -116,17 +141,17 @@ class DeterministicPolicy(NumpyPolicy):
     def __init__(self, params: Params, spec: EnvSpec, noise: float, warmup: bool) -> None:
         if spec.action_kind != "continuous":
             raise ValueError("TD3 needs continuous actions")
-        super().__init__(params, spec, outputs=spec.action_dim, activation=_relu)
-        self._scale, self._bias = scale_and_bias(spec)
+        super().__init__(params, spec, outputs=spec.action_dim, activation="relu")
+        self.head = "tanh"
         self.noise, self.warmup = noise, warmup
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        shape = (len(obs), len(self._scale))
+        shape = (len(obs), len(self.scale))
         if self.warmup:
             action = rng.uniform(-1.0, 1.0, shape)
         else:  # clipped here, not only at env.step: the learner must see the action that was taken
             action = np.clip(np.tanh(self.forward(obs)) + self.noise * rng.standard_normal(shape), -1.0, 1.0)
-        return (action * self._scale + self._bias).astype(np.float32), np.zeros(len(obs), np.float32)
+        return (action * self.scale + self.bias).astype(np.float32), np.zeros(len(obs), np.float32)
 
 
 class EpsilonGreedyPolicy(NumpyPolicy):
@@ -136,7 +161,7 @@ class EpsilonGreedyPolicy(NumpyPolicy):
     def __init__(self, params: Params, spec: EnvSpec, epsilon: float) -> None:
         if spec.action_kind != "discrete":
             raise ValueError("DQN needs discrete actions")
-        super().__init__(params, spec, activation=_relu)
+        super().__init__(params, spec, activation="relu")
         self.epsilon, self.actions = epsilon, spec.action_dim
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -152,20 +177,32 @@ def linear_epsilon(trained_steps: int, horizon: float, initial: float, final: fl
     return initial + progress * (final - initial)
 
 
+def _td3_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
+    td3 = run_config.td3
+    return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts)
+
+
+def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
+    dqn = run_config.dqn
+    horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
+    epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
+    return EpsilonGreedyPolicy(params, spec, epsilon)
+
+
+# Each algorithm's actor policy (config.ALGORITHMS): (run config, weights, env spec, the env steps
+# the weights were trained on, on which exploration schedules depend) → policy.
+POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
+    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(params, spec),
+    "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(params, spec),
+    "td3": _td3_policy,
+    "dqn": _dqn_policy,
+}
+
+
 def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0) -> NumpyPolicy:
-    """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps
-    (exploration schedules depend on it); raises KeyError/ValueError for weights that do not fit."""
-    if run_config.algo == "sac":
-        return SquashedGaussianPolicy(params, spec)
-    if run_config.algo == "td3":
-        td3 = run_config.td3
-        return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts)
-    if run_config.algo == "dqn":
-        dqn = run_config.dqn
-        horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
-        epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
-        return EpsilonGreedyPolicy(params, spec, epsilon)
-    return NumpyPolicy(params, spec)
+    """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps;
+    raises KeyError/ValueError for weights that do not fit."""
+    return POLICIES[run_config.algo](run_config, params, spec, trained_steps)
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

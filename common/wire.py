@@ -32,7 +32,8 @@ from typing import Any, Union
 import msgpack
 import numpy as np
 
-from rlmq.common.config import ALL_TUNABLE, TUNABLE_BY_ALGO, EnvSpec, RunConfig, hyperparam_problems
+from rlmq.common.config import ALGORITHMS, ALL_TUNABLE, RunConfig, hyperparam_problems
+from rlmq.common.schema import ROLLOUT_DTYPES, EnvSpec
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -132,39 +133,35 @@ class Assign:
 
     def __post_init__(self) -> None:
         _require(len(self.hyperparams) in (0, self.config.population), "Assign.hyperparams: one per member")
-        tunable = set(TUNABLE_BY_ALGO[self.config.algo])
+        tunable = set(ALGORITHMS[self.config.algo].tunable)
         _require(all(set(h) == tunable for h in self.hyperparams), "Assign.hyperparams: the algorithm's tunables")
         _require(not any(hyperparam_problems(h) for h in self.hyperparams), "Assign.hyperparams out of bounds")
         _require(all(0 <= w.member < self.config.population for w in self.member_weights), "Assign: member")
         _counts(self, "applied_decision")
 
 
-_ROLLOUT_DTYPES = {
-    "obs": ("float32",), "actions": ("int64", "float32"), "logprobs": ("float32",),
-    "rewards": ("float32",), "terminated": ("bool",), "truncated": ("bool",), "valid": ("bool",),
-}  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Rollout:
     """T steps of N vector-env slots, time-major. ``obs`` has T + 1 rows (the bootstrap row).
 
-    ``valid`` is False for the step a Gymnasium next-step autoreset spends resetting a slot.
+    ``valid`` is False for the step a Gymnasium next-step autoreset spends resetting a slot. Shapes
+    and dtypes as `common/schema.py` lays them out: checked here as far as they fit together, and
+    by the learner against its run's env spec.
     """
 
     member: int
     policy_version: int
     actor: str
-    obs: np.ndarray  # [T + 1, N, obs_dim] float32
-    actions: np.ndarray  # [T, N] int64 (discrete) or [T, N, action_dim] float32
-    logprobs: np.ndarray  # [T, N] float32, under the behaviour policy
-    rewards: np.ndarray  # [T, N] float32
-    terminated: np.ndarray  # [T, N] bool
-    truncated: np.ndarray  # [T, N] bool
-    valid: np.ndarray  # [T, N] bool
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray  # under the behaviour policy
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.obs.ndim < 3:
+        if self.obs.ndim < 2:
             raise WireError("bad_shape", f"Rollout.obs must be [T+1, N, ...], got {self.obs.shape}")
         steps, slots = self.obs.shape[0] - 1, self.obs.shape[1]
         if steps < 1 or slots < 1:
@@ -174,7 +171,7 @@ class Rollout:
                 raise WireError("bad_shape", f"Rollout.{name} must be {(steps, slots)}")
         if self.actions.shape[:2] != (steps, slots):
             raise WireError("bad_shape", f"Rollout.actions must start with {(steps, slots)}")
-        for name, dtypes in _ROLLOUT_DTYPES.items():
+        for name, dtypes in ROLLOUT_DTYPES.items():
             if _dtype_name(getattr(self, name).dtype) not in dtypes:
                 raise WireError("bad_dtype", f"Rollout.{name} must be {' or '.join(dtypes)}")
 

@@ -32,8 +32,9 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
+from rlmq.common.schema import EnvSpec
 
 RECENT_EPISODES = 100
 PROGRESS_SAMPLES = 100_000

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import DQNConfig, EnvSpec
+from rlmq.common.config import DQNConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
+from rlmq.learners.offpolicy import relu_mlp
 from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member, per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import relu_mlp
 
 
 class QNetwork(nn.Module):
@@ -39,7 +40,7 @@ class QNetwork(nn.Module):
 
     def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        self.policy = relu_mlp([spec.obs_dim, *hidden, spec.action_dim])
+        self.policy = relu_mlp([spec.obs_size, *hidden, spec.action_dim])
 
 
 def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,

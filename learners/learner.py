@@ -21,8 +21,9 @@ import torch
 import zmq
 
 from rlmq.common import transport, wire
-from rlmq.common.config import LearnerConfig, RunConfig
+from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
+from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
@@ -133,17 +134,10 @@ class Learner:
         return self.weights_frames[member][1]
 
     def check_rollout(self, r: wire.Rollout) -> None:
-        spec, run_cfg = self.spec, self.run_cfg
-        if r.obs.shape[:2] != (run_cfg.rollout_length + 1, run_cfg.num_envs):
-            raise wire.WireError("bad_shape", f"obs {r.obs.shape}: the run's rollouts are "
-                                 f"{run_cfg.rollout_length} steps × {run_cfg.num_envs} slots")
-        if r.obs.shape[2:] != (spec.obs_dim,) or r.obs.dtype != np.float32:
-            raise wire.WireError("bad_shape", f"obs {r.obs.shape} {r.obs.dtype}, env has {spec.obs_dim}")
-        want = (np.int64, ()) if spec.action_kind == "discrete" else (np.float32, (spec.action_dim,))
-        if r.actions.dtype != want[0] or r.actions.shape[2:] != want[1]:
-            raise wire.WireError("bad_shape", f"actions {r.actions.shape} {r.actions.dtype}")
-        if spec.action_kind == "discrete" and (r.actions.min(initial=0) < 0 or r.actions.max(initial=0) >= spec.action_dim):
-            raise wire.WireError("bad_value", "action index out of range")
+        arrays = {name: getattr(r, name) for name in ROLLOUT_DTYPES}
+        problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, self.run_cfg.num_envs)
+        if problem:
+            raise wire.WireError(*problem)
 
     def reject(self, exc: wire.WireError, size: int | None = None, sender: bytes = b"") -> None:
         self.log_reject(exc.reason, str(exc), size, sender)
@@ -184,8 +178,8 @@ class Learner:
         self.run_cfg: RunConfig = assign.config
         self.spec = assign.env_spec
         population = self.run_cfg.population
-        # Off-policy data stay useful however old: the lag gate is PPO's.
-        max_lag = self.run_cfg.ppo.max_policy_lag if self.run_cfg.algo == "ppo" else 2**62
+        on_policy = ALGORITHMS[self.run_cfg.algo].on_policy
+        max_lag = self.run_cfg.ppo.max_policy_lag if on_policy else 2**62
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
                                     self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import EnvSpec
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.stacked_mlp import Activation, Tower, fast_tanh, stacked_mlp, stacked_towers
 
 
@@ -40,8 +40,8 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...]) -> None:
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
-        self.policy = mlp([spec.obs_dim, *hidden_sizes, spec.action_dim], out_gain=0.01)
-        self.value = mlp([spec.obs_dim, *hidden_sizes, 1], out_gain=1.0)
+        self.policy = mlp([spec.obs_size, *hidden_sizes, spec.action_dim], out_gain=0.01)
+        self.value = mlp([spec.obs_size, *hidden_sizes, 1], out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(spec.action_dim))
 
@@ -60,6 +60,15 @@ class ActorCritic(nn.Module):
             return logp, -(log_probs.exp() * log_probs).sum(-1), value
         dist = self.distribution(obs)
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
+
+
+def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
+    """[..., *obs_shape] observations in their own dtype → [..., obs_size] float32, the networks'
+    input: flattened, or one-hot for a Discrete observation (as common/schema.py does for actors)."""
+    lead = obs.shape[: obs.ndim - len(spec.obs_shape)]
+    if spec.obs_categories:
+        return nn.functional.one_hot(obs.long(), spec.obs_categories).float()
+    return obs.reshape(*lead, spec.obs_size).float()
 
 
 def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:
@@ -149,7 +158,7 @@ class PopulationActorCritic(Stacked):
                        self.tower(self.value_layers, "tanh", outputs_first=True))  # fmt: skip
 
     def value(self, obs: Tensor) -> Tensor:
-        """[P, N, obs_dim] → [P, N]."""
+        """[P, N, obs_size] → [P, N]."""
         return self.mlp(self.value_layers, obs, "tanh", outputs_first=True).squeeze(1)
 
     def policy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:

@@ -16,16 +16,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
+from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic, obs_features
 from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
 from rlmq.learners.ppo_logits import ppo_loss_from_logits
+
+TUNABLE = ALGORITHMS["ppo"].tunable
 
 
 class Batch(NamedTuple):
@@ -41,7 +43,7 @@ class Batch(NamedTuple):
 
 
 class MemberHyperparams(NamedTuple):
-    """Per-member hyperparameters as [P] tensors (PBT sets them; see config.TUNABLE)."""
+    """Per-member hyperparameters as [P] tensors (PBT sets them: PPO's tunables, config.ALGORITHMS)."""
 
     learning_rate: Tensor
     ent_coef: Tensor
@@ -53,7 +55,7 @@ class MemberHyperparams(NamedTuple):
 
 
 
-assert MemberHyperparams._fields == TUNABLE, "MemberHyperparams must list exactly config.TUNABLE"
+assert MemberHyperparams._fields == TUNABLE, "MemberHyperparams must list exactly PPO's tunables"
 
 
 class PPOLoss(NamedTuple):
@@ -68,18 +70,7 @@ class PPOLoss(NamedTuple):
 def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int,
                   device: torch.device) -> Batch:
     """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid."""
-    population = len(per_member)
-    discrete = spec.action_kind == "discrete"
-    arrays = {
-        "obs": np.zeros((population, steps + 1, slots, spec.obs_dim), np.float32),
-        "actions": np.zeros((population, steps, slots) + (() if discrete else (spec.action_dim,)),
-                            np.int64 if discrete else np.float32),
-        "logprobs": np.zeros((population, steps, slots), np.float32),
-        "rewards": np.zeros((population, steps, slots), np.float32),
-        "terminated": np.zeros((population, steps, slots), bool),
-        "truncated": np.zeros((population, steps, slots), bool),
-        "valid": np.zeros((population, steps, slots), bool),
-    }
+    arrays = allocate(spec, steps, slots, lead=(len(per_member),), zeros=True)
     for member, rollouts in enumerate(per_member):
         start = 0
         for r in rollouts:
@@ -88,15 +79,19 @@ def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps:
                 array[member, :, start : start + width] = getattr(r, name)
             start += width
     t = {name: torch.from_numpy(a).to(device) for name, a in arrays.items()}
-    return Batch(t["obs"], t["actions"], t["logprobs"], t["rewards"], t["terminated"], t["truncated"], t["valid"])
+    return Batch(obs_features(t["obs"], spec), t["actions"], t["logprobs"], t["rewards"], t["terminated"],
+                 t["truncated"], t["valid"])  # fmt: skip
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum(-1)
 
 
-def normalize_advantages(adv: Tensor, mask: Tensor) -> Tensor:
-    """Per member, over its valid samples (unbiased std, as torch.std); left alone below 2."""
+def normalize_advantages(adv: Tensor, mask: Tensor, enabled: bool = True) -> Tensor:
+    """Per member, over its valid samples (unbiased std, as torch.std); left alone below 2, or
+    when the run does not normalize advantages (`enabled` False)."""
+    if not enabled:
+        return adv
     count = mask.sum(-1, keepdim=True)
     mean = masked_sum(adv, mask).unsqueeze(-1) / count.clamp(min=1)
     var = masked_sum((adv - mean) ** 2, mask).unsqueeze(-1) / (count - 1).clamp(min=1)
@@ -225,9 +220,11 @@ def update(
     actions = batch.actions.reshape(population, (rows - 1) * slots, *batch.actions.shape[3:])
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
-    whole_batch_advantages = normalize_advantages(advantages, mask)  # what every idx=None epoch uses
+    normalize = cfg.normalize_advantage
+    whole_batch_advantages = normalize_advantages(advantages, mask, normalize)  # what every idx=None epoch uses
     for idx in plan:
-        norm_advantages = whole_batch_advantages if idx is None else normalize_advantages(advantages[:, idx], mask[:, idx])
+        norm_advantages = (whole_batch_advantages if idx is None
+                           else normalize_advantages(advantages[:, idx], mask[:, idx], normalize))  # fmt: skip
         if core.discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
             logits, new_values = model(pick(obs, idx), None)
             total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
@@ -288,7 +285,7 @@ def update_each_member(
             sel = slice(None) if idx is None else idx
             new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
             loss = ppo_loss(
-                new_logp, pick(old_logp.unsqueeze(0), idx), normalize_advantages(pick(advantages, idx), pick(mask, idx)),
+                new_logp, pick(old_logp.unsqueeze(0), idx), normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
                 new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
                 ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
             )  # fmt: skip

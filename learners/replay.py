@@ -8,7 +8,9 @@ vectorized draw yields a member-major batch ``[P, B, ...]`` for the population's
 
 The memory is bounded and preallocated: the arrays are allocated once at full capacity, so a run
 that fits at start fits forever, and when a member's shard is full its oldest transitions are
-overwritten. Storage is NumPy (rollouts arrive as NumPy from the wire); batches leave as torch.
+overwritten. Storage is NumPy (rollouts arrive as NumPy from the wire), observations in their own
+dtype (common/schema.py: a uint8 image stays bytes); batches leave as torch, observations as the
+networks' float features.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlmq.common.schema import EnvSpec, rollout_layout
 from rlmq.common.wire import Rollout
+from rlmq.learners.networks import obs_features
 
 
 class Transitions(NamedTuple):
     """A sampled batch, member-major."""
 
-    obs: Tensor  # [P, B, obs_dim] float32
+    obs: Tensor  # [P, B, obs_size] float32 features (networks.obs_features)
     actions: Tensor  # [P, B] int64 (discrete) or [P, B, action_dim] float32
     rewards: Tensor  # [P, B] float32
-    next_obs: Tensor  # [P, B, obs_dim] float32
+    next_obs: Tensor  # [P, B, obs_size] float32
     terminated: Tensor  # [P, B] float32: 1.0 where the episode ended for real (no bootstrap)
     horizon: Tensor  # [P, B] float32: env steps from obs to next_obs (1; up to n with n-step returns)
 
@@ -56,31 +60,23 @@ def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, g
 class Replay:
     """One ring buffer of transitions per population member, vectorized over members."""
 
-    def __init__(
-        self,
-        population: int,
-        capacity: int,
-        obs_dim: int,
-        action_shape: tuple[int, ...],
-        action_dtype: np.dtype | type,
-        n_step: int = 1,
-    ) -> None:
+    def __init__(self, population: int, capacity: int, spec: EnvSpec, n_step: int = 1) -> None:
         if population < 1:
             raise ValueError(f"Replay population must be at least 1, got {population}")
         if capacity < 1:
             raise ValueError(f"Replay capacity must be at least 1, got {capacity}")
-        if obs_dim < 1:
-            raise ValueError(f"Replay obs_dim must be at least 1, got {obs_dim}")
         if n_step < 1:
             raise ValueError(f"Replay n_step must be at least 1, got {n_step}")
-        self.population, self.capacity, self.obs_dim, self.n_step = population, capacity, obs_dim, n_step
-        self.action_shape = tuple(action_shape)  # () for discrete actions, (A,) for continuous
+        self.population, self.capacity, self.spec, self.n_step = population, capacity, spec, n_step
+        # One step of the rollout layout: what a transition's observation and action look like.
+        self.layout = {name: (shape[2:], np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
         shape = (population, capacity)
+        obs_shape, obs_dtype = self.layout["obs"]
         # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
         # never written stay zero, which is what `sample` hands out for an empty member.
-        self._obs = np.zeros((*shape, obs_dim), np.float32)
-        self._next_obs = np.zeros((*shape, obs_dim), np.float32)
-        self._actions = np.zeros((*shape, *self.action_shape), np.dtype(action_dtype))
+        self._obs = np.zeros((*shape, *obs_shape), obs_dtype)
+        self._next_obs = np.zeros((*shape, *obs_shape), obs_dtype)
+        self._actions = np.zeros((*shape, *self.layout["actions"][0]), self.layout["actions"][1])
         self._rewards = np.zeros(shape, np.float32)
         self._terminated = np.zeros(shape, np.float32)
         self._horizon = np.ones(shape, np.float32)
@@ -95,13 +91,10 @@ class Replay:
         """Store every valid step of `rollout` as a transition of `member`; return how many.
         `gamma` discounts the n-step returns (with n_step 1 it is not used)."""
         self._check_member(member)
-        obs_shape = rollout.obs.shape[2:]
-        if obs_shape != (self.obs_dim,):
-            raise ValueError(f"rollout obs are {obs_shape}, replay holds ({self.obs_dim},)")
-        if rollout.actions.shape[2:] != self.action_shape:
-            raise ValueError(
-                f"rollout actions are {rollout.actions.shape[2:]}, replay holds {self.action_shape}"
-            )
+        for name in ("obs", "actions"):
+            array, (shape, dtype) = getattr(rollout, name), self.layout[name]
+            if (array.shape[2:], array.dtype) != (shape, dtype):
+                raise ValueError(f"rollout {name} are {array.dtype}{list(array.shape[2:])}, replay holds {dtype}{list(shape)}")
         valid = rollout.valid
         # Next-step autoreset: obs[t + 1] is the final observation of an episode ending at t, and the
         # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
@@ -162,8 +155,10 @@ class Replay:
                                              self._next_obs, self._terminated, self._horizon)]  # fmt: skip
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
-        tensors = [torch.from_numpy(array).to(device) for array in arrays]
-        batch = Transitions(*tensors)
+        obs, actions, rewards, next_obs, terminated, horizon = (torch.from_numpy(array).to(device) for array in arrays)
+        # Observations cross to the device in their own dtype (a quarter of the bytes for uint8).
+        batch = Transitions(obs_features(obs, self.spec), actions, rewards, obs_features(next_obs, self.spec),
+                            terminated, horizon)  # fmt: skip
         return batch, torch.from_numpy(active).to(device)
 
     def copy_member(self, source: int, target: int) -> None:

@@ -15,30 +15,22 @@ the three optimizers is synced on its own (the lesson of Horovod's distributed S
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import EnvSpec, SACConfig
+from rlmq.common.config import SACConfig
 from rlmq.common.models import (  # as the actors clamp and scale
     LOG_STD_MAX,
     LOG_STD_MIN,
     scale_and_bias,
 )
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
+from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
 from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
-
-
-def relu_mlp(sizes: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(fan_in, fan_out))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 class Actor(nn.Module):
@@ -46,14 +38,7 @@ class Actor(nn.Module):
 
     def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        self.policy = relu_mlp([spec.obs_dim, *hidden, 2 * spec.action_dim])
-
-
-class Critic(nn.Module):
-    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
-        super().__init__()
-        self.q1 = relu_mlp([spec.obs_dim + spec.action_dim, *hidden, 1])
-        self.q2 = relu_mlp([spec.obs_dim + spec.action_dim, *hidden, 1])
+        self.policy = relu_mlp([spec.obs_size, *hidden, 2 * spec.action_dim])
 
 
 def squashed_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
@@ -89,14 +74,6 @@ def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> 
     return -(log_alpha[:, None] * (logp.detach() + target_entropy)).mean(-1)
 
 
-class SACHyperparams(NamedTuple):
-    """Per-member tunables of SAC (and TD3, which tunes the same ones), each [P]."""
-
-    learning_rate: Tensor  # [P]
-    gamma: Tensor
-    tau: Tensor
-
-
 class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
@@ -127,15 +104,10 @@ class SAC:
         return squashed_gaussian(mean, log_std, noise)
 
     def q(self, critic: Stacked, obs: Tensor, action: Tensor) -> Tensor:
-        """min of the twin critics, [P, B] (and both, for the critic loss, via `q_pair`)."""
-        return torch.min(*self.q_pair(critic, obs, action))
+        """min of the twin critics, [P, B]."""
+        return torch.min(*q_pair(critic, self.q_layers, obs, action))
 
-    def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        x = torch.cat([obs, action], dim=-1)
-        q1, q2 = (critic.mlp(self.q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
-        return q1, q2
-
-    def step(self, batch: Transitions, hp: SACHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
+    def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
         """One gradient step of critics, actor and temperature, then the target critics' Polyak step.
 
@@ -149,7 +121,7 @@ class SAC:
             next_action, next_logp = self.sample(batch.next_obs, generator)
             target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
                                    next_logp, alpha, hp.gamma)  # fmt: skip
-        q1, q2 = self.q_pair(self.critic, batch.obs, actions)
+        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
         descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
 
@@ -177,8 +149,8 @@ class SAC:
     def replicated(self) -> list[Tensor]:
         return [self.actor.flat, self.critic.flat, self.target.flat, self.log_alpha]
 
-    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> SACHyperparams:
-        return per_member(SACHyperparams, members, device)
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> ActorCriticHyperparams:
+        return per_member(ActorCriticHyperparams, members, device)
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

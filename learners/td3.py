@@ -21,12 +21,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import EnvSpec, TD3Config
+from rlmq.common.config import TD3Config
 from rlmq.common.models import scale_and_bias
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
+from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
 from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import Critic, SACHyperparams, relu_mlp
 
 
 class Actor(nn.Module):
@@ -34,7 +35,7 @@ class Actor(nn.Module):
 
     def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        self.policy = relu_mlp([spec.obs_dim, *hidden, spec.action_dim])
+        self.policy = relu_mlp([spec.obs_size, *hidden, spec.action_dim])
 
 
 def smoothed_target_action(target_action: Tensor, noise: Tensor, target_noise: float, noise_clip: float) -> Tensor:
@@ -55,9 +56,6 @@ def critic_loss(q1: Tensor, q2: Tensor, target: Tensor) -> Tensor:
 def actor_loss(q1: Tensor) -> Tensor:
     """Per member [P]: −E[Q1(s, μ(s))] (the paper's deterministic policy gradient through Q1)."""
     return -q1.mean(-1)
-
-
-TD3Hyperparams = SACHyperparams  # the same tunables: learning_rate, gamma, tau
 
 
 class TD3:
@@ -88,20 +86,15 @@ class TD3:
         """Each member's deterministic action in [-1, 1], [P, B, A]."""
         return torch.tanh(actor.mlp(self.policy_layers, obs, "relu"))
 
-    def q_pair(self, critic: Stacked, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        x = torch.cat([obs, action], dim=-1)
-        q1, q2 = (critic.mlp(self.q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
-        return q1, q2
-
     @torch.no_grad()
     def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor, noise: Tensor) -> Tensor:
         """The critics' target [P, B] from the target networks, with the smoothing noise `noise`
         (standard normal, [P, B, A]) passed in."""
         next_action = smoothed_target_action(self.act(self.target_actor, next_obs), noise, self.cfg.target_noise,
                                              self.cfg.noise_clip)  # fmt: skip
-        return critic_target(reward, terminated, *self.q_pair(self.target_critic, next_obs, next_action), gamma)
+        return critic_target(reward, terminated, *q_pair(self.target_critic, self.q_layers, next_obs, next_action), gamma)
 
-    def step(self, batch: Transitions, hp: TD3Hyperparams, active: Tensor, has_data: Tensor, sync: Sync,
+    def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
         """One gradient step of the critics; every `policy_delay`-th also one of the actor, then
         the Polyak step of both targets.
@@ -113,14 +106,14 @@ class TD3:
         actions = (batch.actions - self.action_bias) / self.action_scale
         noise = torch.randn(actions.shape, generator=generator, device=actions.device)
         target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, noise)
-        q1, q2 = self.q_pair(self.critic, batch.obs, actions)
+        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
         descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
-            q1_new, _ = self.q_pair(self.critic, batch.obs, self.act(self.actor, batch.obs))
+            q1_new, _ = q_pair(self.critic, self.q_layers, batch.obs, self.act(self.actor, batch.obs))
             self.last_actor_loss = actor_loss(q1_new) * weight
             descend(self.optimizers["actor"], self.last_actor_loss, hp.learning_rate, active, sync)
             self.critic.flat.requires_grad_(True)
@@ -146,8 +139,8 @@ class TD3:
     def replicated(self) -> list[Tensor]:
         return [self.actor.flat, self.critic.flat, self.target_actor.flat, self.target_critic.flat]
 
-    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> TD3Hyperparams:
-        return per_member(TD3Hyperparams, members, device)
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> ActorCriticHyperparams:
+        return per_member(ActorCriticHyperparams, members, device)
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:

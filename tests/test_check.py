@@ -18,12 +18,13 @@ import zmq
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.metrics import Heartbeat
+from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.learners.networks import ActorCritic, to_numpy_params
 
-CARTPOLE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+CARTPOLE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 
 
 def probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,24 +12,25 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import DQNConfig, EnvSpec, PBTConfig, RunConfig
+from rlmq.common.config import DQNConfig, PBTConfig, RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import EpsilonGreedyPolicy, linear_epsilon, make_policy
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import dqn
 from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
 
-SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=3)
+SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3)
 CPU = torch.device("cpu")
 
 
 def transitions(population: int, batch: int, seed: int) -> Transitions:
     g = torch.Generator().manual_seed(seed)
     return Transitions(
-        obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
+        obs=torch.randn(population, batch, SPEC.obs_size, generator=g),
         actions=torch.randint(0, SPEC.action_dim, (population, batch), generator=g),
         rewards=torch.randn(population, batch, generator=g),
-        next_obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
+        next_obs=torch.randn(population, batch, SPEC.obs_size, generator=g),
         terminated=(torch.rand(population, batch, generator=g) < 0.3).float(),
         horizon=torch.ones(population, batch),
     )
@@ -91,7 +92,7 @@ def test_epsilon_schedule() -> None:
 def test_the_actors_policy_is_greedy_on_the_learners_q_network_but_for_epsilon() -> None:
     torch.manual_seed(0)
     algo = dqn.DQN(SPEC, DQNConfig(hidden_sizes=(16, 16)), 2, CPU)
-    obs = np.random.default_rng(0).standard_normal((2000, SPEC.obs_dim)).astype(np.float32)
+    obs = np.random.default_rng(0).standard_normal((2000, SPEC.obs_size)).astype(np.float32)
     with torch.no_grad():
         greedy = algo.values(algo.q, torch.from_numpy(obs)[None].expand(2, -1, -1))[1].argmax(-1).numpy()
     assert len(np.unique(greedy)) > 1  # or a constant policy would pass

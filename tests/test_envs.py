@@ -21,7 +21,7 @@ def test_collects_valid_rollouts(env_id: str) -> None:
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     collector = Collector(env, spec, rollout_length=40, seed=0)
     rollout = collector.collect(policy, member=0, version=2, actor="a")
-    assert rollout.obs.shape == (41, 3, spec.obs_dim)
+    assert rollout.obs.shape == (41, 3, *spec.obs_shape)
     assert rollout.policy_version == 2 and rollout.valid.any()
     done = rollout.terminated | rollout.truncated
     # Next-step autoreset: the step after a done is a reset step, and only that one is invalid.
@@ -30,9 +30,9 @@ def test_collects_valid_rollouts(env_id: str) -> None:
     env.close()
 
 
-def test_observations_of_any_box_shape_are_flattened_into_the_rollout() -> None:
-    """A (2, 2) observation lands as one row of 4; replaying the rollout's actions in a twin env
-    (same seed) gives the same observations, flattened."""
+def test_observations_of_any_box_shape_keep_their_shape_in_the_rollout() -> None:
+    """A (2, 2) observation lands as it is, and the networks take it as 4 inputs; replaying the
+    rollout's actions in a twin env (same seed) gives the same observations."""
     import gymnasium as gym
     from gymnasium.wrappers import ReshapeObservation
 
@@ -41,11 +41,12 @@ def test_observations_of_any_box_shape_are_flattened_into_the_rollout() -> None:
 
     env, twin = make(), make()
     spec = envs.describe(env, "grid-cartpole")
-    assert spec.obs_dim == 4
+    assert spec.obs_size == 4
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     rollout = Collector(env, spec, rollout_length=30, seed=5).collect(policy, 0, 0, "a")
-    expected = [twin.reset(seed=5)[0].reshape(3, 4)]
-    expected += [twin.step(action)[0].reshape(3, 4) for action in rollout.actions]
+    assert rollout.obs.shape == (31, 3, 2, 2)
+    expected = [twin.reset(seed=5)[0]]
+    expected += [twin.step(action)[0] for action in rollout.actions]
     np.testing.assert_array_equal(rollout.obs, np.stack(expected))
     env.close()
     twin.close()
@@ -59,7 +60,7 @@ def test_native_vector_entry_point_is_used() -> None:
 
 def test_continuous_spec_carries_bounds() -> None:
     spec = envs.probe("Pendulum-v1")
-    assert (spec.action_kind, spec.obs_dim, spec.action_dim) == ("continuous", 3, 1)
+    assert (spec.action_kind, spec.obs_size, spec.action_dim) == ("continuous", 3, 1)
     assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
 
 

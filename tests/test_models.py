@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import EnvSpec
 from rlmq.common.models import NumpyPolicy, sample_categorical
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import ActorCritic, fast_tanh, to_numpy_params
 
 SPECS = {
-    "discrete": EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2),
+    "discrete": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
     "continuous": EnvSpec(
-        obs_dim=3,
+        obs_shape=(3,),
         action_kind="continuous",
         action_dim=2,
         action_low=(-2.0, -1.0),
@@ -39,7 +39,7 @@ def test_numpy_forward_equals_torch_policy(kind: str, hidden_sizes: tuple[int, .
     spec = SPECS[kind]
     model = trained_looking_model(spec, hidden_sizes, seed=1)
     policy = NumpyPolicy(to_numpy_params(model), spec)
-    obs = np.random.default_rng(2).standard_normal((32, spec.obs_dim)).astype(np.float32)
+    obs = np.random.default_rng(2).standard_normal((32, spec.obs_size)).astype(np.float32)
     with torch.no_grad():
         expected = model.policy(torch.from_numpy(obs)).numpy()
     got = policy.forward(obs)
@@ -54,7 +54,7 @@ def test_act_log_probs_equal_torch(kind: str) -> None:
     model = trained_looking_model(spec, (64, 64), seed=3)
     policy = NumpyPolicy(to_numpy_params(model), spec)
     rng = np.random.default_rng(4)
-    obs = rng.standard_normal((256, spec.obs_dim)).astype(np.float32)
+    obs = rng.standard_normal((256, spec.obs_size)).astype(np.float32)
     actions, logp = policy.act(obs, rng)
     assert logp.dtype == np.float32 and logp.shape == (256,)
     if spec.action_kind == "discrete":
@@ -72,9 +72,9 @@ def test_act_log_probs_equal_torch(kind: str) -> None:
 def test_numpy_policy_refuses_a_network_for_another_env() -> None:
     params = to_numpy_params(trained_looking_model(SPECS["discrete"], (8,), seed=0))
     with pytest.raises(ValueError, match="does not fit width 5"):
-        NumpyPolicy(params, EnvSpec(obs_dim=5, action_kind="discrete", action_dim=2))
+        NumpyPolicy(params, EnvSpec(obs_shape=(5,), action_kind="discrete", action_dim=2))
     with pytest.raises(ValueError, match="action space"):
-        NumpyPolicy(params, EnvSpec(obs_dim=4, action_kind="discrete", action_dim=3))
+        NumpyPolicy(params, EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3))
     with pytest.raises(ValueError, match="no policy"):
         NumpyPolicy({"value.0.weight": params["value.0.weight"]}, SPECS["discrete"])
 

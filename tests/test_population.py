@@ -9,14 +9,17 @@ import pytest
 import torch
 
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
+from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
 
-DISCRETE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
-CONTINUOUS = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0), action_high=(2.0, 2.0))
+TUNABLE = ALGORITHMS["ppo"].tunable
+
+DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
+CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0), action_high=(2.0, 2.0))
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CI has none)")
 
 
@@ -28,7 +31,7 @@ def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: i
     else:
         actions = torch.randn(*shape, spec.action_dim, generator=g)
     return ppo.Batch(
-        obs=torch.randn(population, steps + 1, slots, spec.obs_dim, generator=g),
+        obs=torch.randn(population, steps + 1, slots, spec.obs_size, generator=g),
         actions=actions,
         behaviour_logp=-torch.rand(shape, generator=g) - 0.2,
         rewards=torch.randn(shape, generator=g),

@@ -7,9 +7,17 @@ import pytest
 import torch
 
 from rlmq.common import wire
+from rlmq.common.schema import EnvSpec
 from rlmq.learners.replay import Replay, Transitions, n_step
 
 OBS_DIM = 4  # obs[t, n] = [tag, t, n, member]: every stored row says where it came from
+
+
+def spec(obs_dim: int = OBS_DIM, action_dim: int | None = None) -> EnvSpec:
+    """Discrete actions (of any index a test encodes), or continuous ones of `action_dim`."""
+    if action_dim is None:
+        return EnvSpec(obs_shape=(obs_dim,), action_kind="discrete", action_dim=2**20)
+    return EnvSpec(obs_shape=(obs_dim,), action_kind="continuous", action_dim=action_dim)
 
 
 def make_rollout(
@@ -60,7 +68,7 @@ def test_sample_returns_exactly_the_stored_transitions() -> None:
     truncated[3, 1], valid[4, 1] = True, False  # slot 1 is cut by the time limit at t=3
     valid[0, 2] = False  # slot 2 opens on a reset step
     terminated[4, 2] = truncated[4, 2] = True  # both flags: a real end, no bootstrap
-    replay = Replay(1, 100, OBS_DIM, (), np.dtype(np.int64))
+    replay = Replay(1, 100, spec())
     rollout = make_rollout(valid, terminated=terminated, truncated=truncated)
 
     assert replay.add_rollout(0, rollout) == 15
@@ -87,7 +95,7 @@ def test_sample_returns_exactly_the_stored_transitions() -> None:
 
 
 def test_ring_keeps_the_newest_capacity_transitions() -> None:
-    replay = Replay(1, 10, OBS_DIM, (), np.dtype(np.int64))
+    replay = Replay(1, 10, spec())
     added: list[tuple[int, int, int]] = []  # (tag, t, n) in arrival order
     valid_masks = [np.ones((7, 1), bool) for _ in range(4)]
     valid_masks[1][3, 0] = False  # 7 + 6 + 7 + 5 = 25 valid transitions
@@ -111,7 +119,7 @@ def test_ring_keeps_the_newest_capacity_transitions() -> None:
 
 
 def test_sampling_is_uniform_reproducible_and_per_member() -> None:
-    replay = Replay(3, 50, OBS_DIM, (), np.dtype(np.int64))
+    replay = Replay(3, 50, spec())
     replay.add_rollout(0, make_rollout(np.ones((4, 1), bool), member=0))
     replay.add_rollout(1, make_rollout(np.ones((5, 2), bool), member=1, tag=7))
     assert replay.sizes == [4, 10, 0]
@@ -133,7 +141,7 @@ def test_sampling_is_uniform_reproducible_and_per_member() -> None:
 
 
 def test_members_draw_independently() -> None:
-    replay = Replay(2, 8, OBS_DIM, (), np.dtype(np.int64))
+    replay = Replay(2, 8, spec())
     for member in range(2):
         replay.add_rollout(member, make_rollout(np.ones((4, 1), bool), member=member))
     batch, _ = replay.sample(20_000, np.random.default_rng(7), torch.device("cpu"))
@@ -143,7 +151,7 @@ def test_members_draw_independently() -> None:
 
 
 def test_copy_member_gives_the_target_an_independent_copy() -> None:
-    replay = Replay(2, 8, OBS_DIM, (), np.dtype(np.int64))
+    replay = Replay(2, 8, spec())
     replay.add_rollout(0, make_rollout(np.ones((3, 2), bool), member=0, tag=1))
     replay.add_rollout(1, make_rollout(np.ones((5, 1), bool), member=1, tag=2))
     source_before = stored_keys(replay, 0)
@@ -163,7 +171,7 @@ def test_copy_member_gives_the_target_an_independent_copy() -> None:
     }
 
     # Copying an empty member empties the target: inactive, zero rows.
-    empty = Replay(3, 8, OBS_DIM, (), np.dtype(np.int64))
+    empty = Replay(3, 8, spec())
     empty.add_rollout(0, make_rollout(np.ones((3, 1), bool), member=0, tag=5))
     empty.copy_member(2, 0)
     batch, active = empty.sample(16, np.random.default_rng(8), torch.device("cpu"))
@@ -172,7 +180,7 @@ def test_copy_member_gives_the_target_an_independent_copy() -> None:
 
 
 def test_action_shapes_and_dtypes() -> None:
-    discrete = Replay(2, 16, OBS_DIM, (), np.dtype(np.int64))
+    discrete = Replay(2, 16, spec())
     discrete.add_rollout(0, make_rollout(np.ones((3, 2), bool)))
     batch, _ = discrete.sample(5, np.random.default_rng(5), torch.device("cpu"))
     assert isinstance(batch, Transitions)
@@ -182,7 +190,7 @@ def test_action_shapes_and_dtypes() -> None:
     for field in (batch.rewards, batch.terminated):
         assert field.shape == (2, 5) and field.dtype == torch.float32
 
-    continuous = Replay(2, 16, OBS_DIM, (3,), np.dtype(np.float32))
+    continuous = Replay(2, 16, spec(action_dim=3))
     continuous.add_rollout(1, make_rollout(np.ones((3, 2), bool), member=1, action_dim=3))
     batch, active = continuous.sample(64, np.random.default_rng(6), torch.device("cpu"))
     assert active.tolist() == [False, True]
@@ -194,8 +202,8 @@ def test_action_shapes_and_dtypes() -> None:
 
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="capacity"):
-        Replay(1, 0, OBS_DIM, (), np.dtype(np.int64))
-    replay = Replay(2, 4, OBS_DIM, (), np.dtype(np.int64))
+        Replay(1, 0, spec())
+    replay = Replay(2, 4, spec())
     rollout = make_rollout(np.ones((2, 1), bool))
     with pytest.raises(ValueError, match="member 2 out of range"):
         replay.add_rollout(2, rollout)
@@ -204,9 +212,9 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="out of range"):
         replay.copy_member(0, 5)
     with pytest.raises(ValueError, match="obs"):
-        Replay(1, 4, OBS_DIM + 1, (), np.dtype(np.int64)).add_rollout(0, rollout)
+        Replay(1, 4, spec(OBS_DIM + 1)).add_rollout(0, rollout)
     with pytest.raises(ValueError, match="actions"):
-        Replay(1, 4, OBS_DIM, (2,), np.dtype(np.float32)).add_rollout(0, rollout)
+        Replay(1, 4, spec(action_dim=2)).add_rollout(0, rollout)
 
 
 def n_step_reference(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
@@ -248,7 +256,7 @@ def test_n_step_transitions_bootstrap_from_obs_k_steps_on_and_stop_at_an_episode
     valid, terminated, truncated = np.ones((steps, slots), bool), np.zeros((steps, slots), bool), np.zeros((steps, slots), bool)
     terminated[1, 0], valid[2, 0] = True, False
     truncated[2, 1], valid[3, 1] = True, False
-    replay = Replay(1, 100, OBS_DIM, (), np.dtype(np.int64), n_step=3)
+    replay = Replay(1, 100, spec(), n_step=3)
     assert replay.add_rollout(0, make_rollout(valid, terminated=terminated, truncated=truncated), gamma=0.5) == 8
     batch, _ = replay.sample(2000, np.random.default_rng(0), torch.device("cpu"))
     got = {(int(o[1]), int(o[2])): (float(r), int(nxt[1]), float(k), float(d))

@@ -17,11 +17,14 @@ import torch
 from rlmq.cli import rundir
 from rlmq.cli.status import show_status
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, EnvSpec, HyperRange, PBTConfig, PPOConfig, RunConfig
+from rlmq.common.config import ALGORITHMS, HyperRange, PBTConfig, PPOConfig, RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.networks import ActorCritic
 
-SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+TUNABLE = ALGORITHMS["ppo"].tunable
+
+SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 BASE = {name: float(getattr(PPOConfig(), name)) for name in TUNABLE}
 T0 = 1_700_000_000.0  # progress samples every second from here; decisions fall between them
 # A member's row in the population table: marker, member, generation, parent, env steps, fitness,
@@ -163,7 +166,7 @@ def test_results_of_a_population_run(
         for name, value in params[member].items():
             assert torch.equal(entry["params"][name], torch.from_numpy(value)), (member, name)
     assert state["members"][2]["generation"] == 1 and state["members"][2]["parent"] == 1
-    assert state["env_spec"]["obs_dim"] == 4 and state["run_config"]["population"] == 3
+    assert state["env_spec"]["obs_shape"] == (4,) and state["run_config"]["population"] == 3
 
     for plot in ("learning_curve.png", "lineage.png"):
         data = (tmp_path / plot).read_bytes()

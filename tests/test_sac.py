@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmq.common.config import EnvSpec, SACConfig
+from rlmq.common.config import SACConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.learners import sac
 from rlmq.learners.replay import Transitions
 
-PENDULUM = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
+PENDULUM = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
 HELPER = Path(__file__).parent / "helpers" / "sac_rank.py"
 
 

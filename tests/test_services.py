@@ -19,12 +19,13 @@ import zmq
 from procs import wait_for
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, RunConfig
+from rlmq.common.config import RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.networks import ActorCritic, to_numpy_params
 
-CARTPOLE = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+CARTPOLE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 
 BAD_FRAMES = [
     b"",
@@ -151,7 +152,7 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     wait_for(lambda: store.weights(0) is not None, 60, "the learner's first weights")
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(endpoint)
-    wrong_obs = _rollout(obs_dim=5)
+    wrong_obs = _rollout(obs_size=5)
     out_of_range = _rollout(actions=np.full((8, 4), 7, np.int64))  # 2 actions in CartPole
     sock.send(wire.encode(_rollout()))  # no credit held: dropped, or the budget means nothing
     wait_for(lambda: rejected_total(learner_metrics) >= 1, 10, "the uncredited rollout refused")
@@ -178,10 +179,10 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     sock.close()
 
 
-def _rollout(obs_dim: int = 4, actions: np.ndarray | None = None, steps: int = 8) -> wire.Rollout:
+def _rollout(obs_size: int = 4, actions: np.ndarray | None = None, steps: int = 8) -> wire.Rollout:
     slots = 4
     return wire.Rollout(
-        member=0, policy_version=0, actor="a", obs=np.zeros((steps + 1, slots, obs_dim), np.float32),
+        member=0, policy_version=0, actor="a", obs=np.zeros((steps + 1, slots, obs_size), np.float32),
         actions=np.zeros((steps, slots), np.int64) if actions is None else actions,
         logprobs=np.full((steps, slots), -0.69, np.float32), rewards=np.ones((steps, slots), np.float32),
         terminated=np.zeros((steps, slots), bool), truncated=np.zeros((steps, slots), bool),

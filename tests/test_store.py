@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from rlmq.common import wire
-from rlmq.common.config import EnvSpec, PPOConfig, RunConfig
+from rlmq.common.config import PPOConfig, RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.store import RECENT_EPISODES, RunStore
 
 
@@ -21,7 +22,7 @@ def store(redis_client: redis.Redis, run_id: str) -> RunStore:
 def test_config_round_trips(store: RunStore) -> None:
     config = RunConfig(env_id="Pendulum-v1", target_return=-200.0, hidden_sizes=(32, 16),
                        ppo=PPOConfig(learning_rate=3e-4, epochs=7))
-    spec = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
+    spec = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
     assert store.load_config() is None
     store.save_config(config, spec)
     assert store.load_config() == (config, spec)

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import EnvSpec, RunConfig, TD3Config
+from rlmq.common.config import RunConfig, TD3Config
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import td3
+from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic
 from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
-from rlmq.learners.sac import Critic
 
 # Uneven bounds: scale (2, 0.5), bias (0, 0.5) — a missing or swapped rescale shows.
-SPEC = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0))
+SPEC = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0))
 CPU = torch.device("cpu")
 
 
@@ -29,18 +30,18 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
     g = torch.Generator().manual_seed(seed)
     low, high = torch.tensor(SPEC.action_low), torch.tensor(SPEC.action_high)
     return Transitions(
-        obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
+        obs=torch.randn(population, batch, SPEC.obs_size, generator=g),
         actions=low + (high - low) * torch.rand(population, batch, SPEC.action_dim, generator=g),
         rewards=torch.randn(population, batch, generator=g),
-        next_obs=torch.randn(population, batch, SPEC.obs_dim, generator=g),
+        next_obs=torch.randn(population, batch, SPEC.obs_size, generator=g),
         terminated=(torch.rand(population, batch, generator=g) < 0.3).float(),
         horizon=torch.ones(population, batch),
     )
 
 
-def hyperparams(learning_rates: list[float]) -> td3.TD3Hyperparams:
+def hyperparams(learning_rates: list[float]) -> ActorCriticHyperparams:
     members = [{"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)} for m, lr in enumerate(learning_rates)]
-    return per_member(td3.TD3Hyperparams, members, CPU)
+    return per_member(ActorCriticHyperparams, members, CPU)
 
 
 def no_sync(grad: torch.Tensor) -> None:
@@ -234,7 +235,7 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
     with torch.no_grad():
         algo.actor.flat.mul_(4)  # outputs spread over the tanh's range
     run = RunConfig(env_id="Pendulum-v1", algo="td3", td3=TD3Config(exploration_noise=0.3, learning_starts=100))
-    obs = np.random.default_rng(0).standard_normal((64, SPEC.obs_dim)).astype(np.float32)
+    obs = np.random.default_rng(0).standard_normal((64, SPEC.obs_size)).astype(np.float32)
     with torch.no_grad():
         want = (algo.act(algo.actor, torch.from_numpy(obs)[None].expand(2, -1, -1))[1] * algo.action_scale
                 + algo.action_bias).numpy()  # fmt: skip

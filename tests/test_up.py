@@ -17,9 +17,9 @@ import torch
 from procs import descendants, running, start_up, wait_until_stepping
 
 from rlmq.common import envs
-from rlmq.common.config import EnvSpec
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy
+from rlmq.common.schema import EnvSpec
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig, RunConfig
+from rlmq.common.config import ALGORITHMS, PPOConfig, RunConfig
+from rlmq.common.schema import EnvSpec
+
+TUNABLE = ALGORITHMS["ppo"].tunable
 
 # --- valid messages -------------------------------------------------------------------------
 
@@ -40,7 +43,7 @@ RUN_CONFIG = RunConfig(
     ppo=PPOConfig(learning_rate=3e-4, anneal_steps=5000, epochs=2, rollouts_per_batch=2),
 )
 ENV_SPEC = EnvSpec(
-    obs_dim=3,
+    obs_shape=(3,),
     action_kind="continuous",
     action_dim=2,
     action_low=(-2.0, -1.0),
@@ -79,7 +82,7 @@ MESSAGES: list[tuple[str, Any]] = [
             member=0,
             actor_index=3,
             config=RunConfig(),
-            env_spec=EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2),
+            env_spec=EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
             learner_endpoints=("tcp://a:1", "tcp://b:2"),
         ),
     ),
@@ -310,7 +313,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("missing-pid", without_field(HELLO, "pid"), "missing_field"),
     ("missing-role", without_field(HELLO, "role"), "missing_field"),
     ("missing-obs", without_field(ROLLOUT, "obs"), "missing_field"),
-    ("missing-nested", pack("Assign", {**fields_of(ASSIGN), "env_spec": {"obs_dim": 4}}), "missing_field"),
+    ("missing-nested", pack("Assign", {**fields_of(ASSIGN), "env_spec": {"obs_shape": [4]}}), "missing_field"),
     ("str-for-int", with_field(HELLO, pid="1234"), "bad_type"),
     ("bool-for-int", with_field(HELLO, pid=True), "bad_type"),
     ("float-for-int", with_field(HELLO, pid=3.0), "bad_type"),
@@ -383,7 +386,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("rollout-rewards-short", rollout_with(rewards=np.zeros((T - 1, N), np.float32)), "bad_shape"),
     ("rollout-valid-transposed", rollout_with(valid=np.ones((N, T), bool)), "bad_shape"),
     ("rollout-actions-slots", rollout_with(actions=np.zeros((T, N + 1), np.int64)), "bad_shape"),
-    ("rollout-obs-2d", rollout_with(obs=np.zeros((T + 1, N), np.float32)), "bad_shape"),
+    ("rollout-obs-1d", rollout_with(obs=np.zeros(T + 1, np.float32)), "bad_shape"),
     ("rollout-no-steps", rollout_with(
         obs=np.zeros((1, N, OBS), np.float32), actions=np.zeros((0, N), np.int64),
         logprobs=np.zeros((0, N), np.float32), rewards=np.zeros((0, N), np.float32),

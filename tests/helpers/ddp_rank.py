@@ -11,14 +11,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import wire
-from rlmq.common.config import TUNABLE, EnvSpec, PPOConfig
+from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
 
-SPEC = EnvSpec(obs_dim=4, action_kind="discrete", action_dim=2)
+TUNABLE = ALGORITHMS["ppo"].tunable
+
+SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 POPULATION, STEPS, SLOTS = 3, 16, 8
 DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
 

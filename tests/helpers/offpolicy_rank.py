@@ -14,14 +14,16 @@ import numpy as np
 import torch
 
 from rlmq.common import wire
-from rlmq.common.config import DQNConfig, EnvSpec, HyperRange, PBTConfig, RunConfig, TD3Config
+from rlmq.common.config import DQNConfig, HyperRange, PBTConfig, RunConfig, TD3Config
+from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed
-from rlmq.learners.trainers import OffPolicyTrainer, make_trainer
+from rlmq.learners.offpolicy import OffPolicyTrainer
+from rlmq.learners.trainers import make_trainer
 
 SPECS = {
-    "td3": EnvSpec(obs_dim=3, action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)),
-    "dqn": EnvSpec(obs_dim=4, action_kind="discrete", action_dim=3),
+    "td3": EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)),
+    "dqn": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3),
 }
 POPULATION, STEPS, SLOTS = 3, 8, 4
 
@@ -36,7 +38,7 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
         actions = rng.uniform(spec.action_low, spec.action_high, (STEPS, SLOTS, spec.action_dim)).astype(np.float32)
     return Rollout(
         member=member, policy_version=0, actor="t",
-        obs=rng.standard_normal((STEPS + 1, SLOTS, spec.obs_dim)).astype(np.float32), actions=actions,
+        obs=rng.standard_normal((STEPS + 1, SLOTS, spec.obs_size)).astype(np.float32), actions=actions,
         logprobs=np.zeros((STEPS, SLOTS), np.float32), rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
         terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool), valid=valid,
     )  # fmt: skip

@@ -7,13 +7,14 @@ import sys
 
 import torch
 
-from rlmq.common.config import EnvSpec, SACConfig
+from rlmq.common.config import SACConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
+from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.replay import Transitions
 from rlmq.learners.sac import SAC
-from rlmq.learners.trainers import allreduce_mean
 
-SPEC = EnvSpec(obs_dim=3, action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
+SPEC = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
 
 
 def main(rank: int, world: int, port: int, out: str) -> None:

@@ -1,0 +1,143 @@
+"""`rlmq eval`: a checkpoint's policy played for N episodes, as RL-Zoo and CleanRL report theirs.
+
+Episode i starts from `env.reset(seed=seed + i)`, so two policies (or rlmq and SB3 in
+benchmarks/bench_zoo.py) meet the same episodes. Deterministic by default: the likeliest action,
+the Gaussian's mean, SAC's tanh of the mean, TD3's action without noise (`NumpyPolicy.mode`); with
+`deterministic=False` the actors' own sampling. Observation statistics in the weights apply as
+they did on the actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlmq.common import envs
+from rlmq.common.config import RunConfig
+from rlmq.common.loading import from_mapping
+from rlmq.common.models import NumpyPolicy, make_policy
+from rlmq.common.schema import EnvSpec
+
+MAX_EPISODE_STEPS = 1_000_000  # an env that never ends an episode must not hang `rlmq eval`
+VIDEO_FPS = 30
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What `rlmq up` wrote to checkpoint.pt, for one member."""
+
+    run_config: RunConfig
+    spec: EnvSpec
+    member: int
+    params: dict[str, np.ndarray]
+    version: int
+    trained_steps: int  # env steps the member's weights were trained on (0 in checkpoints before it)
+
+
+def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
+    """A run directory's checkpoint.pt (or the file itself); `member` None: the best member's.
+    Raises ValueError naming what is wrong."""
+    import torch  # torch.load with weights_only: tensors and plain containers, never pickled code
+
+    file = path / "checkpoint.pt" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"no checkpoint at {file}: give a run directory of `rlmq up` or its checkpoint.pt")
+    state = torch.load(file, weights_only=True)
+    members = state["members"]
+    chosen = int(state["best_member"]) if member is None else member
+    if chosen not in members:
+        raise ValueError(f"member {chosen} is not in {file} (members: {', '.join(map(str, sorted(members)))})")
+    record = members[chosen]
+    return Checkpoint(run_config=from_mapping(RunConfig, state["run_config"]), spec=from_mapping(EnvSpec, state["env_spec"]),
+                      member=chosen, params={k: v.numpy() for k, v in record["params"].items()},
+                      version=int(record["version"]), trained_steps=int(record.get("trained_steps", 0)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    returns: list[float]
+    lengths: list[int]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.returns))
+
+
+def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
+    return make_policy(checkpoint.run_config, checkpoint.params, checkpoint.spec, checkpoint.trained_steps)
+
+
+def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
+         frames: list[np.ndarray] | None = None) -> Evaluation:  # fmt: skip
+    """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
+    episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended."""
+    env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
+    returns, lengths = [], []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            total, steps, done = 0.0, 0, False
+            while not done and steps < MAX_EPISODE_STEPS:
+                if frames is not None and episode == 0:
+                    frames.append(np.asarray(env.render()[0]))  # type: ignore[index]
+                action = act(obs)
+                obs, reward, terminated, truncated, _ = env.step(action if clip is None else np.clip(action, *clip))
+                total, steps = total + float(reward[0]), steps + 1
+                done = bool(terminated[0] or truncated[0])
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()
+    return Evaluation(returns, lengths)
+
+
+def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True,
+             video: Path | None = None) -> Evaluation:  # fmt: skip
+    policy = policy_of(checkpoint)
+    rng = np.random.default_rng(seed)
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        return policy.mode(obs) if deterministic else policy.act(obs, rng)[0]
+
+    spec = checkpoint.spec
+    clip = (np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)) if spec.action_low else None
+    frames: list[np.ndarray] | None = [] if video is not None else None
+    result = play(checkpoint.run_config.env_id, act, episodes, seed, clip, frames)
+    if video is not None and frames:
+        write_video(video, frames, fps=VIDEO_FPS)
+    return result
+
+
+def write_video(path: Path, frames: list[Any], fps: int) -> None:
+    """An MP4 (needs imageio-ffmpeg) or a GIF (imageio alone), from rgb_array frames."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError as exc:
+        raise ValueError('--video needs imageio: pip install imageio (and imageio-ffmpeg for .mp4)') from exc
+    if path.suffix.lower() == ".gif":
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+    elif path.suffix.lower() == ".mp4":
+        try:
+            imageio.mimsave(path, frames, fps=fps)
+        except (ImportError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"writing {path} needs imageio-ffmpeg: pip install imageio-ffmpeg ({exc})") from exc
+    else:
+        raise ValueError(f"--video {path}: name a .mp4 or .gif file")
+
+
+def summary(checkpoint: Checkpoint, result: Evaluation, deterministic: bool) -> str:
+    lengths = np.asarray(result.lengths)
+    return (f"{checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, member {checkpoint.member} "
+            f"(version {checkpoint.version}, trained on {checkpoint.trained_steps:,} env steps), "
+            f"{'deterministic' if deterministic else 'sampled'}:\n"
+            f"  return {result.mean:.1f} ± {result.std:.1f} over {len(result.returns)} episodes "
+            f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}); "
+            f"length {lengths.mean():.0f} (min {lengths.min()}, max {lengths.max()})")
+

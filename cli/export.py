@@ -1,0 +1,79 @@
+"""`rlmq export`: a checkpoint's deterministic policy as one self-contained TorchScript file, with
+the observation encoding and normalization folded in, that plain torch runs without rlmq.
+
+The exported module is built from the actors' NumPy policy (`NumpyPolicy`: its layers,
+activation, observation statistics and deterministic head), so it acts exactly as `rlmq eval`:
+
+    import torch
+    policy = torch.jit.load("policy.pt")
+    obs = torch.as_tensor(env.reset(seed=0)[0])[None]  # [N, *observation shape], the env's dtype
+    action = policy(obs)[0].numpy()                      # int64 index, or float32 in the bounds
+    env.step(action)
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlmq.cli.evaluate import Checkpoint, policy_of
+from rlmq.common.models import NumpyPolicy
+
+
+class ExportedPolicy(nn.Module):
+    """Observations [N, *obs_shape] in the env's dtype → deterministic actions [N, ...]."""
+
+    def __init__(self, policy: NumpyPolicy) -> None:
+        super().__init__()
+        spec = policy.spec
+        self.categories, self.relu, self.head = spec.obs_categories, policy.activation_name == "relu", policy.head
+        self.linears = nn.ModuleList()
+        for weight_t, bias in policy.layers:  # stored transposed for x @ W
+            linear = nn.Linear(*weight_t.shape)
+            linear.weight.data = torch.from_numpy(np.ascontiguousarray(weight_t.T)).float()
+            linear.bias.data = torch.from_numpy(bias).float()
+            self.linears.append(linear)
+        mean, inverse_std, clip = policy.norm or (np.zeros(spec.obs_size, np.float32), np.ones(spec.obs_size, np.float32), 0.0)
+        self.normalize = policy.norm is not None
+        self.mean: Tensor
+        self.inverse_std: Tensor
+        self.scale: Tensor
+        self.bias: Tensor
+        self.register_buffer("mean", torch.from_numpy(mean))
+        self.register_buffer("inverse_std", torch.from_numpy(inverse_std))
+        self.register_buffer("scale", torch.from_numpy(policy.scale))
+        self.register_buffer("bias", torch.from_numpy(policy.bias))
+        self.clip = clip
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = nn.functional.one_hot(obs.long(), self.categories).float() if self.categories else obs.flatten(1).float()
+        if self.normalize:
+            x = ((x - self.mean) * self.inverse_std).clamp(-self.clip, self.clip)
+        for i, linear in enumerate(self.linears):
+            x = linear(x)
+            if i < len(self.linears) - 1:
+                x = torch.relu(x) if self.relu else torch.tanh(x)
+        if self.head == "argmax":
+            return x.argmax(-1)
+        if self.head == "mean":
+            return x
+        if self.head == "squashed_mean":
+            x = x.chunk(2, dim=-1)[0]
+        return torch.tanh(x) * self.scale + self.bias
+
+
+def export(checkpoint: Checkpoint, out: Path) -> Path:
+    """Write `out` (TorchScript, traced on an observation of the env's shape and dtype)."""
+    module = ExportedPolicy(policy_of(checkpoint)).eval().requires_grad_(False)
+    spec = checkpoint.spec
+    example = torch.zeros((2, *spec.obs_shape), dtype=getattr(torch, spec.obs_dtype))
+    with warnings.catch_warnings():  # torch 2.13 marks TorchScript deprecated; it still loads everywhere
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(module, example)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    traced.save(str(out))
+    return out

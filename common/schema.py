@@ -1,0 +1,131 @@
+"""What an environment's data look like, declared once: its spaces (`EnvSpec`) and the arrays of a
+rollout, with their shapes from the spec and their dtypes (`rollout_layout`).
+
+The collector allocates a rollout from the layout, the wire checks a `Rollout`'s dtypes against
+`ROLLOUT_DTYPES`, the learner checks every rollout against its run's layout, PPO joins rollouts
+into it and the replay stores observations as it says (as TorchBeast's `create_buffers` does).
+
+Observations travel and are stored in their own dtype: a `uint8` image stays bytes on the wire and
+in replay, and becomes float only inside the networks (`obs_features`). Floating observations
+travel as float32, the networks' dtype (MuJoCo's float64 would double every rollout's bytes). A
+Discrete observation is its index (int64, shape ()), one-hot encoded by the networks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# The dtypes an observation may travel in: floats as float32, integer Boxes as int64.
+OBS_DTYPES = ("float32", "uint8", "int64", "bool")
+MAX_OBS_DIMS = 4  # a rollout adds time and slot dimensions; the wire carries at most 6
+ROLLOUT_DTYPES: dict[str, tuple[str, ...]] = {
+    "obs": OBS_DTYPES, "actions": ("int64", "float32"), "logprobs": ("float32",), "rewards": ("float32",),
+    "terminated": ("bool",), "truncated": ("bool",), "valid": ("bool",),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The spaces of the environment, as the networks need them (probed by the coordinator)."""
+
+    obs_shape: tuple[int, ...]  # one observation's shape: () for a Discrete observation
+    action_kind: str  # "discrete" | "continuous"
+    action_dim: int  # number of actions (discrete) or action-vector length (continuous)
+    action_low: tuple[float, ...] = ()  # continuous bounds; empty when unbounded
+    action_high: tuple[float, ...] = ()
+    obs_dtype: str = "float32"  # one of OBS_DTYPES
+    obs_categories: int = 0  # a Discrete observation's number of values (one-hot encoded); 0: a Box
+
+    def __post_init__(self) -> None:
+        if len(self.obs_shape) > MAX_OBS_DIMS or min(self.obs_shape, default=1) < 1 or self.action_dim < 1:
+            raise ValueError(f"obs_shape {self.obs_shape} (at most {MAX_OBS_DIMS} positive dims) or "
+                             f"action_dim {self.action_dim} (positive) out of range")  # fmt: skip
+        if self.obs_dtype not in OBS_DTYPES:
+            raise ValueError(f"obs_dtype {self.obs_dtype!r} is not one of {', '.join(OBS_DTYPES)}")
+        if self.obs_categories < 0 or self.obs_categories and (self.obs_shape, self.obs_dtype) != ((), "int64"):
+            raise ValueError("a Discrete observation (obs_categories > 0) is an int64 of shape ()")
+        if not self.obs_categories and not self.obs_shape:
+            raise ValueError("a Box observation needs a shape")
+        if self.action_kind not in ("discrete", "continuous"):
+            raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
+        if len(self.action_low) != len(self.action_high) or self.action_low and (
+            len(self.action_low) != self.action_dim or self.action_kind == "discrete"
+        ):
+            raise ValueError("action bounds must both be empty or both hold action_dim values")
+
+    @property
+    def obs_size(self) -> int:
+        """The width of the networks' input: the flattened observation, or its one-hot code."""
+        return self.obs_categories or math.prod(self.obs_shape)
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return () if self.action_kind == "discrete" else (self.action_dim,)
+
+    @property
+    def action_dtype(self) -> str:
+        return "int64" if self.action_kind == "discrete" else "float32"
+
+
+def rollout_layout(spec: EnvSpec, steps: int, slots: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name → (shape, dtype) of every array of a rollout of `steps` vector steps of `slots` slots,
+    time-major; `obs` has one more row, the observation to bootstrap from."""
+    step = (steps, slots)
+    return {
+        "obs": ((steps + 1, slots, *spec.obs_shape), spec.obs_dtype),
+        "actions": ((*step, *spec.action_shape), spec.action_dtype),
+        "logprobs": (step, "float32"), "rewards": (step, "float32"),
+        "terminated": (step, "bool"), "truncated": (step, "bool"), "valid": (step, "bool"),
+    }  # fmt: skip
+
+
+def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (), zeros: bool = False) -> dict[str, np.ndarray]:
+    """Arrays for a rollout (with `lead` dimensions in front: PPO's [P, ...] batch)."""
+    make = np.zeros if zeros else np.empty
+    return {name: make((*lead, *shape), np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
+
+
+def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slots: int) -> tuple[str, str] | None:
+    """(reason, detail) of how `arrays` (a rollout's, by name) differ from the layout, or of a value
+    that would break a network (an action or a Discrete observation out of range); None if none."""
+    for name, (shape, dtype) in rollout_layout(spec, steps, slots).items():
+        array = arrays[name]
+        if array.shape != shape or array.dtype != np.dtype(dtype):
+            return "bad_shape", f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}"
+    if spec.action_kind == "discrete" and not _within(arrays["actions"], spec.action_dim):
+        return "bad_value", "an action index out of range"
+    if spec.obs_categories and not _within(arrays["obs"], spec.obs_categories):
+        return "bad_value", "a Discrete observation out of range"
+    return None
+
+
+def _within(indices: np.ndarray, count: int) -> bool:
+    return bool(indices.min(initial=0) >= 0 and indices.max(initial=0) < count)
+
+
+# A member's running observation statistics travel inside its weights under these names, when the
+# run normalizes observations (learners/normalization.py): mean and variance of the features, and
+# the clip applied after normalizing.
+OBS_NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.clip")
+OBS_NORM_EPS = 1e-8
+
+
+def obs_normalizer(params: dict[str, np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(mean, 1 / std, clip) from a member's weights, float32, or None if they hold none."""
+    mean_key, var_key, clip_key = OBS_NORM_KEYS
+    if mean_key not in params:
+        return None
+    mean, var = np.asarray(params[mean_key], np.float64), np.asarray(params[var_key], np.float64)
+    if mean.shape != (size,) or var.shape != (size,) or np.asarray(params[clip_key]).shape != () or var.min() < 0:
+        raise ValueError(f"observation statistics do not fit {size} features")
+    return mean.astype(np.float32), (1 / np.sqrt(var + OBS_NORM_EPS)).astype(np.float32), float(params[clip_key])
+
+
+def obs_features(obs: np.ndarray, spec: EnvSpec) -> np.ndarray:
+    """What the actors' NumPy policies take: [N, obs_size] float32 (a view where nothing changes)."""
+    if spec.obs_categories:
+        return np.eye(spec.obs_categories, dtype=np.float32)[obs]
+    return obs.reshape(len(obs), -1).astype(np.float32, copy=False)

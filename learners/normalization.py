@@ -1,0 +1,167 @@
+"""Running normalization of observations and rewards, per population member and the same on every
+learner rank (SB3's VecNormalize, moved to the learner).
+
+Observations: each member's running mean and variance of its observation features, merged
+(Chan et al.'s parallel algorithm, as SB3's RunningMeanStd) with the moments of every rank's new
+data, all-reduced, so that every rank holds the statistics of all actors' data. They travel inside
+the member's weights (`obs_norm.mean`, `obs_norm.var`): an actor normalizes a step exactly as the
+learner that trained those weights did, and checkpoints, `rlmq eval` and `rlmq export` get them
+for free.
+
+Rewards (PPO): divided by the running standard deviation of each actor slot's discounted return,
+reset at every episode's end, as VecNormalize does; clipped to ±clip. The learner follows each
+actor's slots across its rollouts (the newest `MAX_ACTORS` actors).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlmq.common.schema import OBS_NORM_EPS, OBS_NORM_KEYS, EnvSpec
+from rlmq.common.wire import Rollout
+from rlmq.learners.networks import obs_features
+
+MAX_ACTORS = 4096
+
+
+class RunningMoments:
+    """Per-member running mean and (population) variance of [P, n, *F] data, merged across ranks.
+    Before any data: mean 0, variance 1, count 0 (normalizing is then the identity)."""
+
+    def __init__(self, population: int, shape: tuple[int, ...], device: torch.device) -> None:
+        self.mean = torch.zeros(population, *shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(population, *shape, dtype=torch.float64, device=device)
+        self.count = torch.zeros(population, dtype=torch.float64, device=device)
+
+    def update(self, x: Tensor, mask: Tensor) -> None:
+        """Merge in the rows of x [P, n, *F] where mask [P, n] is True, over all ranks."""
+        x64, weight = x.to(torch.float64), mask.to(torch.float64)
+        weight = weight.view(*weight.shape, *([1] * (x.ndim - 2)))
+        local = torch.cat([mask.to(torch.float64).sum(1, keepdim=True),
+                           (x64 * weight).sum(1).reshape(len(x), -1), (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)  # fmt: skip
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(local)
+        size = self.mean[0].numel()
+        count = local[:, 0]
+        seen = count > 0
+        batch_mean = (local[:, 1 : 1 + size] / count.clamp(min=1)[:, None]).view_as(self.mean)
+        batch_var = (local[:, 1 + size :] / count.clamp(min=1)[:, None]).view_as(self.var) - batch_mean**2
+        batch_var = batch_var.clamp(min=0)
+        total = self.count + count
+        share = (count / total.clamp(min=1e-12)).view(-1, *([1] * (self.mean.ndim - 1)))
+        delta = batch_mean - self.mean
+        keep = (self.count / total.clamp(min=1e-12)).view_as(share)
+        merged_var = keep * self.var + share * batch_var + delta**2 * keep * share
+        where = seen.view_as(share)
+        self.mean = torch.where(where, self.mean + delta * share, self.mean)
+        self.var = torch.where(where, merged_var, self.var)
+        self.count = total
+
+    def copy_member(self, source: int, target: int) -> None:
+        for stat in (self.mean, self.var, self.count):
+            stat[target] = stat[source]
+
+
+class ObsNormalizer(RunningMoments):
+    """Observation features [P, ..., F] → clip((x − mean) / √(var + ε), ±clip), per member; when
+    the run does not normalize (`enabled` False), the identity that publishes no statistics."""
+
+    def __init__(self, population: int, size: int, clip: float, device: torch.device, enabled: bool = True) -> None:
+        super().__init__(population, (size,), device)
+        self.clip, self.enabled = clip, enabled
+
+    def update(self, x: Tensor, mask: Tensor) -> None:
+        if self.enabled:
+            super().update(x, mask)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if not self.enabled:
+            return x
+        shape = (x.shape[0], *([1] * (x.ndim - 2)), x.shape[-1])
+        mean, std = self.mean.view(shape).float(), (self.var + OBS_NORM_EPS).sqrt().view(shape).float()
+        return ((x - mean) / std).clamp(-self.clip, self.clip)
+
+    def member_params(self, member: int) -> dict[str, np.ndarray]:
+        if not self.enabled:
+            return {}
+        mean_key, var_key, clip_key = OBS_NORM_KEYS
+        return {mean_key: self.mean[member].float().cpu().numpy().copy(),
+                var_key: self.var[member].float().cpu().numpy().copy(), clip_key: np.array(self.clip, np.float32)}  # fmt: skip
+
+    def load_member(self, member: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Take the statistics published with a member's weights (a restarted world's); returns
+        the network's parameters, the rest. The count restarts small, so new data move them again."""
+        mean_key, var_key, _ = OBS_NORM_KEYS
+        if self.enabled and mean_key in params:
+            self.mean[member] = torch.as_tensor(params[mean_key], dtype=torch.float64, device=self.mean.device)
+            self.var[member] = torch.as_tensor(params[var_key], dtype=torch.float64, device=self.var.device)
+            self.count[member] = 1.0
+        return {name: value for name, value in params.items() if name not in OBS_NORM_KEYS}
+
+
+def stacked_observations(per_member: list[list[Rollout]], spec: EnvSpec, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Every member's rollouts' observations (not the bootstrap row) as features [P, n, F] with
+    their validity [P, n], members with fewer padded as invalid."""
+    features = [[obs_features(torch.from_numpy(r.obs[:-1]).flatten(0, 1), spec) for r in rollouts]
+                for rollouts in per_member]  # fmt: skip
+    valid = [[torch.from_numpy(r.valid).flatten() for r in rollouts] for rollouts in per_member]
+    width = max((sum(len(v) for v in member) for member in valid), default=0)
+    x = torch.zeros(len(per_member), width, spec.obs_size)
+    mask = torch.zeros(len(per_member), width, dtype=torch.bool)
+    for member, (xs, vs) in enumerate(zip(features, valid, strict=True)):
+        if xs:
+            rows = torch.cat(xs)
+            x[member, : len(rows)], mask[member, : len(rows)] = rows, torch.cat(vs)
+    return x.to(device), mask.to(device)
+
+
+class RewardScaler:
+    """PPO's rewards divided by the running std of the discounted return of their actor slot."""
+
+    def __init__(self, population: int, clip: float, device: torch.device) -> None:
+        self.moments = RunningMoments(population, (), device)
+        self.clip = clip
+        self.returns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+
+    def discounted_returns(self, rollout: Rollout, gamma: float) -> np.ndarray:
+        """[T, N] running discounted return of each slot after each step, carried over from the
+        actor's previous rollout and reset after an episode's end."""
+        steps, slots = rollout.rewards.shape
+        running = self.returns.pop(rollout.actor, None)
+        if running is None or running.shape != (slots,):
+            running = np.zeros(slots, np.float64)
+        out = np.empty((steps, slots), np.float64)
+        done = rollout.terminated | rollout.truncated
+        for t in range(steps):
+            running = running * gamma + rollout.rewards[t]
+            out[t] = running
+            running = np.where(done[t], 0.0, running)
+        self.returns[rollout.actor] = running
+        while len(self.returns) > MAX_ACTORS:
+            self.returns.popitem(last=False)
+        return out
+
+    def scale(self, per_member: list[list[Rollout]], rewards: Tensor, gammas: list[float]) -> Tensor:
+        """Update the statistics with the rollouts' returns, then scale `rewards` [P, T, B] (the
+        rollouts joined along B, in order) by them."""
+        population = rewards.shape[0]
+        width = max((sum(r.rewards.shape[1] for r in rollouts) for rollouts in per_member), default=0)
+        returns = np.zeros((population, rewards.shape[1], width))
+        valid = np.zeros((population, rewards.shape[1], width), bool)
+        for member, rollouts in enumerate(per_member):
+            start = 0
+            for r in rollouts:
+                slots = r.rewards.shape[1]
+                returns[member, :, start : start + slots] = self.discounted_returns(r, gammas[member])
+                valid[member, :, start : start + slots] = r.valid
+                start += slots
+        device = self.moments.mean.device
+        self.moments.update(torch.from_numpy(returns.reshape(population, -1)).to(device),
+                            torch.from_numpy(valid.reshape(population, -1)).to(device))  # fmt: skip
+        std = (self.moments.var + OBS_NORM_EPS).sqrt().float().view(population, 1, 1)
+        return (rewards / std).clamp(-self.clip, self.clip)

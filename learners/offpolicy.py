@@ -1,0 +1,165 @@
+"""What the off-policy algorithms (SAC, TD3, DQN) share: ReLU MLPs, SAC's and TD3's twin
+critics and tunables, and the trainer that feeds any of them from this rank's replay shard.
+
+Under several learner ranks there is no DDP wrapper: after each backward the gradient of the one
+network that loss trains is averaged across ranks (`allreduce_mean`, the algorithms' `sync`) before
+its own optimizer steps (the lesson of Horovod's distributed SAC: every optimizer synced).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlmq.common import wire
+from rlmq.common.config import ReplayConfig, RunConfig
+from rlmq.common.schema import EnvSpec
+from rlmq.learners.networks import Stacked
+from rlmq.learners.normalization import ObsNormalizer, stacked_observations
+from rlmq.learners.optim import PopulationAdam, Sync
+from rlmq.learners.replay import Replay, Transitions
+
+Params = dict[str, np.ndarray]
+
+
+def relu_mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class Critic(nn.Module):
+    """Twin Q networks of (observation, action in [-1, 1]): SAC's and TD3's."""
+
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        self.q1 = relu_mlp([spec.obs_size + spec.action_dim, *hidden, 1])
+        self.q2 = relu_mlp([spec.obs_size + spec.action_dim, *hidden, 1])
+
+
+def q_pair(critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Tensor,
+           action: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Both twin critics' values of (obs, action), each [P, B]."""
+    x = torch.cat([obs, action], dim=-1)
+    q1, q2 = (critic.mlp(q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
+    return q1, q2
+
+
+class ActorCriticHyperparams(NamedTuple):
+    """Per-member tunables of SAC and TD3 (config.ALGORITHMS), each [P]."""
+
+    learning_rate: Tensor  # [P]
+    gamma: Tensor
+    tau: Tensor
+
+
+def allreduce_mean(grad: torch.Tensor) -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(grad)
+        grad /= dist.get_world_size()
+
+
+class OffPolicy(Protocol):
+    """An off-policy algorithm over the stacked population (learners/sac.py is one)."""
+
+    optimizers: dict[str, PopulationAdam]
+
+    def member_params(self, member: int) -> Params:
+        """What the actors run (the policy network), under the names common/models.py reads."""
+        ...
+
+    def load_member(self, member: int, params: Params) -> None: ...
+
+    def replicated(self) -> list[torch.Tensor]:
+        """Every tensor that must start equal on all ranks (rank 0's are broadcast)."""
+        ...
+
+    @property
+    def n_step(self) -> int:
+        """Env steps each stored transition spans (n-step returns; 1: one step)."""
+        ...
+
+    def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> Any: ...
+
+    def step(self, batch: Transitions, hp: Any, active: torch.Tensor, has_data: torch.Tensor, sync: Sync,
+             generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+        """One gradient step of every member; per-member stats [P]."""
+        ...
+
+    def copy_member(self, source: int, target: int) -> None: ...
+
+
+class OffPolicyTrainer:
+    """An off-policy algorithm fed from this rank's replay shard: `replay_ratio` gradient steps per
+    env step (of each started member, over all ranks), once a member has `learning_starts`."""
+
+    def __init__(self, algorithm: OffPolicy, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...],
+                 rank: int, world_size: int, device: torch.device) -> None:  # fmt: skip
+        self.algorithm, self.device, population = algorithm, device, run_cfg.population
+        assert isinstance(run_cfg.algo_config, ReplayConfig)
+        self.cfg, self.spec = run_cfg.algo_config, spec
+        self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
+        for w in weights:  # a restarted world resumes the policies; the rest starts afresh
+            self.load_member(w.member, dict(w.params))
+        if world_size > 1:  # replicas start equal
+            for tensor in algorithm.replicated():
+                dist.broadcast(tensor.data, src=0)
+        self.replay = Replay(population, self.cfg.buffer_size, spec, algorithm.n_step)
+        self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
+        self.due = 0.0
+        self.rng = np.random.default_rng([run_cfg.seed, rank])
+        self.generator = torch.Generator(device).manual_seed(run_cfg.seed * 1000 + rank)
+
+    def member_params(self, member: int) -> Params:
+        return {**self.algorithm.member_params(member), **self.obs_norm.member_params(member)}
+
+    def trained_steps(self, member: int) -> int:
+        return self.stored[member]
+
+    def load_member(self, member: int, params: Params) -> None:
+        self.algorithm.load_member(member, self.obs_norm.load_member(member, params))
+
+    def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
+        self.hp = self.algorithm.hyperparams(hyperparams, self.device)
+
+    def copy_member(self, decision: wire.Decision) -> None:
+        self.algorithm.copy_member(decision.source, decision.target)
+        self.obs_norm.copy_member(decision.source, decision.target)
+        self.stored[decision.target] = max(self.stored[decision.target], self.stored[decision.source])
+
+    def nonfinite_skipped(self) -> int:
+        return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
+
+    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
+        for member, member_rollouts in enumerate(rollouts):
+            for rollout in member_rollouts:
+                self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))
+        if self.obs_norm.enabled:  # the replay keeps raw observations: batches are normalized as drawn
+            self.obs_norm.update(*stacked_observations(rollouts, self.spec, self.device))
+        for member, count in enumerate(member_samples):
+            self.stored[member] += count
+        started = [s >= max(self.cfg.learning_starts, 1) for s in self.stored]
+        if not any(started):
+            return {}, []
+        active = torch.tensor(started, device=self.device)
+        # Decided from all-reduced counts only, so every rank runs the same number of steps.
+        new = sum(c for c, s in zip(member_samples, started, strict=True) if s) / sum(started)
+        self.due += self.cfg.replay_ratio * new
+        steps, self.due = int(self.due), self.due - int(self.due)
+        totals: dict[str, torch.Tensor] = {}
+        for _ in range(steps):
+            batch, has_data = self.replay.sample(self.cfg.batch_size, self.rng, self.device)
+            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+            stats = self.algorithm.step(batch, self.hp, active, has_data, allreduce_mean, self.generator)
+            for name, value in stats.items():
+                totals[name] = totals.get(name, 0) + value
+        weight = active.float() / active.sum()
+        summary = {name: float((value / max(steps, 1) * weight).sum()) for name, value in totals.items()}
+        return summary, [m for m, s in enumerate(started) if s] if steps else []
