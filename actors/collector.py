@@ -21,6 +21,7 @@ class Collector:
         self.num_envs = env.num_envs
         self.rng = np.random.default_rng(seed)
         self.obs = env.reset(seed=seed)[0]
+        self.collected = 0  # rollouts so far: each one's `sequence`
         self.prev_done = np.zeros(self.num_envs, dtype=bool)
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
@@ -53,7 +54,8 @@ class Collector:
         np.logical_not(done[:-1], out=valid[1:])
         self.prev_done = done[-1].copy()
         self.unscanned.append((rewards, valid, done))
-        return Rollout(member=member, policy_version=version, actor=actor, **arrays)
+        self.collected += 1
+        return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected, **arrays)
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes that ended since the last call, ordered by slot,

@@ -6,13 +6,15 @@ For each case and seed, one run after the other (never at the same time):
     rlmq  `python -m rlmq.cli up --actors 2 --learners 1 --env ENV --algo ALGO --seed K` with no
           --config: the shipped config for the pair is picked (its budget is the case's budget).
     SB3   the algorithm with RL-Zoo's hyperparameters for the env (rl-baselines3-zoo,
-          hyperparams/{algo}.yml; MuJoCo/Box2D ids at their current versions), RL-Zoo's n_envs,
+          hyperparams/{algo}.yml as of 2026; TD3's entry trains one step per env step since 2024,
+          where the published 207 trained once per episode), RL-Zoo's n_envs,
           `learn(total_timesteps=budget)`, torch on `--sb3-threads` intra-op threads.
 
 Both final policies are then evaluated by the same protocol (`rlmq.cli.evaluate.play`): 20
 episodes, deterministic actions, episode i from reset(seed=1000 + i). Wall time: rlmq's whole
 `rlmq up` (start-up included), SB3's `learn`. Printed per seed, then each side's median and the
-ratios rlmq / SB3 (return: ≥ 1 wanted; wall time: ≤ 0.5 wanted).
+ratios rlmq / SB3 (return: ≥ 1 wanted; wall time: ≤ 0.5 wanted). The case's budget is passed to
+`rlmq up` as --total-steps (the SAC config's own is 200 k).
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
 """
@@ -41,7 +43,7 @@ EVAL_EPISODES, EVAL_SEED = 20, 1000
 class Case:
     env_id: str
     algo: str
-    budget: int  # env steps, both sides (the shipped config's total_steps)
+    budget: int  # env steps, both sides (the issue's budget; rlmq's --total-steps overrides its config's)
     sb3: Callable[[Any, int], Any]  # (vec env, seed) → SB3 model with RL-Zoo's hyperparameters
     sb3_envs: int  # RL-Zoo's n_envs
 

@@ -223,12 +223,11 @@ def eval_(
 ) -> None:
     """Play a checkpoint's policy for N episodes; print the mean return ± std and episode lengths."""
     from rlmq.cli.evaluate import evaluate, load_checkpoint, summary
-    from rlmq.common.envs import EnvError
 
     try:
         checkpoint = load_checkpoint(source, member)
         result = evaluate(checkpoint, episodes, seed, deterministic=not sample, video=video)
-    except (ValueError, EnvError) as exc:
+    except ValueError as exc:  # envs.EnvError included
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     typer.echo(summary(checkpoint, result, deterministic=not sample))
@@ -248,10 +247,11 @@ def export(
 
     try:
         checkpoint = load_checkpoint(source, member)
-    except ValueError as exc:
+        written = write(checkpoint, out)
+    except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    typer.echo(f"wrote {write(checkpoint, out)}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
+    typer.echo(f"wrote {written}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
                f"member {checkpoint.member}, version {checkpoint.version}")
 
 

@@ -45,15 +45,21 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
     file = path / "checkpoint.pt" if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"no checkpoint at {file}: give a run directory of `rlmq up` or its checkpoint.pt")
-    state = torch.load(file, weights_only=True)
-    members = state["members"]
-    chosen = int(state["best_member"]) if member is None else member
-    if chosen not in members:
-        raise ValueError(f"member {chosen} is not in {file} (members: {', '.join(map(str, sorted(members)))})")
-    record = members[chosen]
-    return Checkpoint(run_config=from_mapping(RunConfig, state["run_config"]), spec=from_mapping(EnvSpec, state["env_spec"]),
-                      member=chosen, params={k: v.numpy() for k, v in record["params"].items()},
-                      version=int(record["version"]), trained_steps=int(record.get("trained_steps", 0)))  # fmt: skip
+    try:
+        state = torch.load(file, weights_only=True)
+        members = state["members"]
+        chosen = int(state["best_member"]) if member is None else member
+        if chosen not in members:
+            raise ValueError(f"member {chosen} is not in it (members: {', '.join(map(str, sorted(members)))})")
+        record = members[chosen]
+        return Checkpoint(run_config=from_mapping(RunConfig, state["run_config"]),
+                          spec=from_mapping(EnvSpec, state["env_spec"]), member=chosen,
+                          params={k: v.numpy() for k, v in record["params"].items()}, version=int(record["version"]),
+                          trained_steps=int(record.get("trained_steps", 0)))  # fmt: skip
+    except ValueError as exc:
+        raise ValueError(f"{file}: {exc}") from exc
+    except Exception as exc:  # torch.load's unpickling errors, a missing key, a wrong type: not one of ours
+        raise ValueError(f"{file} is not a checkpoint of rlmq up ({type(exc).__name__}: {exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,11 @@ class Evaluation:
 
 
 def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
-    return make_policy(checkpoint.run_config, checkpoint.params, checkpoint.spec, checkpoint.trained_steps)
+    """The member's policy, as its actors ran it; ValueError for weights that do not fit."""
+    try:
+        return make_policy(checkpoint.run_config, checkpoint.params, checkpoint.spec, checkpoint.trained_steps)
+    except KeyError as exc:
+        raise ValueError(f"the checkpoint's weights do not fit its policy: missing {exc}") from exc
 
 
 def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
@@ -79,6 +89,9 @@ def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray
     """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
     episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended."""
     env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
+    if frames is not None and env.render_mode != "rgb_array":
+        env.close()
+        raise ValueError(f"--video needs an env that renders rgb_array frames; {env_id} does not")
     returns, lengths = [], []
     try:
         for episode in range(episodes):
@@ -101,6 +114,10 @@ def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray
 def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True,
              video: Path | None = None) -> Evaluation:  # fmt: skip
     policy = policy_of(checkpoint)
+    found = envs.probe(checkpoint.run_config.env_id)
+    if found != checkpoint.spec:
+        raise ValueError(f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on "
+                         f"{checkpoint.spec}")  # fmt: skip
     rng = np.random.default_rng(seed)
 
     def act(obs: np.ndarray) -> np.ndarray:

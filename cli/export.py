@@ -37,22 +37,22 @@ class ExportedPolicy(nn.Module):
             linear.weight.data = torch.from_numpy(np.ascontiguousarray(weight_t.T)).float()
             linear.bias.data = torch.from_numpy(bias).float()
             self.linears.append(linear)
-        mean, inverse_std, clip = policy.norm or (np.zeros(spec.obs_size, np.float32), np.ones(spec.obs_size, np.float32), 0.0)
-        self.normalize = policy.norm is not None
+        norm = policy.norm
+        self.normalize, self.clip = norm is not None, norm.clip if norm is not None else 0.0
+        self.bounded = policy.head == "mean" and bool(spec.action_low)  # a Gaussian mean is clipped
         self.mean: Tensor
-        self.inverse_std: Tensor
+        self.std: Tensor
         self.scale: Tensor
         self.bias: Tensor
-        self.register_buffer("mean", torch.from_numpy(mean))
-        self.register_buffer("inverse_std", torch.from_numpy(inverse_std))
+        self.register_buffer("mean", torch.from_numpy(norm.mean if norm else np.zeros(spec.obs_size, np.float32)))
+        self.register_buffer("std", torch.from_numpy(norm.std if norm else np.ones(spec.obs_size, np.float32)))
         self.register_buffer("scale", torch.from_numpy(policy.scale))
         self.register_buffer("bias", torch.from_numpy(policy.bias))
-        self.clip = clip
 
     def forward(self, obs: Tensor) -> Tensor:
         x = nn.functional.one_hot(obs.long(), self.categories).float() if self.categories else obs.flatten(1).float()
         if self.normalize:
-            x = ((x - self.mean) * self.inverse_std).clamp(-self.clip, self.clip)
+            x = ((x - self.mean) / self.std).clamp(-self.clip, self.clip)
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:
@@ -60,7 +60,7 @@ class ExportedPolicy(nn.Module):
         if self.head == "argmax":
             return x.argmax(-1)
         if self.head == "mean":
-            return x
+            return torch.maximum(torch.minimum(x, self.bias + self.scale), self.bias - self.scale) if self.bounded else x
         if self.head == "squashed_mean":
             x = x.chunk(2, dim=-1)[0]
         return torch.tanh(x) * self.scale + self.bias

@@ -77,6 +77,7 @@ class PPOConfig:
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
     # Each minibatch's advantages standardized per member (SB3's default).
     normalize_advantage: bool = True
+    log_std_init: float = 0.0  # a Gaussian policy's starting log standard deviation (SB3's log_std_init)
     # Rewards divided by the running std of their slot's discounted return, clipped to ±reward_clip
     # (SB3's VecNormalize norm_reward; learners/normalization.py).
     normalize_reward: bool = False
@@ -364,8 +365,9 @@ class RunConfig:
 
     @property
     def algo_config(self) -> AlgoConfig:
-        """The run's algorithm's section."""
+        """The run's algorithm's section (its entry's config class)."""
         section: AlgoConfig = getattr(self, self.algo)
+        assert isinstance(section, ALGORITHMS[self.algo].config)
         return section
 
     def base_hyperparams(self) -> dict[str, float]:

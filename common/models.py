@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlmq.common.config import RunConfig
-from rlmq.common.schema import EnvSpec, obs_features, obs_normalizer
+from rlmq.common.schema import OBS_NORM_KEYS, EnvSpec, obs_features, obs_normalizer
 from rlmq.common.wire import Params
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -71,8 +71,7 @@ class NumpyPolicy:
         """The network's output for observations [N, *obs_shape] as the env gives them."""
         x = obs_features(obs, self.spec)
         if self.norm is not None:
-            mean, inverse_std, clip = self.norm
-            x = np.clip((x - mean) * inverse_std, -clip, clip)
+            x = self.norm(x)
         for weight, bias in self.layers[:-1]:
             x = self.activation(x @ weight + bias)
         weight, bias = self.layers[-1]
@@ -92,13 +91,13 @@ class NumpyPolicy:
 
     def mode(self, obs: np.ndarray) -> np.ndarray:
         """The deterministic action (evaluation, export), as `head` says: the likeliest one, the
-        Gaussian's mean (the env's bounds clip it, as they clip every action), or tanh of the
-        mean (SAC) or of the output (TD3) mapped onto the bounds."""
+        Gaussian's mean clipped to the env's bounds (as SB3's predict), or tanh of the mean (SAC)
+        or of the output (TD3) mapped onto the bounds."""
         out = self.forward(obs)
         if self.head == "argmax":
             return np.argmax(out, axis=-1)
         if self.head == "mean":
-            return out
+            return np.clip(out, self.bias - self.scale, self.bias + self.scale) if self.spec.action_low else out
         if self.head == "squashed_mean":
             out = np.split(out, 2, axis=-1)[0]
         return (np.tanh(out) * self.scale + self.bias).astype(np.float32)
@@ -201,7 +200,11 @@ POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = 
 
 def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0) -> NumpyPolicy:
     """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps;
-    raises KeyError/ValueError for weights that do not fit."""
+    raises KeyError/ValueError for weights that do not fit, observation statistics included: a run
+    that normalizes observations publishes them with every member's weights, and no other does."""
+    if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
+        raise ValueError(f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
+                         f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}")  # fmt: skip
     return POLICIES[run_config.algo](run_config, params, spec, trained_steps)
 
 

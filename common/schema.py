@@ -20,11 +20,7 @@ import numpy as np
 
 # The dtypes an observation may travel in: floats as float32, integer Boxes as int64.
 OBS_DTYPES = ("float32", "uint8", "int64", "bool")
-MAX_OBS_DIMS = 4  # a rollout adds time and slot dimensions; the wire carries at most 6
-ROLLOUT_DTYPES: dict[str, tuple[str, ...]] = {
-    "obs": OBS_DTYPES, "actions": ("int64", "float32"), "logprobs": ("float32",), "rewards": ("float32",),
-    "terminated": ("bool",), "truncated": ("bool",), "valid": ("bool",),
-}  # fmt: skip
+MAX_OBS_DIMS = 4  # a rollout adds time and slot dimensions in front (the wire's MAX_ARRAY_DIMS)
 
 
 @dataclass(frozen=True)
@@ -82,10 +78,21 @@ def rollout_layout(spec: EnvSpec, steps: int, slots: int) -> dict[str, tuple[tup
     }  # fmt: skip
 
 
+def _every_dtype() -> dict[str, tuple[str, ...]]:
+    """name → the dtypes a rollout's array may have under some env spec (what the wire checks)."""
+    specs = [EnvSpec(obs_shape=(1,), obs_dtype=dtype, action_kind=kind, action_dim=1)
+             for dtype in OBS_DTYPES for kind in ("discrete", "continuous")]  # fmt: skip
+    layouts = [rollout_layout(spec, 1, 1) for spec in specs]
+    return {name: tuple(sorted({layout[name][1] for layout in layouts})) for name in layouts[0]}
+
+
 def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (), zeros: bool = False) -> dict[str, np.ndarray]:
     """Arrays for a rollout (with `lead` dimensions in front: PPO's [P, ...] batch)."""
     make = np.zeros if zeros else np.empty
     return {name: make((*lead, *shape), np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
+
+
+ROLLOUT_DTYPES = _every_dtype()
 
 
 def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slots: int) -> tuple[str, str] | None:
@@ -107,25 +114,47 @@ def _within(indices: np.ndarray, count: int) -> bool:
 
 
 # A member's running observation statistics travel inside its weights under these names, when the
-# run normalizes observations (learners/normalization.py): mean and variance of the features, and
-# the clip applied after normalizing.
-OBS_NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.clip")
+# run normalizes observations (learners/normalization.py): mean, variance and count of the features'
+# data so far, and the clip applied after normalizing (so that the weights alone say how to act).
+OBS_NORM_KEYS = ("obs_norm.mean", "obs_norm.var", "obs_norm.count", "obs_norm.clip")
 OBS_NORM_EPS = 1e-8
 
 
-def obs_normalizer(params: dict[str, np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(mean, 1 / std, clip) from a member's weights, float32, or None if they hold none."""
-    mean_key, var_key, clip_key = OBS_NORM_KEYS
-    if mean_key not in params:
+@dataclass(frozen=True)
+class ObsNorm:
+    """features → clip((features − mean) / std, ±clip), float32: how the actors, `rlmq eval` and
+    `rlmq export` apply a member's statistics, as the learners do in torch."""
+
+    mean: np.ndarray
+    std: np.ndarray  # √(var + OBS_NORM_EPS)
+    clip: float
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        return np.clip((features - self.mean) / self.std, -self.clip, self.clip)
+
+
+def obs_normalizer(params: dict[str, np.ndarray], size: int) -> ObsNorm | None:
+    """The statistics in a member's weights, or None if they hold none; ValueError if they hold
+    some of the keys only, or values that do not fit `size` features."""
+    present = [key in params for key in OBS_NORM_KEYS]
+    if not any(present):
         return None
+    mean_key, var_key, count_key, clip_key = OBS_NORM_KEYS
+    if not all(present):
+        raise ValueError(f"observation statistics need all of {', '.join(OBS_NORM_KEYS)}")
     mean, var = np.asarray(params[mean_key], np.float64), np.asarray(params[var_key], np.float64)
-    if mean.shape != (size,) or var.shape != (size,) or np.asarray(params[clip_key]).shape != () or var.min() < 0:
+    count, clip = np.asarray(params[count_key]), np.asarray(params[clip_key])
+    if mean.shape != (size,) or var.shape != (size,) or count.shape != () or clip.shape != ():
         raise ValueError(f"observation statistics do not fit {size} features")
-    return mean.astype(np.float32), (1 / np.sqrt(var + OBS_NORM_EPS)).astype(np.float32), float(params[clip_key])
+    if var.min() < 0 or count < 0 or not clip > 0:
+        raise ValueError("observation statistics need var ≥ 0, count ≥ 0 and clip > 0")
+    return ObsNorm(mean.astype(np.float32), np.sqrt(var + OBS_NORM_EPS).astype(np.float32), float(clip))
 
 
 def obs_features(obs: np.ndarray, spec: EnvSpec) -> np.ndarray:
     """What the actors' NumPy policies take: [N, obs_size] float32 (a view where nothing changes)."""
     if spec.obs_categories:
-        return np.eye(spec.obs_categories, dtype=np.float32)[obs]
+        one_hot = np.zeros((len(obs), spec.obs_categories), np.float32)
+        one_hot[np.arange(len(obs)), obs] = 1
+        return one_hot
     return obs.reshape(len(obs), -1).astype(np.float32, copy=False)

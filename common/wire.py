@@ -33,13 +33,13 @@ import msgpack
 import numpy as np
 
 from rlmq.common.config import ALGORITHMS, ALL_TUNABLE, RunConfig, hyperparam_problems
-from rlmq.common.schema import ROLLOUT_DTYPES, EnvSpec
+from rlmq.common.schema import MAX_OBS_DIMS, ROLLOUT_DTYPES, EnvSpec
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 MAX_STR_CHARS = 4096
 MAX_SEQUENCE = 4096
-MAX_ARRAY_DIMS = 6
+MAX_ARRAY_DIMS = MAX_OBS_DIMS + 2  # a rollout's observations: time and slot, then the observation's
 ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
 INT64_RANGE = (-(2**63), 2**63 - 1)  # what an int field may hold
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
@@ -159,8 +159,10 @@ class Rollout:
     terminated: np.ndarray
     truncated: np.ndarray
     valid: np.ndarray
+    sequence: int = 0  # the actor's rollouts numbered 1, 2, ... (a restarted actor starts again); 0: none
 
     def __post_init__(self) -> None:
+        _counts(self, "sequence")
         if self.obs.ndim < 2:
             raise WireError("bad_shape", f"Rollout.obs must be [T+1, N, ...], got {self.obs.shape}")
         steps, slots = self.obs.shape[0] - 1, self.obs.shape[1]

@@ -178,6 +178,7 @@ class Learner:
         self.run_cfg: RunConfig = assign.config
         self.spec = assign.env_spec
         population = self.run_cfg.population
+        # The lag gate is for on-policy learning, PPO's alone so far: its section holds the bound.
         on_policy = ALGORITHMS[self.run_cfg.algo].on_policy
         max_lag = self.run_cfg.ppo.max_policy_lag if on_policy else 2**62
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)

@@ -37,13 +37,13 @@ class ActorCritic(nn.Module):
     """Separate tanh MLPs for the policy and the value; Gaussian policies learn a state-free
     log standard deviation."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...]) -> None:
+    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0) -> None:
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
         self.policy = mlp([spec.obs_size, *hidden_sizes, spec.action_dim], out_gain=0.01)
         self.value = mlp([spec.obs_size, *hidden_sizes, 1], out_gain=1.0)
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.zeros(spec.action_dim))
+            self.log_std = nn.Parameter(torch.full((spec.action_dim,), log_std_init))
 
     def distribution(self, obs: Tensor) -> torch.distributions.Distribution:
         out = self.policy(obs)
@@ -146,9 +146,9 @@ class Stacked(nn.Module):
 class PopulationActorCritic(Stacked):
     """P members of `ActorCritic`, stacked (see `Stacked`)."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int) -> None:
+    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0) -> None:
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        super().__init__([ActorCritic(spec, hidden_sizes) for _ in range(population)])
+        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init) for _ in range(population)])
         self.discrete = spec.action_kind == "discrete"
         self.policy_layers = self.linear_names("policy")
         self.value_layers = self.linear_names("value")

@@ -9,8 +9,11 @@ learner that trained those weights did, and checkpoints, `rlmq eval` and `rlmq e
 for free.
 
 Rewards (PPO): divided by the running standard deviation of each actor slot's discounted return,
-reset at every episode's end, as VecNormalize does; clipped to ±clip. The learner follows each
-actor's slots across its rollouts (the newest `MAX_ACTORS` actors).
+reset at every episode's end, as VecNormalize does; clipped to ±clip. A learner rank carries each
+slot's return from an actor's rollout into the next only when that is the next one the actor
+collected (`Rollout.sequence`; the newest `MAX_ACTORS` actors): with one rank that is every
+rollout, with several an actor's rollouts are spread over them and each rank restarts the returns
+of the rollouts whose predecessor went elsewhere (the estimate then runs lower over long episodes).
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ class RunningMoments:
         for stat in (self.mean, self.var, self.count):
             stat[target] = stat[source]
 
+    def broadcast(self) -> None:
+        """Every rank takes rank 0's statistics (each rank loaded its own Assign's weights)."""
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            for stat in (self.mean, self.var, self.count):
+                dist.broadcast(stat, src=0)
+
 
 class ObsNormalizer(RunningMoments):
     """Observation features [P, ..., F] → clip((x − mean) / √(var + ε), ±clip), per member; when
@@ -82,25 +91,27 @@ class ObsNormalizer(RunningMoments):
     def __call__(self, x: Tensor) -> Tensor:
         if not self.enabled:
             return x
+        # From the float32 values the weights publish, as the actors compute them (ObsNorm).
         shape = (x.shape[0], *([1] * (x.ndim - 2)), x.shape[-1])
-        mean, std = self.mean.view(shape).float(), (self.var + OBS_NORM_EPS).sqrt().view(shape).float()
+        mean = self.mean.float().view(shape)
+        std = (self.var.float().double() + OBS_NORM_EPS).sqrt().float().view(shape)
         return ((x - mean) / std).clamp(-self.clip, self.clip)
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         if not self.enabled:
             return {}
-        mean_key, var_key, clip_key = OBS_NORM_KEYS
+        mean_key, var_key, count_key, clip_key = OBS_NORM_KEYS
         return {mean_key: self.mean[member].float().cpu().numpy().copy(),
-                var_key: self.var[member].float().cpu().numpy().copy(), clip_key: np.array(self.clip, np.float32)}  # fmt: skip
+                var_key: self.var[member].float().cpu().numpy().copy(),
+                count_key: np.array(float(self.count[member]), np.float32), clip_key: np.array(self.clip, np.float32)}  # fmt: skip
 
     def load_member(self, member: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Take the statistics published with a member's weights (a restarted world's); returns
-        the network's parameters, the rest. The count restarts small, so new data move them again."""
-        mean_key, var_key, _ = OBS_NORM_KEYS
+        the network's parameters, the rest."""
+        mean_key, var_key, count_key, _ = OBS_NORM_KEYS
         if self.enabled and mean_key in params:
-            self.mean[member] = torch.as_tensor(params[mean_key], dtype=torch.float64, device=self.mean.device)
-            self.var[member] = torch.as_tensor(params[var_key], dtype=torch.float64, device=self.var.device)
-            self.count[member] = 1.0
+            for stat, key in ((self.mean, mean_key), (self.var, var_key), (self.count, count_key)):
+                stat[member] = torch.as_tensor(params[key], dtype=torch.float64, device=stat.device)
         return {name: value for name, value in params.items() if name not in OBS_NORM_KEYS}
 
 
@@ -126,14 +137,15 @@ class RewardScaler:
     def __init__(self, population: int, clip: float, device: torch.device) -> None:
         self.moments = RunningMoments(population, (), device)
         self.clip = clip
-        self.returns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        # actor → (the sequence number its next rollout has if it follows on, its slots' returns)
+        self.returns: collections.OrderedDict[str, tuple[int, np.ndarray]] = collections.OrderedDict()
 
     def discounted_returns(self, rollout: Rollout, gamma: float) -> np.ndarray:
         """[T, N] running discounted return of each slot after each step, carried over from the
-        actor's previous rollout and reset after an episode's end."""
+        actor's previous rollout when this one follows it, and reset after an episode's end."""
         steps, slots = rollout.rewards.shape
-        running = self.returns.pop(rollout.actor, None)
-        if running is None or running.shape != (slots,):
+        expected, running = self.returns.pop(rollout.actor, (0, np.zeros(slots, np.float64)))
+        if rollout.sequence == 0 or rollout.sequence != expected or running.shape != (slots,):
             running = np.zeros(slots, np.float64)
         out = np.empty((steps, slots), np.float64)
         done = rollout.terminated | rollout.truncated
@@ -141,7 +153,7 @@ class RewardScaler:
             running = running * gamma + rollout.rewards[t]
             out[t] = running
             running = np.where(done[t], 0.0, running)
-        self.returns[rollout.actor] = running
+        self.returns[rollout.actor] = (rollout.sequence + 1, running)
         while len(self.returns) > MAX_ACTORS:
             self.returns.popitem(last=False)
         return out

@@ -111,6 +111,7 @@ class OffPolicyTrainer:
         if world_size > 1:  # replicas start equal
             for tensor in algorithm.replicated():
                 dist.broadcast(tensor.data, src=0)
+            self.obs_norm.broadcast()
         self.replay = Replay(population, self.cfg.buffer_size, spec, algorithm.n_step)
         self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
         self.due = 0.0
@@ -145,9 +146,11 @@ class OffPolicyTrainer:
             self.obs_norm.update(*stacked_observations(rollouts, self.spec, self.device))
         for member, count in enumerate(member_samples):
             self.stored[member] += count
+        # A member's statistics moved with its data: its weights change even before it trains.
+        normalized = [m for m, count in enumerate(member_samples) if count] if self.obs_norm.enabled else []
         started = [s >= max(self.cfg.learning_starts, 1) for s in self.stored]
         if not any(started):
-            return {}, []
+            return {}, normalized
         active = torch.tensor(started, device=self.device)
         # Decided from all-reduced counts only, so every rank runs the same number of steps.
         new = sum(c for c, s in zip(member_samples, started, strict=True) if s) / sum(started)
@@ -162,4 +165,5 @@ class OffPolicyTrainer:
                 totals[name] = totals.get(name, 0) + value
         weight = active.float() / active.sum()
         summary = {name: float((value / max(steps, 1) * weight).sum()) for name, value in totals.items()}
-        return summary, [m for m, s in enumerate(started) if s] if steps else []
+        trained = [m for m, s in enumerate(started) if s] if steps else []
+        return summary, sorted(set(trained) | set(normalized))

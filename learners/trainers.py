@@ -73,7 +73,7 @@ class PPOTrainer:
                  world_size: int, device: torch.device) -> None:  # fmt: skip
         self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, run_cfg.ppo, device
         self.world_size, population = world_size, run_cfg.population
-        self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population).to(device)
+        self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init).to(device)
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
         for w in weights:  # a restarted world carries on from the last publication
@@ -81,6 +81,7 @@ class PPOTrainer:
         self.model: torch.nn.Module = self.core
         if world_size > 1:  # DDP broadcasts rank 0's parameters: replicas start equal
             self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
+            self.obs_norm.broadcast()
         self.optimizer = PopulationAdam(self.core.flat)
         self.generator = torch.Generator().manual_seed(run_cfg.seed * 1000 + rank)
         self.trained = [0] * population  # env steps each member trained on: drives its annealing

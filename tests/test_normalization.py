@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import RunConfig
-from rlmq.common.models import NumpyPolicy
+from rlmq.common.config import DQNConfig, RunConfig
+from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.schema import OBS_NORM_KEYS
 from rlmq.common.transport import free_port
 from rlmq.common.wire import Rollout
@@ -62,16 +62,18 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     data = rollouts[0][0].obs[:-1][rollouts[0][0].valid].reshape(-1, spec.obs_size).astype(np.float64)
     np.testing.assert_allclose(params["obs_norm.mean"], data.mean(0), rtol=1e-5)
     np.testing.assert_allclose(params["obs_norm.var"], data.var(0), rtol=1e-5)
-    assert float(params["obs_norm.clip"]) == 3.0
+    assert float(params["obs_norm.clip"]) == 3.0 and int(params["obs_norm.count"]) == len(data)
     assert "obs_norm.mean" in trainer.member_params(1)  # member 1 had no data: the identity's stats
 
     restarted = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     restarted.load_member(0, params)
     assert all(np.array_equal(restarted.member_params(0)[k], params[k]) for k in params)
 
-    obs = rollouts[0][0].obs[0]  # [N, 2, 3]
-    features = obs.reshape(len(obs), -1)
-    normalized = np.clip((features - params["obs_norm.mean"]) / np.sqrt(params["obs_norm.var"] + 1e-8), -3, 3)
+    obs = rollouts[0][0].obs[0] * 3  # [N, 2, 3], some features beyond the clip
+    learner_view = trainer.obs_norm(torch.from_numpy(obs.reshape(1, len(obs), -1)).expand(2, -1, -1))[0]  # type: ignore[attr-defined]
+    normalized = NumpyPolicy(params, spec).norm(obs.reshape(len(obs), -1))  # type: ignore[misc]
+    np.testing.assert_array_equal(learner_view.numpy(), normalized)  # bit for bit: actors act as the learner trained
+    assert np.abs(normalized).max() == 3.0
     net = trainer.core  # type: ignore[attr-defined]
     with torch.no_grad():
         expected = net.mlp(net.policy_layers, torch.from_numpy(normalized).float().expand(2, -1, -1), "tanh")[0].numpy()
@@ -82,6 +84,41 @@ def test_without_normalization_the_weights_carry_no_statistics() -> None:
     run_cfg = RunConfig(hidden_sizes=(8,))
     trainer = make_trainer(norm_rank.SPEC, run_cfg, (), 0, 1, CPU)
     assert not set(OBS_NORM_KEYS) & set(trainer.member_params(0))
+
+
+def test_weights_whose_statistics_do_not_fit_the_run_are_refused() -> None:
+    """What the coordinator checks before it stores published weights, and an actor before it acts."""
+    spec = norm_rank.SPEC
+    normalizing = RunConfig(normalize_obs=True, hidden_sizes=(8,))
+    params = make_trainer(spec, normalizing, (), 0, 1, CPU).member_params(0)
+    make_policy(normalizing, params, spec)  # as published: fits
+    bare = {k: v for k, v in params.items() if k not in OBS_NORM_KEYS}
+    broken = [
+        (normalizing, bare, "without observation statistics"),
+        (RunConfig(hidden_sizes=(8,)), params, "with observation statistics"),
+        (normalizing, {**params, "obs_norm.mean": np.zeros(5, np.float32)}, "do not fit"),
+        (normalizing, {**params, "obs_norm.clip": np.array(0.0, np.float32)}, "clip > 0"),
+        (normalizing, {k: v for k, v in params.items() if k != "obs_norm.count"}, "need all of"),
+    ]
+    for run, weights, words in broken:
+        with pytest.raises(ValueError, match=words):
+            make_policy(run, weights, spec)
+
+
+def test_off_policy_statistics_move_the_version_before_the_member_trains() -> None:
+    """Replay keeps raw observations; the statistics still follow every rollout, and a member whose
+    statistics moved counts as updated (a new version), though it has not reached learning_starts."""
+    spec = norm_rank.SPEC
+    run_cfg = RunConfig(algo="dqn", num_envs=norm_rank.SLOTS, rollout_length=norm_rank.STEPS, population=2,
+                        normalize_obs=True, dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000))  # fmt: skip
+    trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
+    trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
+    rollouts = norm_rank.per_member(0, 0)
+    samples = [sum(int(r.valid.sum()) for r in member) for member in rollouts]
+    _, updated = trainer.train(rollouts, samples)
+    assert updated == [0, 1]
+    data = np.concatenate([r.obs[:-1][r.valid].reshape(-1, spec.obs_size) for r in rollouts[1]]).astype(np.float64)
+    np.testing.assert_allclose(trainer.member_params(1)["obs_norm.mean"], data.mean(0), rtol=1e-5)
 
 
 def test_normalized_features_are_clipped() -> None:
@@ -97,19 +134,23 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
     gamma, steps = 0.9, 4
     scaler = RewardScaler(1, clip=100.0, device=CPU)
 
-    def rollout(actor: str, rewards: list[list[float]], done_at: int | None = None) -> Rollout:
+    def rollout(actor: str, rewards: list[list[float]], sequence: int, done_at: int | None = None) -> Rollout:
         r = np.array(rewards, np.float32)
         terminated = np.zeros(r.shape, bool)
         if done_at is not None:
             terminated[done_at] = True
         return Rollout(member=0, policy_version=0, actor=actor, obs=np.zeros((steps + 1, r.shape[1], 1), np.float32),
                        actions=np.zeros(r.shape, np.int64), logprobs=np.zeros(r.shape, np.float32), rewards=r,
-                       terminated=terminated, truncated=np.zeros(r.shape, bool), valid=np.ones(r.shape, bool))  # fmt: skip
+                       terminated=terminated, truncated=np.zeros(r.shape, bool), valid=np.ones(r.shape, bool),
+                       sequence=sequence)  # fmt: skip
 
-    first = rollout("a", [[1.0], [2.0], [3.0], [4.0]], done_at=1)
-    second = rollout("a", [[1.0], [1.0], [1.0], [1.0]])
-    running, returns = 0.0, []  # the reference: the one slot walked step by step, across both rollouts
-    for r in (first, second):
+    first = rollout("a", [[1.0], [2.0], [3.0], [4.0]], sequence=1, done_at=1)
+    second = rollout("a", [[1.0], [1.0], [1.0], [1.0]], sequence=2)
+    after_a_gap = rollout("a", [[2.0], [0.0], [0.0], [0.0]], sequence=5)  # 3 and 4 went to another rank
+    running, returns = 0.0, []  # the reference: the one slot walked step by step, across the rollouts
+    for r in (first, second, after_a_gap):
+        if r is after_a_gap:
+            running = 0.0  # its predecessor is not here: the return starts afresh
         for t in range(steps):
             running = running * gamma + float(r.rewards[t, 0])
             returns.append(running)
@@ -117,6 +158,7 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
         scaled = scaler.scale([[r]], torch.from_numpy(r.rewards)[None], [gamma])
         np.testing.assert_allclose(scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8), rtol=1e-5)
     assert returns[:4] == pytest.approx([1.0, 2.9, 3.0, 6.7]) and returns[4] == pytest.approx(6.7 * 0.9 + 1)
+    assert returns[8] == 2.0
 
 
 def test_stacked_observations_pad_members_without_data() -> None:

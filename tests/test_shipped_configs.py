@@ -19,7 +19,10 @@ SHIPPED = shipped()
 
 def test_the_configs_the_issue_names_are_shipped() -> None:
     pairs = {(s.env_id, s.algo) for s in SHIPPED if s.population == 1}
-    assert pairs >= {("CartPole-v1", "ppo"), ("CartPole-v1", "dqn"), ("Pendulum-v1", "sac"), ("Pendulum-v1", "td3")}
+    assert pairs >= {("CartPole-v1", "ppo"), ("CartPole-v1", "dqn"), ("Pendulum-v1", "sac"), ("Pendulum-v1", "td3"),
+                     ("LunarLander-v3", "ppo"), ("LunarLander-v3", "dqn"), ("LunarLanderContinuous-v3", "sac"),
+                     ("LunarLanderContinuous-v3", "td3"), ("HalfCheetah-v5", "sac"), ("HalfCheetah-v5", "ppo"),
+                     ("Acrobot-v1", "ppo"), ("Acrobot-v1", "dqn")}  # fmt: skip
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=[s.path.name for s in SHIPPED])
