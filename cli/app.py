@@ -178,7 +178,8 @@ def up(
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
     population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
-    config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it.")] = None,
+    config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it. Default: the shipped "
+                                        "config for --env and --algo, if any (`rlmq configs`).")] = None,
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
     torch_threads: Annotated[int, _opt("Intra-op threads per learner.", min=1)] = 1,

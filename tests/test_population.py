@@ -86,11 +86,11 @@ def cpu_matmul(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.mark.parametrize("spec,minibatches,device", [
-    (DISCRETE, 2, "cpu"), (CONTINUOUS, 1, "cpu"),
-    pytest.param(DISCRETE, 2, "cuda", marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", marks=CUDA),
-], ids=["discrete-2mb", "continuous", "discrete-2mb-cuda", "continuous-cuda"])  # fmt: skip
-def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str,
+@pytest.mark.parametrize("spec,minibatches,device,normalize", [
+    (DISCRETE, 2, "cpu", True), (CONTINUOUS, 1, "cpu", True), (CONTINUOUS, 2, "cpu", False),
+    pytest.param(DISCRETE, 2, "cuda", True, marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", True, marks=CUDA),
+], ids=["discrete-2mb", "continuous", "continuous-raw-advantages", "discrete-2mb-cuda", "continuous-cuda"])  # fmt: skip
+def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str, normalize: bool,
                                                         cpu_matmul: str) -> None:  # fmt: skip
     """Four members with different learning rates, clip ranges, discounts and anneal fractions;
     one of them inactive after its first update (no data): after several updates each member's
@@ -110,7 +110,7 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
                 "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
                for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
     hp = per_member(ppo.MemberHyperparams, members, torch.device(device))
-    cfg = PPOConfig(epochs=3, minibatches=minibatches)
+    cfg = PPOConfig(epochs=3, minibatches=minibatches, normalize_advantage=normalize)
     anneal = torch.tensor([1.0, 0.5, 0.8, 1.0], device=device)
     for step in range(3):
         batch = ppo.Batch(*(t.to(device) for t in random_batch(spec, population, 6, 5, seed=10 + step)))
