@@ -61,7 +61,14 @@ from rlmq.learners import ppo, stacked_mlp  # noqa: E402
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402
 from rlmq.learners.optim import PopulationAdam, per_member  # noqa: E402
 
-SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)  # CartPole-v1
+# The problem by `--pixels`: CartPole-v1's (none), MinAtar's 10×10×4 frames through its
+# convolution, or Atari's 4×84×84 stacks through the Nature CNN.
+SPECS = {
+    "none": (EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2), "mlp"),
+    "minatar": (EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3), "minatar"),
+    "nature": (EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6), "nature"),
+}
+SPEC, ENCODER = SPECS["none"]
 TARGET_RATIO, TARGET_POPULATION = 4.0, 8
 Plan = list[torch.Tensor | None]
 # What `update` and `update_each_member` both take after the models: batch, hp, cfg, plan,
@@ -156,7 +163,7 @@ def vectorized_side(
     population: int, problem: Problem, args: argparse.Namespace, device: torch.device
 ) -> tuple[Callable[[int], None], PopulationActorCritic]:
     torch.manual_seed(args.seed)
-    pop = PopulationActorCritic(SPEC, tuple(args.hidden), population).to(device)
+    pop = PopulationActorCritic(SPEC, tuple(args.hidden), population, encoder=ENCODER).to(device)
     optimizer = PopulationAdam(pop.flat)
 
     def one_update(i: int) -> None:
@@ -171,7 +178,7 @@ def loop_side(
     """P ActorCritics with the vectorized side's initial weights (its members before any update)."""
     nets = []
     for m in range(pop.population):
-        net = ActorCritic(SPEC, tuple(args.hidden))
+        net = ActorCritic(SPEC, tuple(args.hidden), encoder=ENCODER)
         net.load_state_dict({k: torch.from_numpy(v) for k, v in pop.member_params(m).items()})
         nets.append(net.to(device))
     fused = args.loop_adam == "fused"
@@ -311,10 +318,14 @@ def main() -> None:
         default="numpy",
         help="the vectorized side's matmuls on the CPU: NumPy's OpenBLAS (as the learner) or torch's MKL",
     )
+    parser.add_argument("--pixels", choices=list(SPECS), default="none",
+                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
 
+    global SPEC, ENCODER
+    SPEC, ENCODER = SPECS[args.pixels]
     torch.set_num_threads(args.threads)
     stacked_mlp.use_cpu_matmul(args.cpu_matmul)
     if args.malloc == "learner":  # both sides share the process, so both get it
@@ -322,7 +333,8 @@ def main() -> None:
     device = pick_device(args.device)
     hidden = "×".join(map(str, args.hidden))
     print(
-        f"CartPole-sized ({SPEC.obs_size} obs, {SPEC.action_dim} actions, {hidden}), "
+        f"{'CartPole' if args.pixels == 'none' else args.pixels}-sized ({SPEC.obs_shape} obs, encoder {ENCODER}, "
+        f"{SPEC.action_dim} actions, {hidden}), "
         f"T={args.steps} × B={args.slots} per member, "
         f"{PPOConfig.epochs} epochs × {args.minibatches} minibatch(es), {device}, "
         f"{args.threads} thread(s), loop Adam {args.loop_adam}, malloc {args.malloc}, "

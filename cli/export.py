@@ -31,6 +31,17 @@ class ExportedPolicy(nn.Module):
         super().__init__()
         spec = policy.spec
         self.categories, self.relu, self.head = spec.obs_categories, policy.activation_name == "relu", policy.head
+        self.convs = nn.ModuleList()  # the convolutional encoder, if the policy has one
+        encoder = policy.encoder
+        self.image_shape, self.channels_last, self.pixel_scale = (1, 1, 1), False, 1.0
+        if encoder is not None:
+            layout = encoder.layout
+            self.image_shape, self.channels_last, self.pixel_scale = layout.shape, layout.channels_last, layout.scale
+            for columns, bias, conv in encoder.layers:  # columns [C·k·k, out], as NumpyEncoder multiplies
+                layer = nn.Conv2d(columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride)
+                layer.weight.data = torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(layer.weight.shape)
+                layer.bias = nn.Parameter(torch.from_numpy(bias))
+                self.convs.append(layer)
         self.linears = nn.ModuleList()
         for weight_t, bias in policy.layers:  # stored transposed for x @ W
             linear = nn.Linear(*weight_t.shape)
@@ -53,6 +64,14 @@ class ExportedPolicy(nn.Module):
         x = nn.functional.one_hot(obs.long(), self.categories).float() if self.categories else obs.flatten(1).float()
         if self.normalize:
             x = ((x - self.mean) / self.std).clamp(-self.clip, self.clip)
+        if len(self.convs):
+            x = x.reshape(x.shape[0], self.image_shape[0], self.image_shape[1], self.image_shape[2])
+            if self.channels_last:
+                x = x.permute(0, 3, 1, 2)
+            x = x * self.pixel_scale
+            for conv in self.convs:
+                x = torch.relu(conv(x))
+            x = x.flatten(1)
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:

@@ -318,7 +318,7 @@ def format_progress(status: dict[str, Any], elapsed: float, actors: int) -> str:
 
 def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     try:
-        spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo)
+        spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder)
     except envs.EnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

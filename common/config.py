@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
+from rlmq.common.schema import EnvSpec
+
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
                    "vf_coef": (0.0, 1e9, True), "tau": (0.0, 1.0, False)}
@@ -256,14 +259,16 @@ class Algorithm:
     # Learns from its current policy's data only: rollouts too many updates old are dropped (the
     # lag gate); off-policy data stay useful however old.
     on_policy: bool
+    takes_images: bool  # its networks can put a convolutional encoder in front (common/images.py)
 
 
 ALGORITHMS = {algorithm.name: algorithm for algorithm in (
     Algorithm("ppo", PPOConfig, ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda",
-                                 "max_grad_norm"), ("discrete", "continuous"), on_policy=True),
-    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False),
-    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False),
-    Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False),
+                                 "max_grad_norm"), ("discrete", "continuous"), on_policy=True,
+              takes_images=True),
+    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
+    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
+    Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
 )}  # fmt: skip
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
 
@@ -356,6 +361,12 @@ class RunConfig:
     # standardized by the mean and variance of all its data so far, then clipped to ±obs_clip.
     normalize_obs: bool = False
     obs_clip: float = 10.0
+    # The convolutional encoder in front of the heads (common/images.py): "auto" gives image
+    # observations a CNN sized to them (when the algorithm takes images), "mlp" flattens them.
+    encoder: str = "auto"
+    # Learners train on the sign of each reward (Atari's reward clipping, Mnih et al. 2015) while
+    # actors report episode returns as the env gives them. None: for ALE/* envs only.
+    sign_rewards: bool | None = None
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sac: SACConfig = field(default_factory=SACConfig)
     td3: TD3Config = field(default_factory=TD3Config)
@@ -369,6 +380,16 @@ class RunConfig:
         section: AlgoConfig = getattr(self, self.algo)
         assert isinstance(section, ALGORITHMS[self.algo].config)
         return section
+
+    @property
+    def signs_rewards(self) -> bool:
+        """Whether learners train on the rewards' signs (`sign_rewards`, or its default)."""
+        return self.env_id.startswith("ALE/") if self.sign_rewards is None else self.sign_rewards
+
+    def encoder_for(self, spec: EnvSpec) -> str:
+        """The encoder this run's networks put in front of their heads for `spec`'s observations
+        (`images.resolve_encoder`: ValueError if the one named does not fit)."""
+        return resolve_encoder(self.encoder, spec, ALGORITHMS[self.algo].takes_images)
 
     def base_hyperparams(self) -> dict[str, float]:
         """The algorithm's tunable hyperparameters as the config sets them (each member's start
@@ -402,6 +423,8 @@ class RunConfig:
             problems.append("hidden_sizes must be positive")
         if self.obs_clip <= 0:
             problems.append("obs_clip must be positive")
+        if self.encoder not in ENCODER_CHOICES:
+            problems.append(f"encoder must be one of {', '.join(ENCODER_CHOICES)}")
         if problems:
             raise ValueError("; ".join(problems))
 

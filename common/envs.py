@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlmq.common.config import ALGORITHMS
+from rlmq.common.images import resolve_encoder
 from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
 
 
@@ -40,7 +41,41 @@ def _env_class(env_id: str) -> Callable[[], gym.Env] | type[gym.vector.VectorEnv
 
 
 # Gymnasium's env families whose packages come as an extra of rlmq (pyproject.toml), by entry point.
-EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco"}
+EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco", "ale_py": "atari"}
+# Env families whose ids a package registers when imported (or by its `register_envs()`), by the
+# ids' namespace: (module, extra of rlmq).
+NAMESPACES = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
+ATARI_FRAME_STACK = 4
+
+
+def atari_wrappers() -> list[Callable[[gym.Env], gym.Env]]:
+    """The standard Atari preprocessing (Machado et al. 2018's protocol as SB3 and CleanRL apply it),
+    by gymnasium's own wrappers around an ALE env made with frameskip=1: up to 30 no-op steps at
+    reset, 4 frames per step max-pooled over the last two, 84×84 grayscale bytes, the last 4 frames
+    stacked ([4, 84, 84]). Sticky actions stay as ALE's v5 ids set them (0.25). Rewards are clipped
+    to their sign by the learners (`RunConfig.signs_rewards`), so that actors report real returns."""
+    return [
+        lambda env: gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                                    terminal_on_life_loss=False, grayscale_obs=True),
+        lambda env: gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK),
+    ]  # fmt: skip
+
+
+def _register_namespace(env_id: str) -> None:
+    """Import what registers `env_id`'s namespace (ALE/…, MinAtar/…); EnvError naming the extra
+    to install if it is missing."""
+    namespace = env_id.split("/", 1)[0] if "/" in env_id and ":" not in env_id else ""
+    if namespace not in NAMESPACES or env_id in gym.registry:
+        return
+    module_name, extra = NAMESPACES[namespace]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"env {env_id!r} needs the {extra} extra: pip install \"rlmq[{extra}]\" "
+                       f"(it could not import {module_name}: {_one_line(exc)})") from exc  # fmt: skip
+    register = getattr(module, "register_envs", None)
+    if env_id not in gym.registry and callable(register):
+        register()
 
 
 def _extra(entry_point: str) -> str:
@@ -67,6 +102,7 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
             raise EnvError(f"env {env_id!r}: building it raised {_one_line(exc)}. Fix the env class "
                            "(its constructor must take no arguments; a VectorEnv's only num_envs)") from exc
     else:
+        _register_namespace(env_id)
         try:
             spec = gym.spec(env_id)
         except gym.error.Error as exc:
@@ -78,6 +114,8 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
                            f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
         mode = "vector_entry_point" if spec.vector_entry_point and render_mode is None else "sync"
         kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
+        if str(spec.entry_point).startswith("ale_py"):  # Atari: frames skipped by the preprocessing
+            mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari_wrappers()
         try:
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
@@ -128,9 +166,10 @@ def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
     return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travels}
 
 
-def probe(env_id: str, algo: str | None = None) -> EnvSpec:
+def probe(env_id: str, algo: str | None = None, encoder: str = "auto") -> EnvSpec:
     """The spec of `env_id`, from a throwaway one-slot vector env; with `algo`, checked against
-    the action spaces that algorithm supports (the error names the ones that fit)."""
+    the action spaces that algorithm supports (the error names the ones that fit) and the
+    observations its `encoder` (RunConfig.encoder) takes."""
     env = make_vector_env(env_id, 1)
     try:
         spec = describe(env, env_id)
@@ -140,4 +179,9 @@ def probe(env_id: str, algo: str | None = None) -> EnvSpec:
         fitting = [a.name for a in ALGORITHMS.values() if spec.action_kind in a.action_kinds]
         raise EnvError(f"{algo} needs {' or '.join(ALGORITHMS[algo].action_kinds)} actions and {env_id} has "
                        f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")  # fmt: skip
+    if algo is not None:
+        try:
+            resolve_encoder(encoder, spec, ALGORITHMS[algo].takes_images)
+        except ValueError as exc:
+            raise EnvError(f"{env_id} with {algo}: {exc}") from exc
     return spec

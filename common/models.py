@@ -1,8 +1,9 @@
 """The policy network as actors run it: a NumPy forward pass over the learner's parameters.
 
 Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict names are the contract
-read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of a tanh MLP, and
-``log_std`` for continuous actions. NumPy keeps torch out of actor processes (64 actors would
+read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of a tanh MLP,
+``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
+policy (run by `rlmq.common.images.NumpyEncoder`). NumPy keeps torch out of actor processes (64 actors would
 otherwise import it 64 times) and, at these sizes, is cheaper per call than torch (~65 µs).
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlmq.common.config import RunConfig
+from rlmq.common.images import NumpyEncoder, encoder_layer_names
 from rlmq.common.schema import OBS_NORM_KEYS, EnvSpec, obs_features, obs_normalizer
 from rlmq.common.wire import Params
 
@@ -39,7 +41,8 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "
 class NumpyPolicy:
     """Samples actions and their log-probabilities from a tanh MLP policy (PPO's)."""
 
-    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh") -> None:
+    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
+                 encoder: str = "mlp") -> None:  # fmt: skip
         self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
@@ -51,7 +54,11 @@ class NumpyPolicy:
         ]
         self.spec = spec
         self.norm = obs_normalizer(params, spec.obs_size)
-        width = spec.obs_size  # every layer must take what the one before it gives
+        # The convolutional encoder in front of the layers (`encoder`: RunConfig.encoder_for).
+        self.encoder = None if encoder == "mlp" else NumpyEncoder(params, spec, encoder)
+        if self.encoder is None and encoder_layer_names(params):
+            raise ValueError("weights hold encoder.* convolutions, and the run's encoder is \"mlp\"")
+        width = spec.obs_size if self.encoder is None else self.encoder.size  # each layer takes what the one before gives
         for weight, bias in self.layers:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
                 raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")
@@ -72,6 +79,8 @@ class NumpyPolicy:
         x = obs_features(obs, self.spec)
         if self.norm is not None:
             x = self.norm(x)
+        if self.encoder is not None:
+            x = self.encoder(x)
         for weight, bias in self.layers[:-1]:
             x = self.activation(x @ weight + bias)
         weight, bias = self.layers[-1]
@@ -157,10 +166,10 @@ class EpsilonGreedyPolicy(NumpyPolicy):
     """DQN's policy: the argmax of a ReLU Q network (learners/dqn.py, `QNetwork`, whose Linears are
     `policy.{2i}`), or with probability `epsilon` a uniformly random action."""
 
-    def __init__(self, params: Params, spec: EnvSpec, epsilon: float) -> None:
+    def __init__(self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp") -> None:
         if spec.action_kind != "discrete":
             raise ValueError("DQN needs discrete actions")
-        super().__init__(params, spec, activation="relu")
+        super().__init__(params, spec, activation="relu", encoder=encoder)
         self.epsilon, self.actions = epsilon, spec.action_dim
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -185,13 +194,14 @@ def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
     dqn = run_config.dqn
     horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
     epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
-    return EpsilonGreedyPolicy(params, spec, epsilon)
+    return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec))
 
 
 # Each algorithm's actor policy (config.ALGORITHMS): (run config, weights, env spec, the env steps
 # the weights were trained on, on which exploration schedules depend) → policy.
 POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
-    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(params, spec),
+    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(params, spec,
+                                                                       encoder=run_config.encoder_for(spec)),
     "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(params, spec),
     "td3": _td3_policy,
     "dqn": _dqn_policy,

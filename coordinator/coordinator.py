@@ -54,7 +54,8 @@ class Coordinator:
 
         saved = store.load_config()
         if saved is None:
-            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id, cfg.run_config.algo)
+            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id, cfg.run_config.algo,
+                                                                     cfg.run_config.encoder)
             store.save_config(self.run_config, self.spec)
             store.set_status(state="running", reason="", started_at=time.time(), env_steps=0, episodes=0)
         else:  # a restart: Redis holds the truth

@@ -28,7 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from rlmq.common.config import DQNConfig
+from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
+from rlmq.learners.encoders import conv_stack, encode, image_encoder
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import relu_mlp
 from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member, per_member
@@ -36,11 +38,22 @@ from rlmq.learners.replay import Transitions
 
 
 class QNetwork(nn.Module):
-    """`policy` maps an observation to one value per action (named for the actors' reader)."""
+    """`policy` maps an observation to one value per action (named for the actors' reader), behind
+    a convolutional `encoder` when the run encodes images (resolved: `RunConfig.encoder_for`)."""
 
-    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...], encoder: str = "mlp") -> None:
         super().__init__()
-        self.policy = relu_mlp([spec.obs_size, *hidden, spec.action_dim])
+        image = image_encoder(spec, encoder)
+        if image is not None:  # first: its parameters lead the state dict, as the actors read it
+            self.encoder = conv_stack(image)
+        self.image = image
+        self.policy = relu_mlp([encoded_size(spec, encoder), *hidden, spec.action_dim])
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Q of every action for [N, obs_size] features (the reference the stacked network is held to)."""
+        x = obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+        out: Tensor = self.policy(x)
+        return out
 
 
 def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,
@@ -73,10 +86,12 @@ class DQNHyperparams(NamedTuple):
 class DQN:
     """The population's Q and target networks and optimizer, and one gradient step of all of them."""
 
-    def __init__(self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device) -> None:
+    def __init__(self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device,
+                 encoder: str = "mlp") -> None:  # fmt: skip
         self.cfg, self.population = cfg, population
-        self.q = Stacked([QNetwork(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.target = Stacked([QNetwork(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        image = image_encoder(spec, encoder)
+        self.q = Stacked([QNetwork(spec, cfg.hidden_sizes, encoder) for _ in range(population)], image).to(device)
+        self.target = Stacked([QNetwork(spec, cfg.hidden_sizes, encoder) for _ in range(population)], image).to(device)
         self.target.flat.requires_grad_(False)
         with torch.no_grad():
             self.target.flat.copy_(self.q.flat)
@@ -89,7 +104,7 @@ class DQN:
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
-        return network.mlp(self.layers, obs, "relu")
+        return network.mlp(self.layers, network.encode(obs), "relu")
 
     @torch.no_grad()
     def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor,

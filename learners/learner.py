@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -97,6 +98,8 @@ class Learner:
                     raise wire.WireError("unexpected_kind", type(message).__name__)
                 self.members.spend(actor, message.member)
                 self.check_rollout(message)
+                if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
+                    message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
             except wire.WireError as exc:
                 self.reject(exc, len(parts[-1]), parts[0].bytes)

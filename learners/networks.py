@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
+from rlmq.learners.encoders import ImageEncoder, conv_stack, encode, image_encoder, stacked_encode
 from rlmq.learners.stacked_mlp import Activation, Tower, fast_tanh, stacked_mlp, stacked_towers
 
 
@@ -34,31 +36,42 @@ def mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy and the value; Gaussian policies learn a state-free
-    log standard deviation."""
+    """Separate tanh MLPs for the policy and the value, behind one convolutional encoder that
+    both share when the run encodes images (`encoder`, resolved: `RunConfig.encoder_for`);
+    Gaussian policies learn a state-free log standard deviation."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0) -> None:
+    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0,
+                 encoder: str = "mlp") -> None:  # fmt: skip
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
-        self.policy = mlp([spec.obs_size, *hidden_sizes, spec.action_dim], out_gain=0.01)
-        self.value = mlp([spec.obs_size, *hidden_sizes, 1], out_gain=1.0)
+        self.image = image_encoder(spec, encoder)
+        if self.image is not None:  # first: its parameters lead the state dict, as the actors read it
+            self.encoder = conv_stack(self.image)
+        width = encoded_size(spec, encoder)
+        self.policy = mlp([width, *hidden_sizes, spec.action_dim], out_gain=0.01)
+        self.value = mlp([width, *hidden_sizes, 1], out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.action_dim,), log_std_init))
 
+    def features(self, obs: Tensor) -> Tensor:
+        """What the heads take: the encoded images, or the features themselves."""
+        return obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+
     def distribution(self, obs: Tensor) -> torch.distributions.Distribution:
-        out = self.policy(obs)
+        out = self.policy(self.features(obs))
         if self.discrete:
             return torch.distributions.Categorical(logits=out)
         return torch.distributions.Normal(out, self.log_std.exp())
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-probability of `actions`, entropy, value) — one call, so DDP sees every grad."""
+        obs = self.features(obs)
         value = self.value(obs).squeeze(-1)
         if self.discrete:  # by hand: torch.distributions' checks cost more than the maths here
             log_probs = torch.log_softmax(self.policy(obs), dim=-1)
             logp = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             return logp, -(log_probs.exp() * log_probs).sum(-1), value
-        dist = self.distribution(obs)
+        dist = torch.distributions.Normal(self.policy(obs), self.log_std.exp())
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
 
 
@@ -87,12 +100,13 @@ class Stacked(nn.Module):
     all-reduce) syncs one tensor, the optimizer steps one tensor, and a PBT copy is one row
     assignment. The named tensors of a member are views into its row, laid out as the member
     module's state dict (whose names the actors read); `mlp` runs an `nn.Sequential` of Linears as
-    batched matmuls over the member axis (Fast Population-Based RL, Flajolet et al. 2022).
+    batched matmuls over the member axis (Fast Population-Based RL, Flajolet et al. 2022), `encode`
+    the members' convolutional encoder (``encoder.*``, `image`) as grouped convolutions.
     """
 
-    def __init__(self, members: list[nn.Module]) -> None:
+    def __init__(self, members: list[nn.Module], image: ImageEncoder | None = None) -> None:
         super().__init__()
-        self.population = len(members)
+        self.population, self.image = len(members), image
         self.layout: dict[str, tuple[int, torch.Size]] = {}
         offset = 0
         for name, tensor in members[0].state_dict().items():
@@ -105,6 +119,14 @@ class Stacked(nn.Module):
         """The named tensor of every member: [P, *shape], a view into `flat`."""
         offset, shape = self.layout[name]
         return self.flat[:, offset : offset + shape.numel()].view(self.population, *shape)
+
+    def encode(self, obs: Tensor) -> Tensor:
+        """[P, N, obs_size] features → [P, N, width] the heads take: through the encoder, if any."""
+        if self.image is None:
+            return obs
+        convs = [f"encoder.{2 * i}" for i in range(len(self.image.convs))]
+        return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs], [self.tensor(f"{c}.bias") for c in convs],
+                              self.image)  # fmt: skip
 
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
@@ -146,9 +168,11 @@ class Stacked(nn.Module):
 class PopulationActorCritic(Stacked):
     """P members of `ActorCritic`, stacked (see `Stacked`)."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0) -> None:
+    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0,
+                 encoder: str = "mlp") -> None:  # fmt: skip
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init) for _ in range(population)])
+        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder) for _ in range(population)],
+                         image_encoder(spec, encoder))  # fmt: skip
         self.discrete = spec.action_kind == "discrete"
         self.policy_layers = self.linear_names("policy")
         self.value_layers = self.linear_names("value")
@@ -159,11 +183,12 @@ class PopulationActorCritic(Stacked):
 
     def value(self, obs: Tensor) -> Tensor:
         """[P, N, obs_size] → [P, N]."""
-        return self.mlp(self.value_layers, obs, "tanh", outputs_first=True).squeeze(1)
+        return self.mlp(self.value_layers, self.encode(obs), "tanh", outputs_first=True).squeeze(1)
 
     def policy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """(log-probability of `actions`, entropy), each [P, N]."""
-        return self.log_prob_and_entropy(self.mlp(self.policy_layers, obs, "tanh", outputs_first=self.discrete), actions)
+        out = self.mlp(self.policy_layers, self.encode(obs), "tanh", outputs_first=self.discrete)
+        return self.log_prob_and_entropy(out, actions)
 
     def log_prob_and_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """From the policy tower's output: by hand, as ActorCritic.forward."""
@@ -181,7 +206,7 @@ class PopulationActorCritic(Stacked):
         """(log-probability of `actions`, entropy, value), each [P, N] — one call, so DDP sees every
         grad. With `actions` None (discrete actions only): (logits [P, A, N], value [P, N]), for
         `ppo_logits.ppo_loss_from_logits`. Both towers are one `stacked_towers`."""
-        out, value = stacked_towers(obs, self.flat, self.towers)
+        out, value = stacked_towers(self.encode(obs), self.flat, self.towers)
         if actions is None:
             if not self.discrete:
                 raise ValueError("logits are for discrete actions: pass the actions")

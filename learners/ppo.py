@@ -271,7 +271,7 @@ def update_each_member(
         obs_all = batch.obs[m].reshape(rows * slots, -1)
         actions = batch.actions[m].reshape((rows - 1) * slots, *batch.actions.shape[3:])
         with torch.no_grad():
-            values = net.value(obs_all).view(rows, slots)
+            values = net.value(net.features(obs_all)).view(rows, slots)
             old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
             returns = vtrace(batch.behaviour_logp[m], old_logp.view(rows - 1, slots), batch.rewards[m], values,
                              batch.terminated[m], batch.truncated[m], batch.valid[m], gamma=float(hp.gamma[m]),

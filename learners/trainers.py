@@ -73,7 +73,8 @@ class PPOTrainer:
                  world_size: int, device: torch.device) -> None:  # fmt: skip
         self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, run_cfg.ppo, device
         self.world_size, population = world_size, run_cfg.population
-        self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init).to(device)
+        self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init,
+                                          run_cfg.encoder_for(spec)).to(device)  # fmt: skip
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
         for w in weights:  # a restarted world carries on from the last publication
@@ -149,7 +150,8 @@ TRAINERS: dict[str, MakeTrainer] = {
     "ppo": PPOTrainer,
     "sac": from_replay(lambda spec, run_cfg, device: SAC(spec, run_cfg.sac, run_cfg.population, device)),
     "td3": from_replay(lambda spec, run_cfg, device: TD3(spec, run_cfg.td3, run_cfg.population, device)),
-    "dqn": from_replay(lambda spec, run_cfg, device: DQN(spec, run_cfg.dqn, run_cfg.population, device)),
+    "dqn": from_replay(lambda spec, run_cfg, device: DQN(spec, run_cfg.dqn, run_cfg.population, device,
+                                                         run_cfg.encoder_for(spec))),
 }
 
 

@@ -16,11 +16,12 @@ from rlmq.learners.distributed import Placement, choose_device
 HELPER = Path(__file__).parent / "helpers" / "ddp_rank.py"
 
 
-def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoder", ["mlp", "minatar"])  # flat observations; byte images through a CNN
+def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path, encoder: str) -> None:
     port, world, updates = free_port(), 2, 4
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r])],
+        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]), encoder],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)
     ]

@@ -60,7 +60,7 @@ STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32), "obs_norm.var"
     ("ppo", CONTINUOUS, lambda: to_numpy_params(ActorCritic(CONTINUOUS, (16,))), STATS),
     ("sac", CONTINUOUS, lambda: to_numpy_params(SACActor(CONTINUOUS, (16, 16))), STATS),
     ("td3", CONTINUOUS, lambda: to_numpy_params(TD3Actor(CONTINUOUS, (16,))), {}),
-    ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,))), {}),
+    ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
     ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
 ])  # fmt: skip
 def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(tmp_path: Path, algo: str, spec: EnvSpec,

@@ -21,7 +21,10 @@ from rlmq.learners.trainers import copy_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
-SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
+# Flat observations, or [H, W, C] byte images through MinAtar's convolutional encoder (argv[6]).
+SPECS = {"mlp": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
+         "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)}  # fmt: skip
+SPEC = SPECS["mlp"]
 POPULATION, STEPS, SLOTS = 3, 16, 8
 DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
 
@@ -32,7 +35,8 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
     valid[1:] = ~done[:-1]
     return Rollout(
         member=member, policy_version=0, actor="t",
-        obs=rng.standard_normal((STEPS + 1, SLOTS, 4)).astype(np.float32),
+        obs=(rng.standard_normal((STEPS + 1, SLOTS, *SPEC.obs_shape)).astype(np.float32) if SPEC.obs_dtype == "float32"
+             else rng.integers(0, 256, (STEPS + 1, SLOTS, *SPEC.obs_shape), dtype=np.uint8)),
         actions=rng.integers(0, 2, (STEPS, SLOTS)).astype(np.int64),
         logprobs=np.full((STEPS, SLOTS), np.log(0.5), np.float32),
         rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
@@ -56,12 +60,14 @@ def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: Popula
                ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0)  # fmt: skip
 
 
-def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
+def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str) -> None:
+    global SPEC
+    SPEC = SPECS[encoder]
     torch.set_num_threads(1)
     # NumPy's matmuls, though these batches are small: a population's path.
     stacked_mlp.use_cpu_matmul("numpy", min_macs=0)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
-    core = PopulationActorCritic(SPEC, (32, 32), POPULATION)
+    core = PopulationActorCritic(SPEC, (32, 32), POPULATION, encoder=encoder)
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     model = DistributedDataParallel(core)
     optimizer = PopulationAdam(core.flat)
@@ -112,4 +118,4 @@ def main(rank: int, world: int, port: int, updates: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])

@@ -1,0 +1,168 @@
+"""Convolutional encoders: which one a run picks, the actors' NumPy forward pass against torch's, the
+exported policy against the actors', and Atari's and MinAtar's envs as rlmq builds them."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlmq.cli.export import ExportedPolicy
+from rlmq.common import envs
+from rlmq.common.config import RunConfig
+from rlmq.common.images import NumpyEncoder, encoded_size, image_layout, resolve_encoder
+from rlmq.common.models import make_policy
+from rlmq.common.schema import EnvSpec, obs_features
+from rlmq.learners.encoders import image_encoder, stacked_encode
+from rlmq.learners.networks import ActorCritic, to_numpy_params
+
+ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6)
+MINATAR = EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3)
+FLAT = EnvSpec(obs_shape=(8,), action_kind="continuous", action_dim=2)
+SMALL = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=4)
+
+
+def test_auto_picks_the_cnn_that_fits_the_images_and_none_for_vectors() -> None:
+    assert resolve_encoder("auto", ATARI) == "nature" and encoded_size(ATARI, "nature") == 3136
+    assert resolve_encoder("auto", MINATAR) == "minatar" and encoded_size(MINATAR, "minatar") == 1024
+    assert resolve_encoder("auto", FLAT) == "mlp" and encoded_size(FLAT, "mlp") == 8
+    assert resolve_encoder("auto", MINATAR, takes_images=False) == "mlp"  # SAC, TD3: flattened
+    assert resolve_encoder("mlp", ATARI) == "mlp"
+    layout = image_layout(ATARI)
+    assert layout is not None and (layout.channels, layout.channels_last, layout.scale) == (4, False, 1 / 255)
+    layout = image_layout(MINATAR)
+    assert layout is not None and (layout.channels, layout.channels_last, layout.scale) == (4, True, 1.0)
+
+
+@pytest.mark.parametrize("choice,spec,says", [
+    ("nature", MINATAR, "does not fit 10×10"),
+    ("minatar", FLAT, "needs a 3-D Box"),
+    ("minatar", MINATAR, "take flat observations"),  # with takes_images=False below
+    ("resnet", MINATAR, "is not one of auto, mlp, nature, minatar"),
+])  # fmt: skip
+def test_an_encoder_that_cannot_run_is_refused_with_the_fix(choice: str, spec: EnvSpec, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        resolve_encoder(choice, spec, takes_images=says != "take flat observations")
+
+
+def test_a_run_config_refuses_an_unknown_encoder_and_probe_refuses_one_that_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        RunConfig(encoder="cnn")
+    with pytest.raises(envs.EnvError, match="MinAtar/Breakout-v1 with dqn: encoder 'nature' does not fit 10×10"):
+        envs.probe("MinAtar/Breakout-v1", "dqn", "nature")
+
+
+def random_observations(spec: EnvSpec, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if spec.obs_dtype == "uint8":
+        return rng.integers(0, 256, (count, *spec.obs_shape), dtype=np.uint8)
+    return rng.random((count, *spec.obs_shape)) < 0.3
+
+
+@pytest.mark.parametrize("spec,encoder", [(ATARI, "nature"), (MINATAR, "minatar"), (SMALL, "minatar")],
+                         ids=["atari-nature", "minatar", "small-channels-last-bytes"])  # fmt: skip
+def test_the_actors_numpy_encoder_equals_torchs(spec: EnvSpec, encoder: str) -> None:
+    torch.manual_seed(0)
+    net = ActorCritic(spec, (32,), encoder=encoder)
+    obs = random_observations(spec, 7, seed=1)
+    features = obs_features(obs, spec)
+    with torch.no_grad():
+        want = net.features(torch.from_numpy(features)).numpy()
+    got = NumpyEncoder(to_numpy_params(net), spec, encoder)(features)
+    assert got.shape == (7, encoded_size(spec, encoder)) and want.std() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [MINATAR, SMALL], ids=["minatar", "small"])
+def test_actors_and_the_exported_policy_act_as_the_learners_network(spec: EnvSpec) -> None:
+    torch.manual_seed(2)
+    run = RunConfig(env_id="x", algo="ppo")
+    net = ActorCritic(spec, (32,), encoder=run.encoder_for(spec))
+    with torch.no_grad():  # logits of a fresh policy are nearly equal: spread them so argmax means something
+        for p in net.policy.parameters():
+            p.mul_(30)
+    policy = make_policy(run, to_numpy_params(net), spec)
+    assert policy.encoder is not None
+    obs = random_observations(spec, 64, seed=3)
+    with torch.no_grad():
+        logits = net.policy(net.features(torch.from_numpy(obs_features(obs, spec)))).numpy()
+    np.testing.assert_allclose(policy.forward(obs), logits, rtol=1e-4, atol=1e-4)
+    greedy = logits.argmax(-1)
+    assert len(np.unique(greedy)) > 1
+    np.testing.assert_array_equal(policy.mode(obs), greedy)
+    exported = ExportedPolicy(policy).eval()
+    with torch.no_grad():
+        np.testing.assert_array_equal(exported(torch.from_numpy(obs)).numpy(), greedy)
+
+
+def test_minatar_runs_as_it_is_bool_frames_channels_last() -> None:
+    env = envs.make_vector_env("MinAtar/Breakout-v1", 2)
+    spec = envs.describe(env, "MinAtar/Breakout-v1")
+    obs = env.reset(seed=0)[0]
+    env.close()
+    assert spec == MINATAR and obs.dtype == np.bool_ and obs.shape == (2, 10, 10, 4)
+    assert RunConfig(env_id="MinAtar/Breakout-v1").encoder_for(spec) == "minatar"
+    assert not RunConfig(env_id="MinAtar/Breakout-v1").signs_rewards
+
+
+def test_atari_is_gymnasiums_preprocessing_step_for_step() -> None:
+    """The vector env rlmq builds for an ALE id against gymnasium's wrappers applied by hand: the
+    same frames, rewards and ends for the same seed and actions."""
+    env_id, steps = "ALE/Pong-v5", 300
+    ours = envs.make_vector_env(env_id, 1)
+    theirs = gym.wrappers.FrameStackObservation(
+        gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30,
+                                        frame_skip=4, screen_size=84, terminal_on_life_loss=False),
+        stack_size=4,
+    )  # fmt: skip
+    ours_obs, _ = ours.reset(seed=5)
+    their_obs, _ = theirs.reset(seed=5)
+    assert envs.describe(ours, env_id) == ATARI and ours_obs.dtype == np.uint8
+    np.testing.assert_array_equal(ours_obs[0], their_obs)
+    actions = np.random.default_rng(0).integers(0, 6, steps)
+    rewards = 0.0
+    for action in actions:
+        obs, reward, term, trunc, _ = ours.step(np.array([action]))
+        their_obs, their_reward, their_term, their_trunc, _ = theirs.step(int(action))
+        np.testing.assert_array_equal(obs[0], their_obs)
+        assert (reward[0], term[0], trunc[0]) == (their_reward, their_term, their_trunc)
+        rewards += abs(float(reward[0]))
+        if term[0] or trunc[0]:
+            break
+    ours.close()
+    theirs.close()
+    assert rewards > 0, "no point was scored: the rewards were never compared"
+    assert RunConfig(env_id=env_id).signs_rewards and not RunConfig(env_id=env_id, sign_rewards=False).signs_rewards
+
+
+@pytest.mark.parametrize("spec,encoder", [(SMALL, "minatar"), (EnvSpec(obs_shape=(2, 40, 36), action_kind="discrete",
+                                                                       action_dim=2), "nature")], ids=["minatar", "nature"])  # fmt: skip
+def test_grouped_convolutions_equal_each_members_own(spec: EnvSpec, encoder: str) -> None:
+    """The GPU's way (one grouped convolution per layer for the population) against the CPU's (each
+    member's convolutions in turn) and a member's own `nn.Sequential`: outputs and gradients."""
+    torch.manual_seed(4)
+    image = image_encoder(spec, encoder)
+    assert image is not None
+    members = [ActorCritic(spec, (8,), encoder=encoder) for _ in range(3)]
+    features = torch.from_numpy(obs_features(random_observations(spec, 5, seed=5), spec))[None].repeat(3, 1, 1)
+    features[1] *= 0.5  # each member its own inputs
+    results = []
+    for grouped in (True, False):
+        weights = [torch.stack([m.encoder[2 * i].weight for m in members]).detach().requires_grad_()
+                   for i in range(len(image.convs))]  # fmt: skip
+        biases = [torch.stack([m.encoder[2 * i].bias for m in members]).detach().requires_grad_()
+                  for i in range(len(image.convs))]  # fmt: skip
+        out = stacked_encode(features, weights, biases, image, grouped=grouped)
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        results.append((out.detach(), [t.grad for t in weights + biases]))
+    for m, member in enumerate(members):
+        with torch.no_grad():
+            want = member.features(features[m])
+        for out, _grads in results:
+            torch.testing.assert_close(out[m], want, rtol=1e-5, atol=1e-5)
+    (grouped_out, grouped_grads), (own_out, own_grads) = results
+    assert grouped_out.abs().sum() > 0
+    for got, want in zip(grouped_grads, own_grads, strict=True):
+        assert got is not None and want is not None and want.abs().sum() > 0
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
