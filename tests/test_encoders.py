@@ -40,15 +40,16 @@ def test_auto_picks_the_cnn_that_fits_the_images_and_none_for_vectors() -> None:
     assert layout is not None and (layout.channels, layout.channels_last, layout.scale) == (4, True, 1.0)
 
 
-@pytest.mark.parametrize("choice,spec,says", [
-    ("nature", MINATAR, "does not fit 10×10"),
-    ("minatar", FLAT, "needs a 3-D Box"),
-    ("minatar", MINATAR, "take flat observations"),  # with takes_images=False below
-    ("resnet", MINATAR, "is not one of auto, mlp, nature, minatar"),
+@pytest.mark.parametrize("choice,spec,takes_images,says", [
+    ("nature", MINATAR, True, "does not fit 10×10"),
+    ("minatar", FLAT, True, "needs a 3-D Box"),
+    ("minatar", MINATAR, False, "take flat observations"),  # SAC, TD3
+    ("resnet", MINATAR, True, "is not one of auto, mlp, nature, minatar"),
 ])  # fmt: skip
-def test_an_encoder_that_cannot_run_is_refused_with_the_fix(choice: str, spec: EnvSpec, says: str) -> None:
+def test_an_encoder_that_cannot_run_is_refused_with_the_fix(choice: str, spec: EnvSpec, takes_images: bool,
+                                                            says: str) -> None:  # fmt: skip
     with pytest.raises(ValueError, match=says):
-        resolve_encoder(choice, spec, takes_images=says != "take flat observations")
+        resolve_encoder(choice, spec, takes_images)
 
 
 def test_a_run_config_refuses_an_unknown_encoder_and_probe_refuses_one_that_does_not_fit() -> None:

@@ -135,8 +135,9 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
         assert all(np.isfinite(v) for v in stats.values())
         if step == 0:
             after_first = (pop.flat.detach()[3].clone(), optimizer.exp_avg[3].clone())
-    # A grouped convolution sums in another order than a member's own convolution: gradients near 0
-    # differ by float32 roundings, which Adam's step (lr 1e-2 for member 2) turns into ~3e-6.
+    # Behind an encoder the heads' input gradient (hand-written, batched) and the convolutions'
+    # sum in another order than a member's own modules: gradients near 0 differ by float32
+    # roundings, which Adam's step (lr 1e-2 for member 2) turns into ~3e-6.
     atol = (2e-6, 1e-7) if pop.image is None else (1e-5, 1e-6)
     for m, (net, adam) in enumerate(zip(nets, adams, strict=True)):
         got = pop.member_params(m)
