@@ -118,13 +118,23 @@ class ReplayConfig:
     learning_starts: int = 1_000  # env steps of a member before its first update
     replay_ratio: float = 1.0  # gradient updates per env step (of each member, over all ranks)
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N learner iterations
+    # n-step returns: bootstrap from the observation n env steps on, over the n rewards between
+    # (Ape-X and Rainbow use 3); never across an episode's end or a rollout's. Discounted with the
+    # member's γ when its transitions are stored (a PBT change of γ applies to new ones).
+    n_step: int = 1
+    # The learning rate falls linearly to lr_final_fraction × learning_rate over a member's first
+    # lr_decay_steps gradient steps, then stays there; 0: constant (as SB3's defaults).
+    lr_decay_steps: int = 0
+    lr_final_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
         problems = [f"{name} must be positive" for name in ("batch_size", "buffer_size", "replay_ratio",
-                    "publish_every") if getattr(self, name) <= 0]  # fmt: skip
-        if self.learning_starts < 0:
-            problems.append("learning_starts must not be negative")
+                    "publish_every", "n_step") if getattr(self, name) <= 0]  # fmt: skip
+        if self.learning_starts < 0 or self.lr_decay_steps < 0:
+            problems.append("learning_starts and lr_decay_steps must not be negative")
+        if not 0 < self.lr_final_fraction <= 1:
+            problems.append("lr_final_fraction must be in (0, 1]")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -207,15 +217,7 @@ class DQNConfig(ReplayConfig):
     # Polyak step of each target update: target ← τ·Q + (1 − τ)·target. 1 (SB3's default) is the hard
     # copy; a small τ with target_update_interval 1 is the soft update SAC and TD3 use.
     tau: float = 1.0
-    # n-step returns: bootstrap from the observation n env steps on, over the n rewards between
-    # (Ape-X and Rainbow use 3); never across an episode's end or a rollout's. Discounted with the
-    # member's γ when its transitions are stored (a PBT change of γ applies to new ones).
-    n_step: int = 1
     max_grad_norm: float | None = 10.0  # per member, on the rank-averaged gradient; None: no clipping
-    # The learning rate falls linearly to lr_final_fraction × learning_rate over a member's first
-    # lr_decay_steps gradient steps, then stays there; 0: constant (as SB3's DQN).
-    lr_decay_steps: int = 0
-    lr_final_fraction: float = 0.1
     # ε falls linearly from initial to final over exploration_fraction × RunConfig.total_steps /
     # population env steps of the member (computed by the actors from the weights' trained_steps).
     exploration_fraction: float = 0.16
@@ -229,9 +231,6 @@ class DQNConfig(ReplayConfig):
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "target_update_interval >= 1": self.target_update_interval >= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
-            "n_step >= 1": self.n_step >= 1,
-            "lr_decay_steps >= 0": self.lr_decay_steps >= 0,
-            "0 < lr_final_fraction <= 1": 0 < self.lr_final_fraction <= 1,
             "max_grad_norm > 0 (or None)": self.max_grad_norm is None or self.max_grad_norm > 0,
             "0 <= exploration_fraction <= 1": 0 <= self.exploration_fraction <= 1,
             "0 <= exploration_final_eps, exploration_initial_eps <= 1":

@@ -133,7 +133,7 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
 
 
 def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
-    obs = observation_spec(env.single_observation_space, env_id)
+    obs = {**observation_spec(env.single_observation_space, env_id), "frame_stack": frame_stack(env)}
     action_space = env.single_action_space
     if isinstance(action_space, gym.spaces.Discrete):
         return EnvSpec(**obs, action_kind="discrete", action_dim=int(action_space.n))
@@ -148,6 +148,18 @@ def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
             action_high=tuple(high.tolist()) if bounded else (),
         )
     raise EnvError(f"{env_id}: action space {action_space} is not supported; use Discrete or a 1-D Box")
+
+
+def frame_stack(env: gym.vector.VectorEnv) -> int:
+    """The frames a FrameStackObservation in the slots' wrappers stacks (1: none, or not visible:
+    the slots of an async or custom vector env are out of reach, and then storing whole stacks
+    costs memory, never correctness)."""
+    slot = next(iter(getattr(env, "envs", [])), None)
+    while isinstance(slot, gym.Wrapper):
+        if isinstance(slot, gym.wrappers.FrameStackObservation):
+            return int(slot.stack_size)
+        slot = slot.env
+    return 1
 
 
 def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:

@@ -34,6 +34,9 @@ class EnvSpec:
     action_high: tuple[float, ...] = ()
     obs_dtype: str = "float32"  # one of OBS_DTYPES
     obs_categories: int = 0  # a Discrete observation's number of values (one-hot encoded); 0: a Box
+    # Frames stacked along the observation's first axis (gymnasium's FrameStackObservation, as in
+    # Atari's preprocessing); 1: none. The replay stores each frame once (learners/frames.py).
+    frame_stack: int = 1
 
     def __post_init__(self) -> None:
         if len(self.obs_shape) > MAX_OBS_DIMS or min(self.obs_shape, default=1) < 1 or self.action_dim < 1:
@@ -45,6 +48,8 @@ class EnvSpec:
             raise ValueError("a Discrete observation (obs_categories > 0) is an int64 of shape ()")
         if not self.obs_categories and not self.obs_shape:
             raise ValueError("a Box observation needs a shape")
+        if self.frame_stack < 1 or self.frame_stack > 1 and self.obs_shape[:1] != (self.frame_stack,):
+            raise ValueError(f"frame_stack {self.frame_stack} must be 1 or the first of obs_shape {self.obs_shape}")
         if self.action_kind not in ("discrete", "continuous"):
             raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
         if len(self.action_low) != len(self.action_high) or self.action_low and (

@@ -33,7 +33,13 @@ from rlmq.common.schema import EnvSpec
 from rlmq.learners.encoders import conv_stack, encode, image_encoder
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import relu_mlp
-from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member, per_member
+from rlmq.learners.optim import (
+    PopulationAdam,
+    Sync,
+    clip_grad_norm_per_member,
+    decayed_fraction,
+    per_member,
+)
 from rlmq.learners.replay import Transitions
 
 
@@ -63,14 +69,6 @@ def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, n
     next_action = next_q_online.argmax(-1, keepdim=True)
     next_value = next_q_target.gather(-1, next_action).squeeze(-1)
     return reward + gamma[:, None] ** horizon * (1 - terminated) * next_value
-
-
-def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
-    """The share of its learning rate each member [P] takes after `steps` gradient steps: 1 falling
-    linearly to `final_fraction` at `decay_steps`, then flat (decay_steps 0: always 1)."""
-    if decay_steps <= 0:
-        return torch.ones_like(steps)
-    return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
 
 
 def q_loss(q: Tensor, target: Tensor) -> Tensor:

@@ -102,6 +102,14 @@ class PopulationAdam:
             state[target] = state[source]
 
 
+def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
+    """The share of its learning rate each member [P] takes after `steps` gradient steps: 1 falling
+    linearly to `final_fraction` at `decay_steps`, then flat (decay_steps 0: always 1)."""
+    if decay_steps <= 0:
+        return torch.ones_like(steps)
+    return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
+
+
 def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
     """One optimizer's step on its own loss [P]: backward, the gradient averaged across ranks (each
     optimizer is synced on its own), then Adam (which skips members whose gradient is not finite)."""

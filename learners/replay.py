@@ -9,8 +9,9 @@ vectorized draw yields a member-major batch ``[P, B, ...]`` for the population's
 The memory is bounded and preallocated: the arrays are allocated once at full capacity, so a run
 that fits at start fits forever, and when a member's shard is full its oldest transitions are
 overwritten. Storage is NumPy (rollouts arrive as NumPy from the wire), observations in their own
-dtype (common/schema.py: a uint8 image stays bytes); batches leave as torch, observations as the
-networks' float features.
+dtype (common/schema.py: a uint8 image stays bytes), each observation once and each frame of a
+frame stack once (learners/frames.py); a transition keeps the keys of its two observations there.
+Batches leave as torch, observations as the networks' float features.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from torch import Tensor
 
 from rlmq.common.schema import EnvSpec, rollout_layout
 from rlmq.common.wire import Rollout
+from rlmq.learners.frames import FrameRing
 from rlmq.learners.networks import obs_features
+
+# Frame rows a shard holds per transition of capacity when observations stack frames. A rollout of
+# T steps per env slot brings T + 1 observations, and a stack of k frames k − 1 more rows at each
+# slot's start and each episode's: 1/8 more covers T ≥ 32 with k = 4 (a Pong episode runs ~800
+# steps). Where a run needs more, its oldest transitions make room before the ring of transitions
+# is full. Other observations get two rows per transition, as many as a transition ever needs.
+ROWS_PER_STACKED_TRANSITION = 1.125
 
 
 class Transitions(NamedTuple):
@@ -71,11 +80,13 @@ class Replay:
         # One step of the rollout layout: what a transition's observation and action look like.
         self.layout = {name: (shape[2:], np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
         shape = (population, capacity)
-        obs_shape, obs_dtype = self.layout["obs"]
         # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
         # never written stay zero, which is what `sample` hands out for an empty member.
-        self._obs = np.zeros((*shape, *obs_shape), obs_dtype)
-        self._next_obs = np.zeros((*shape, *obs_shape), obs_dtype)
+        stacked = spec.frame_stack > 1
+        rows = int(capacity * ROWS_PER_STACKED_TRANSITION) + spec.frame_stack if stacked else 2 * capacity
+        self.frames = FrameRing(population, rows, spec)
+        self._obs_key = np.zeros(shape, np.int64)  # keys into `frames`
+        self._next_key = np.zeros(shape, np.int64)
         self._actions = np.zeros((*shape, *self.layout["actions"][0]), self.layout["actions"][1])
         self._rewards = np.zeros(shape, np.float32)
         self._terminated = np.zeros(shape, np.float32)
@@ -95,37 +106,52 @@ class Replay:
             array, (shape, dtype) = getattr(rollout, name), self.layout[name]
             if (array.shape[2:], array.dtype) != (shape, dtype):
                 raise ValueError(f"rollout {name} are {array.dtype}{list(array.shape[2:])}, replay holds {dtype}{list(shape)}")
-        valid = rollout.valid
         # Next-step autoreset: obs[t + 1] is the final observation of an episode ending at t, and the
         # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
         # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.
-        # Boolean indexing walks [T, N] row-major, so the rows come out oldest step first.
         # An n-step transition never crosses an episode's end, so it never reaches an invalid step.
         returns, horizon, terminated = n_step(rollout.rewards, rollout.terminated, rollout.truncated, gamma,
                                               self.n_step)  # fmt: skip
-        steps = np.arange(valid.shape[0])[:, None]
-        slots = np.arange(valid.shape[1])[None, :]
-        obs = rollout.obs[:-1][valid]
-        next_obs = rollout.obs[steps + horizon, slots][valid]
-        actions = rollout.actions[valid]
-        rewards, terminated, horizon = returns[valid], terminated[valid], horizon[valid]
-        added = int(obs.shape[0])
+        keys = self.frames.add(member, rollout.obs)  # [N, T + 1]
+        # Everything below walks [N, T] slot by slot, oldest step first, as the frames were written:
+        # the transitions' keys then grow in the order they are stored.
+        valid = rollout.valid.T
+        slots, steps = np.arange(valid.shape[0])[:, None], np.arange(valid.shape[1])[None, :]
+        obs_key, next_key = keys[:, :-1][valid], keys[slots, steps + horizon.T][valid]
+        actions = np.swapaxes(rollout.actions, 0, 1)[valid]
+        rewards, terminated, horizon = returns.T[valid], terminated.T[valid], horizon.T[valid]
+        added = len(obs_key)
         if added > self.capacity:  # only the newest `capacity` would survive the wrap anyway
             keep = slice(added - self.capacity, None)
-            obs, next_obs, actions = obs[keep], next_obs[keep], actions[keep]
+            obs_key, next_key, actions = obs_key[keep], next_key[keep], actions[keep]
             rewards, terminated, horizon = rewards[keep], terminated[keep], horizon[keep]
-        count = int(obs.shape[0])
+        count = len(obs_key)
         # Distinct rows, since count ≤ capacity: no write in this call lands on another.
         rows = (self._position[member] + np.arange(count)) % self.capacity
-        self._obs[member, rows] = obs
-        self._next_obs[member, rows] = next_obs
+        self._obs_key[member, rows] = obs_key
+        self._next_key[member, rows] = next_key
         self._actions[member, rows] = actions
         self._rewards[member, rows] = rewards
         self._terminated[member, rows] = terminated
         self._horizon[member, rows] = horizon
         self._position[member] = (self._position[member] + count) % self.capacity
         self._size[member] = min(int(self._size[member]) + count, self.capacity)
+        self._size[member] -= self._overwritten(member)
         return added
+
+    def _overwritten(self, member: int) -> int:
+        """How many of `member`'s oldest transitions point at observations the frame ring has
+        overwritten: their keys grow in storage order, so they are a prefix, found by bisection."""
+        intact_from, size = self.frames.intact_from(member), int(self._size[member])
+        oldest = int(self._position[member]) - size  # storage order i is row (oldest + i) % capacity
+        low, high = 0, size
+        while low < high:
+            middle = (low + high) // 2
+            if self._obs_key[member, (oldest + middle) % self.capacity] < intact_from:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def size(self, member: int) -> int:
         self._check_member(member)
@@ -146,13 +172,16 @@ class Replay:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         active = self._size > 0
-        # One draw for the whole population. floor(u * size) can round up to `size` itself for
-        # u just below 1, hence the clamp; empty members draw row 0 and are zeroed below.
+        # One draw for the whole population of the i-th stored transition, i < size. floor(u * size)
+        # can round up to `size` itself for u just below 1, hence the clamp; empty members draw
+        # row 0 and are zeroed below.
         scaled = np.floor(rng.random((self.population, batch_size)) * self._size[:, None])
-        index = np.minimum(scaled.astype(np.int64), np.maximum(self._size - 1, 0)[:, None])
+        order = np.minimum(scaled.astype(np.int64), np.maximum(self._size - 1, 0)[:, None])
+        index = ((self._position - self._size)[:, None] + order) % self.capacity
         member = np.arange(self.population)[:, None]
-        arrays = [a[member, index] for a in (self._obs, self._actions, self._rewards,
-                                             self._next_obs, self._terminated, self._horizon)]  # fmt: skip
+        arrays = [self.frames.gather(self._obs_key[member, index]), self._actions[member, index],
+                  self._rewards[member, index], self.frames.gather(self._next_key[member, index]),
+                  self._terminated[member, index], self._horizon[member, index]]  # fmt: skip
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
         obs, actions, rewards, next_obs, terminated, horizon = (torch.from_numpy(array).to(device) for array in arrays)
@@ -165,7 +194,8 @@ class Replay:
         """Population-based training's exploit step: `target` takes a copy of `source`'s memory."""
         self._check_member(source)
         self._check_member(target)
-        for array in (self._obs, self._next_obs, self._actions, self._rewards, self._terminated, self._horizon):
+        for array in (self._obs_key, self._next_key, self._actions, self._rewards, self._terminated, self._horizon):
             array[target] = array[source]
+        self.frames.copy_member(source, target)
         self._position[target] = self._position[source]
         self._size[target] = self._size[source]

@@ -29,7 +29,7 @@ from rlmq.common.models import (  # as the actors clamp and scale
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
-from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
+from rlmq.learners.optim import PopulationAdam, Sync, decayed_fraction, descend, per_member
 from rlmq.learners.replay import Transitions
 
 
@@ -54,9 +54,10 @@ def squashed_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Ten
 
 
 def critic_target(reward: Tensor, terminated: Tensor, next_q: Tensor, next_logp: Tensor, alpha: Tensor,
-                  gamma: Tensor) -> Tensor:  # fmt: skip
-    """y = r + γ·(1 − terminated)·(min Q'(s', a') − α·log π(a'|s')); [P, B], per-member α, γ [P]."""
-    return reward + gamma[:, None] * (1 - terminated) * (next_q - alpha[:, None] * next_logp)
+                  gamma: Tensor, horizon: Tensor) -> Tensor:  # fmt: skip
+    """y = r + γ^k·(1 − terminated)·(min Q'(s', a') − α·log π(a'|s')); [P, B] (n-step returns when
+    k > 1), per-member α, γ [P], k [P, B]."""
+    return reward + gamma[:, None] ** horizon * (1 - terminated) * (next_q - alpha[:, None] * next_logp)
 
 
 def critic_loss(q1: Tensor, q2: Tensor, target: Tensor) -> Tensor:
@@ -77,10 +78,8 @@ def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> 
 class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
-    n_step = 1  # one-step targets: the replay's `horizon` is always 1 here
-
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
-        self.cfg, self.population = cfg, population
+        self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
         self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
         self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
@@ -117,22 +116,24 @@ class SAC:
         weight = has_data.to(batch.rewards.dtype)
         actions = (batch.actions - self.action_bias) / self.action_scale
         alpha = self.log_alpha.detach()[:, 0].exp()
+        lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
+                                                 self.cfg.lr_final_fraction)  # fmt: skip
         with torch.no_grad():
             next_action, next_logp = self.sample(batch.next_obs, generator)
             target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
-                                   next_logp, alpha, hp.gamma)  # fmt: skip
+                                   next_logp, alpha, hp.gamma, batch.horizon)  # fmt: skip
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
-        descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
+        descend(self.optimizers["critic"], losses["critic"], lr, active, sync)
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
         new_action, logp = self.sample(batch.obs, generator)
         losses["actor"] = actor_loss(logp, self.q(self.critic, batch.obs, new_action), alpha) * weight
-        descend(self.optimizers["actor"], losses["actor"], hp.learning_rate, active, sync)
+        descend(self.optimizers["actor"], losses["actor"], lr, active, sync)
         self.critic.flat.requires_grad_(True)
 
         losses["temperature"] = temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
-        descend(self.optimizers["temperature"], losses["temperature"], hp.learning_rate, active, sync)
+        descend(self.optimizers["temperature"], losses["temperature"], lr, active, sync)
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)

@@ -26,7 +26,7 @@ from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
-from rlmq.learners.optim import PopulationAdam, Sync, descend, per_member
+from rlmq.learners.optim import PopulationAdam, Sync, decayed_fraction, descend, per_member
 from rlmq.learners.replay import Transitions
 
 
@@ -43,9 +43,11 @@ def smoothed_target_action(target_action: Tensor, noise: Tensor, target_noise: f
     return (target_action + (target_noise * noise).clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
 
 
-def critic_target(reward: Tensor, terminated: Tensor, next_q1: Tensor, next_q2: Tensor, gamma: Tensor) -> Tensor:
-    """y = r + γ·(1 − terminated)·min(Q1', Q2')(s', ã); [P, B], per-member γ [P]."""
-    return reward + gamma[:, None] * (1 - terminated) * torch.min(next_q1, next_q2)
+def critic_target(reward: Tensor, terminated: Tensor, next_q1: Tensor, next_q2: Tensor, gamma: Tensor,
+                  horizon: Tensor) -> Tensor:  # fmt: skip
+    """y = r + γ^k·(1 − terminated)·min(Q1', Q2')(s', ã); [P, B] (n-step returns when k > 1),
+    per-member γ [P], k [P, B]."""
+    return reward + gamma[:, None] ** horizon * (1 - terminated) * torch.min(next_q1, next_q2)
 
 
 def critic_loss(q1: Tensor, q2: Tensor, target: Tensor) -> Tensor:
@@ -61,10 +63,8 @@ def actor_loss(q1: Tensor) -> Tensor:
 class TD3:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
-    n_step = 1  # one-step targets: the replay's `horizon` is always 1 here
-
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
-        self.cfg, self.population = cfg, population
+        self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
         self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
         self.target_actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
@@ -87,12 +87,13 @@ class TD3:
         return torch.tanh(actor.mlp(self.policy_layers, obs, "relu"))
 
     @torch.no_grad()
-    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor, noise: Tensor) -> Tensor:
+    def td_target(self, batch: Transitions, gamma: Tensor, noise: Tensor) -> Tensor:
         """The critics' target [P, B] from the target networks, with the smoothing noise `noise`
         (standard normal, [P, B, A]) passed in."""
-        next_action = smoothed_target_action(self.act(self.target_actor, next_obs), noise, self.cfg.target_noise,
-                                             self.cfg.noise_clip)  # fmt: skip
-        return critic_target(reward, terminated, *q_pair(self.target_critic, self.q_layers, next_obs, next_action), gamma)
+        next_action = smoothed_target_action(self.act(self.target_actor, batch.next_obs), noise,
+                                             self.cfg.target_noise, self.cfg.noise_clip)  # fmt: skip
+        next_q1, next_q2 = q_pair(self.target_critic, self.q_layers, batch.next_obs, next_action)
+        return critic_target(batch.rewards, batch.terminated, next_q1, next_q2, gamma, batch.horizon)
 
     def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -105,17 +106,19 @@ class TD3:
         weight = has_data.to(batch.rewards.dtype)
         actions = (batch.actions - self.action_bias) / self.action_scale
         noise = torch.randn(actions.shape, generator=generator, device=actions.device)
-        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, noise)
+        target = self.td_target(batch, hp.gamma, noise)
+        lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
+                                                 self.cfg.lr_final_fraction)  # fmt: skip
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
         losses = {"critic": critic_loss(q1, q2, target) * weight}
-        descend(self.optimizers["critic"], losses["critic"], hp.learning_rate, active, sync)
+        descend(self.optimizers["critic"], losses["critic"], lr, active, sync)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
             q1_new, _ = q_pair(self.critic, self.q_layers, batch.obs, self.act(self.actor, batch.obs))
             self.last_actor_loss = actor_loss(q1_new) * weight
-            descend(self.optimizers["actor"], self.last_actor_loss, hp.learning_rate, active, sync)
+            descend(self.optimizers["actor"], self.last_actor_loss, lr, active, sync)
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
                 tau = (hp.tau * active).unsqueeze(1)

@@ -16,7 +16,7 @@ from rlmq.common.config import DQNConfig, PBTConfig, RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import EpsilonGreedyPolicy, linear_epsilon, make_policy
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import dqn
+from rlmq.learners import dqn, optim
 from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
 
@@ -205,8 +205,8 @@ def test_a_soft_target_moves_by_tau_every_interval() -> None:
 
 def test_the_learning_rate_decays_linearly_per_member_then_stays() -> None:
     steps = torch.tensor([0.0, 50.0, 100.0, 400.0])
-    torch.testing.assert_close(dqn.decayed_fraction(steps, 100, 0.1), torch.tensor([1.0, 0.55, 0.1, 0.1]))
-    torch.testing.assert_close(dqn.decayed_fraction(steps, 0, 0.1), torch.ones(4))
+    torch.testing.assert_close(optim.decayed_fraction(steps, 100, 0.1), torch.tensor([1.0, 0.55, 0.1, 0.1]))
+    torch.testing.assert_close(optim.decayed_fraction(steps, 0, 0.1), torch.ones(4))
     # Through steps: decaying over 4 steps equals a constant-rate DQN handed 1, 0.775, 0.55, 0.325,
     # 0.1, 0.1 × the rate step by step.
     nets = []

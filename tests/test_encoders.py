@@ -22,7 +22,7 @@ from rlmq.common.schema import EnvSpec, obs_features
 from rlmq.learners.encoders import image_encoder, stacked_encode
 from rlmq.learners.networks import ActorCritic, to_numpy_params
 
-ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6)
+ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6, frame_stack=4)
 MINATAR = EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3)
 FLAT = EnvSpec(obs_shape=(8,), action_kind="continuous", action_dim=2)
 SMALL = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=4)

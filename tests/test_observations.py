@@ -51,7 +51,8 @@ def test_observations_keep_their_dtype_through_collector_wire_and_replay(env_id:
     replay = Replay(1, 1000, spec)
     stored = replay.add_rollout(0, decoded)
     assert stored == int(decoded.valid.sum()) > 0
-    assert replay._obs.dtype == np.dtype(dtype) and replay._obs.shape[2:] == shape  # stored as it came
+    rows = replay.frames._rows  # no frame stack: one row per observation, stored as it came
+    assert rows.dtype == np.dtype(dtype) and rows.shape[2:] == shape
     batch, _ = replay.sample(64, np.random.default_rng(0))
     assert batch.obs.dtype == torch.float32 and batch.obs.shape == (1, 64, spec.obs_size)
     # Every sampled row is the features of an observation the rollout holds.

@@ -107,15 +107,14 @@ def test_ring_keeps_the_newest_capacity_transitions() -> None:
     assert len(added) == 25
     assert stored_keys(replay, 0) == set(added[-10:])
 
-    # One rollout with more valid steps than the capacity keeps its newest 10 (here 2 slots:
-    # rows arrive step by step, so the newest 10 are steps 7..11 of both slots).
+    # One rollout with more valid steps than the capacity keeps its last 10 (here 2 slots: rows
+    # arrive slot by slot, each in time order, so the last 10 are steps 2..11 of slot 1).
     assert replay.add_rollout(0, make_rollout(np.ones((12, 2), bool), tag=9)) == 24
     assert replay.size(0) == 10
-    assert stored_keys(replay, 0) == {(9, t, n) for t in range(7, 12) for n in range(2)}
+    assert stored_keys(replay, 0) == {(9, t, 1) for t in range(2, 12)}
     # ... and the ring goes on from there: 3 more push out the 3 oldest.
     replay.add_rollout(0, make_rollout(np.ones((3, 1), bool), tag=10))
-    newest = {(9, t, n) for t in range(8, 12) for n in range(2)} - {(9, 8, 0)}
-    assert stored_keys(replay, 0) == newest | {(10, t, 0) for t in range(3)}
+    assert stored_keys(replay, 0) == {(9, t, 1) for t in range(5, 12)} | {(10, t, 0) for t in range(3)}
 
 
 def test_sampling_is_uniform_reproducible_and_per_member() -> None:
@@ -166,7 +165,8 @@ def test_copy_member_gives_the_target_an_independent_copy() -> None:
     replay.add_rollout(1, make_rollout(np.ones((4, 1), bool), member=1, tag=3))
     assert replay.sizes == [6, 8]
     assert stored_keys(replay, 0) == source_before
-    assert stored_keys(replay, 1) == (source_before - {(1, 0, 0), (1, 0, 1)}) | {
+    # The two oldest of the source's, stored slot by slot: steps 0 and 1 of slot 0.
+    assert stored_keys(replay, 1) == (source_before - {(1, 0, 0), (1, 1, 0)}) | {
         (3, t, 0) for t in range(4)
     }
 

@@ -44,13 +44,15 @@ def test_losses_by_hand() -> None:
     next_q = torch.tensor([[10.0, 10.0], [4.0, -4.0]])
     next_logp = torch.tensor([[-1.0, -1.0], [2.0, 0.0]])
     alpha, gamma = torch.tensor([0.5, 0.1]), torch.tensor([0.9, 0.5])
-    target = sac.critic_target(reward, terminated, next_q, next_logp, alpha, gamma)
-    # member 0: 1 + 0.9·(10 + 0.5) = 10.45; terminated: −2; member 1: 0.5 + 0.5·(4 − 0.2) = 2.4; 0 + 0.5·(−4) = −2
-    torch.testing.assert_close(target, torch.tensor([[10.45, -2.0], [2.4, -2.0]]))
+    horizon = torch.tensor([[1.0, 1.0], [1.0, 2.0]])
+    target = sac.critic_target(reward, terminated, next_q, next_logp, alpha, gamma, horizon)
+    # member 0: 1 + 0.9·(10 + 0.5) = 10.45; terminated: −2; member 1: 0.5 + 0.5·(4 − 0.2) = 2.4;
+    # a 2-step return bootstraps with γ²: 0 + 0.25·(−4) = −1
+    torch.testing.assert_close(target, torch.tensor([[10.45, -2.0], [2.4, -1.0]]))
     q1, q2 = torch.tensor([[10.0, -1.0], [2.4, 0.0]]), torch.tensor([[11.0, -2.0], [2.0, -2.0]])
     # ½·(mean((q1 − y)²) + mean((q2 − y)²)) per member
     m0 = 0.5 * ((0.45**2 + 1.0) / 2 + (0.55**2 + 0.0) / 2)
-    m1 = 0.5 * ((0.0 + 4.0) / 2 + (0.4**2 + 0.0) / 2)
+    m1 = 0.5 * ((0.0 + 1.0) / 2 + (0.4**2 + 1.0) / 2)
     torch.testing.assert_close(sac.critic_loss(q1, q2, target), torch.tensor([m0, m1]))
     logp, q = torch.tensor([[-1.0, 1.0], [0.5, 0.5]]), torch.tensor([[2.0, 4.0], [1.0, 3.0]])
     torch.testing.assert_close(sac.actor_loss(logp, q, alpha), torch.tensor([-3.0, -1.95]))

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import RunConfig, TD3Config
+from rlmq.common.config import RunConfig, SACConfig, TD3Config
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import td3
+from rlmq.learners import sac, td3
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic
 from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
@@ -66,9 +66,10 @@ def test_critic_target_takes_the_smaller_twin_and_stops_at_termination() -> None
     terminated = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     next_q1 = torch.tensor([[2.0, 3.0, 4.0], [1.0, -1.0, 5.0]])
     next_q2 = torch.tensor([[2.5, 1.0, 3.0], [0.0, 2.0, 6.0]])
-    got = td3.critic_target(reward, terminated, next_q1, next_q2, gamma=torch.tensor([0.9, 0.5]))
-    # min = [[2, 1, 3], [0, -1, 5]]: y = r + γ·(1 − d)·min
-    torch.testing.assert_close(got, torch.tensor([[1 + 0.9 * 2, 0.0, -1 + 0.9 * 3], [0.5, 2 - 0.5, 0.0]]))
+    horizon = torch.tensor([[1.0, 1.0, 3.0], [1.0, 2.0, 1.0]])
+    got = td3.critic_target(reward, terminated, next_q1, next_q2, torch.tensor([0.9, 0.5]), horizon)
+    # min = [[2, 1, 3], [0, -1, 5]]: y = r + γ^k·(1 − d)·min, k env steps on (n-step returns)
+    torch.testing.assert_close(got, torch.tensor([[1 + 0.9 * 2, 0.0, -1 + 0.9**3 * 3], [0.5, 2 - 0.25, 0.0]]))
 
 
 def test_critic_and_actor_losses() -> None:
@@ -100,7 +101,7 @@ def test_td_target_runs_the_target_networks_with_the_given_noise() -> None:
     batch = transitions(2, 3, seed=1)
     noise = 2 * torch.randn(2, 3, SPEC.action_dim, generator=torch.Generator().manual_seed(2))
     gamma = torch.tensor([0.9, 0.5])
-    got = algo.td_target(batch.rewards, batch.terminated, batch.next_obs, gamma, noise)
+    got = algo.td_target(batch, gamma, noise)
     for m in range(2):
         nets = member_modules(algo, m)
         with torch.no_grad():
@@ -193,6 +194,29 @@ def test_the_actor_and_the_targets_move_only_every_policy_delay_steps() -> None:
             if not torch.equal(before[name], getattr(algo, name).flat):
                 moved_at[name].append(step)
     assert moved_at == {"actor": [3, 6], "critic": list(range(1, 8)), "target_actor": [3, 6], "target_critic": [3, 6]}
+
+
+@pytest.mark.parametrize("algo_name", ["td3", "sac"])
+def test_the_learning_rate_decays_over_gradient_steps(algo_name: str) -> None:
+    """RL-Zoo's linear schedule: decaying over 4 gradient steps equals a constant-rate algorithm
+    handed 1, 0.775, 0.55, 0.325, 0.1, 0.1 × the rate step by step (the critics', the actor's and
+    SAC's temperature's optimizers alike)."""
+    def build(**decay: float) -> td3.TD3 | sac.SAC:
+        torch.manual_seed(3)
+        if algo_name == "td3":
+            return td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1, **decay), 1, CPU)  # type: ignore[arg-type]
+        return sac.SAC(SPEC, SACConfig(hidden_sizes=(16,), **decay), 1, CPU)  # type: ignore[arg-type]
+
+    decaying, constant = build(lr_decay_steps=4, lr_final_fraction=0.1), build()
+    on = torch.tensor([True])
+    for step, fraction in enumerate((1.0, 0.775, 0.55, 0.325, 0.1, 0.1)):
+        batch = transitions(1, 8, seed=step)
+        decaying.step(batch, hyperparams([1e-2]), on, on, no_sync, torch.Generator().manual_seed(step))
+        constant.step(batch, hyperparams([1e-2 * fraction]), on, on, no_sync, torch.Generator().manual_seed(step))
+    for name in ("actor", "critic"):
+        torch.testing.assert_close(getattr(decaying, name).flat, getattr(constant, name).flat)
+    if isinstance(decaying, sac.SAC) and isinstance(constant, sac.SAC):
+        torch.testing.assert_close(decaying.log_alpha, constant.log_alpha)
 
 
 def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:

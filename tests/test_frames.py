@@ -1,0 +1,102 @@
+"""Frame stacks in replay: each frame stored once, every observation given back exactly as it came."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from rlmq.common import wire
+from rlmq.common.schema import EnvSpec
+from rlmq.learners.frames import FrameRing
+from rlmq.learners.networks import obs_features
+from rlmq.learners.replay import Replay
+
+K = 3  # frames per observation
+SPEC = EnvSpec(obs_shape=(K, 2, 3), obs_dtype="uint8", action_kind="discrete", action_dim=2**20, frame_stack=K)
+ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6, frame_stack=4)
+
+
+def stacked_rollout(steps: int, slots: int, ends: dict[tuple[int, int], bool], seed: int) -> wire.Rollout:
+    """A rollout as FrameStackObservation and next-step autoreset make it: each step pushes a new
+    random frame onto the slot's stack; an episode ending at step t (`ends[(t, n)]`: True for
+    terminated, False for truncated) has its final observation at t + 1, the reset step t + 1 is
+    invalid, and the new episode's stack at t + 2 repeats its first frame (gymnasium's "reset"
+    padding). The action of step t in slot n is t·slots + n, so a sample says where it came from."""
+    rng = np.random.default_rng(seed)
+    obs = np.zeros((steps + 1, slots, K, 2, 3), np.uint8)
+    valid = np.ones((steps, slots), bool)
+    terminated, truncated = np.zeros((steps, slots), bool), np.zeros((steps, slots), bool)
+    for n in range(slots):
+        stack = np.repeat(rng.integers(0, 256, (1, 2, 3), np.uint8), K, axis=0)
+        for t in range(steps + 1):
+            if t > 0 and ends.get((t - 2, n)) is not None:  # the reset step's new episode
+                stack = np.repeat(rng.integers(0, 256, (1, 2, 3), np.uint8), K, axis=0)
+            elif t > 0:
+                stack = np.concatenate([stack[1:], rng.integers(0, 256, (1, 2, 3), np.uint8)])
+            obs[t, n] = stack
+        for (t, slot), real in ends.items():
+            if slot == n:
+                terminated[t, n], truncated[t, n] = real, not real
+                if t + 1 < steps:
+                    valid[t + 1, n] = False
+    return wire.Rollout(member=0, policy_version=1, actor="a0", obs=obs,
+                        actions=(np.arange(steps)[:, None] * slots + np.arange(slots)).astype(np.int64),
+                        logprobs=np.zeros((steps, slots), np.float32), rewards=rng.random((steps, slots), np.float32),
+                        terminated=terminated, truncated=truncated, valid=valid)  # fmt: skip
+
+
+def assert_sampled_as_stored(replay: Replay, rollouts: list[wire.Rollout], draws: int = 3000) -> None:
+    """Every sampled transition's observations equal the rollout's own (t, and t + horizon)."""
+    batch, active = replay.sample(draws, np.random.default_rng(1), torch.device("cpu"))
+    assert active.all()
+    by_action = {int(rollout.actions[t, n]): (rollout, int(t), int(n))
+                 for rollout in rollouts for t, n in zip(*np.nonzero(rollout.valid), strict=True)}  # fmt: skip
+    for i in range(draws):
+        rollout, t, n = by_action[int(batch.actions[0, i])]
+        horizon = int(batch.horizon[0, i])
+        torch.testing.assert_close(batch.obs[0, i], obs_features(torch.from_numpy(rollout.obs[t, n]), SPEC))
+        torch.testing.assert_close(batch.next_obs[0, i], obs_features(torch.from_numpy(rollout.obs[t + horizon, n]), SPEC))
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_stacked_observations_come_back_exactly_and_each_frame_is_stored_once(n_step: int) -> None:
+    steps, slots = 12, 3
+    ends = {(3, 0): True, (7, 1): False, (10, 0): True}
+    rollout = stacked_rollout(steps, slots, ends, seed=0)
+    replay = Replay(1, 1000, SPEC, n_step=n_step)
+    assert replay.add_rollout(0, rollout, gamma=0.9) == int(rollout.valid.sum())
+    assert_sampled_as_stored(replay, [rollout])
+    # Each slot's first observation takes K rows, each new episode's K, every other observation
+    # one: its newest frame.
+    new_episodes = sum(1 for t, _ in ends if t + 2 <= steps)
+    assert replay.frames.written(0) == slots * (steps + 1) + (K - 1) * (slots + new_episodes)
+
+
+def test_a_frame_ring_that_wraps_drops_the_transitions_it_no_longer_holds() -> None:
+    """A ring of 40 rows (each rollout writes 3 × (K − 1) + 3 × 9 = 33): the oldest transitions go
+    before the ring of transitions is full, and no sample ever shows a half-overwritten stack."""
+    replay = Replay(1, 30, SPEC)
+    replay.frames = FrameRing(1, 40, SPEC)
+    # Rollout r's action codes start at 1000·r, so that a sample says which rollout it came from.
+    rollouts = [dataclasses.replace(rollout, actions=rollout.actions + 1000 * r)
+                for r, rollout in enumerate(stacked_rollout(8, 3, {}, seed=s) for s in range(3))]  # fmt: skip
+    for rollout in rollouts:
+        replay.add_rollout(0, rollout)
+        assert replay.size(0) == (24 if rollout is rollouts[0] else 28)
+    # After the last: 40 rows hold the last rollout's 33 and the 7 before, of which slot 2's
+    # observations from step 4 on are whole; 30 transitions were kept, 2 of them point further back.
+    batch, _ = replay.sample(2000, np.random.default_rng(2), torch.device("cpu"))
+    assert set((batch.actions[0] // 1000).tolist()) == {1, 2}
+    assert set((batch.actions[0][batch.actions[0] < 2000] % 1000).tolist()) == {t * 3 + 2 for t in range(4, 8)}
+    assert_sampled_as_stored(replay, rollouts[1:])
+
+
+def test_an_atari_replay_of_100k_transitions_is_well_under_a_gibibyte() -> None:
+    """The issue's bound: a frame per transition and 1/8 more, 84 × 84 bytes each (0.74 GiB; whole
+    stacks for obs and next_obs would take 5.3 GiB)."""
+    replay = Replay(1, 100_000, ATARI)
+    assert replay.frames.nbytes / 2**30 < 0.75
+    assert replay.frames.nbytes == (int(100_000 * 1.125) + 4) * 84 * 84
