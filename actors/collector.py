@@ -55,7 +55,8 @@ class Collector:
         self.prev_done = done[-1].copy()
         self.unscanned.append((rewards, valid, done))
         self.collected += 1
-        return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected, **arrays)
+        return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
+                       frame_stack=self.spec.frame_stack, **arrays)  # fmt: skip
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes that ended since the last call, ordered by slot,

@@ -1,12 +1,10 @@
 """What a rollout of stacked Atari frames costs on the wire: the stacks as they are against each
-new frame once (the learner would rebuild the stacks).
+frame once (`Rollout.frame_stack`, as actors send them; `decode` rebuilds the stacks).
 
 One real rollout is collected from `ALE/Pong-v5` with rlmq's preprocessing (random actions,
 `--slots` × `--steps`), then for each way of sending it: its bytes, msgpack encode and decode
 (`common/wire.py`, as actors and learners do) and a ZeroMQ PUSH → PULL hop over loopback TCP, the
-median of `--rounds` rounds, interleaved. The frames-once message is the same Rollout with each
-observation's newest frame only: within 2 % the bytes a deduplicated encoding would send (what
-`learners/frames.py` keeps). The share is the rollout's wire cost over the time
+median of `--rounds` rounds, interleaved; decode includes rebuilding the stacks. The share is the rollout's wire cost over the time
 the actor took to step the env for it.
 
     python benchmarks/bench_frames_wire.py --rounds 9
@@ -42,16 +40,10 @@ def collect(steps: int, slots: int) -> tuple[wire.Rollout, float]:
     seconds = time.perf_counter() - start
     env.close()
     zeros = np.zeros((steps, slots), np.float32)
-    rollout = wire.Rollout(member=0, policy_version=1, actor="bench", obs=np.stack(rows),
+    rollout = wire.Rollout(member=0, policy_version=1, actor="bench", obs=np.stack(rows), frame_stack=4,
                            actions=rng.integers(0, 6, (steps, slots)), logprobs=zeros, rewards=zeros,
                            terminated=zeros.astype(bool), truncated=zeros.astype(bool), valid=~zeros.astype(bool))  # fmt: skip
     return rollout, seconds
-
-
-def frames_once(rollout: wire.Rollout) -> wire.Rollout:
-    """The same rollout with each observation's newest frame only: the bytes of each frame once,
-    short of the first observation's other frames per slot (3 of 129 frames at the defaults)."""
-    return dataclasses.replace(rollout, obs=np.ascontiguousarray(rollout.obs[:, :, -1:]))
 
 
 def timed(rollout: wire.Rollout, push: zmq.Socket, pull: zmq.Socket) -> tuple[int, float, float, float]:
@@ -73,7 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     rollout, env_seconds = collect(args.steps, args.slots)
-    ways = {"stacks": rollout, "frames once": frames_once(rollout)}
+    ways = {"stacks": dataclasses.replace(rollout, frame_stack=1), "frames once": rollout}
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")

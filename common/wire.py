@@ -1,7 +1,8 @@
 """The rlmq wire protocol: every message, the one `encode`/`decode` pair, the one `WireError`.
 
 A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays
-travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured). Decoding
+travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured). A
+rollout of frame stacks sends each frame once (common/frames.py) and is whole again once decoded. Decoding
 is driven by the dataclass annotations below, so what a field may hold is declared exactly once;
 every failure (garbage, truncation, wrong version, unknown kind or field, wrong type, dtype outside
 the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`. Nothing here ever
@@ -33,6 +34,7 @@ import msgpack
 import numpy as np
 
 from rlmq.common.config import ALGORITHMS, ALL_TUNABLE, RunConfig, hyperparam_problems
+from rlmq.common.frames import stack_rows, unstack_rows
 from rlmq.common.schema import MAX_OBS_DIMS, ROLLOUT_DTYPES, EnvSpec
 
 PROTOCOL_VERSION = 1
@@ -160,11 +162,16 @@ class Rollout:
     truncated: np.ndarray
     valid: np.ndarray
     sequence: int = 0  # the actor's rollouts numbered 1, 2, ... (a restarted actor starts again); 0: none
+    # Frames each observation stacks along its first axis (EnvSpec.frame_stack): above 1, `encode`
+    # sends each frame once, as rows and a key per observation, and `decode` rebuilds the stacks.
+    frame_stack: int = 1
 
     def __post_init__(self) -> None:
         _counts(self, "sequence")
         if self.obs.ndim < 2:
             raise WireError("bad_shape", f"Rollout.obs must be [T+1, N, ...], got {self.obs.shape}")
+        if self.frame_stack < 1 or self.frame_stack > 1 and self.obs.shape[2:3] != (self.frame_stack,):
+            raise WireError("bad_shape", f"Rollout.frame_stack {self.frame_stack} is not obs's third axis")
         steps, slots = self.obs.shape[0] - 1, self.obs.shape[1]
         if steps < 1 or slots < 1:
             raise WireError("bad_shape", "Rollout must hold at least one step of one slot")
@@ -323,7 +330,11 @@ def encode(message: Message) -> bytes:
     kind = type(message).__name__
     if kind not in MESSAGE_TYPES:
         raise TypeError(f"not an rlmq message: {type(message)!r}")
-    return msgpack.packb([PROTOCOL_VERSION, kind, _pack(message)], use_bin_type=True)
+    fields = _pack(message)
+    if isinstance(message, Rollout) and message.frame_stack > 1:
+        rows, keys = stack_rows(message.obs, message.frame_stack)
+        fields["obs"], fields["frame_keys"] = _pack(rows), _pack(keys.astype(np.int32))
+    return msgpack.packb([PROTOCOL_VERSION, kind, fields], use_bin_type=True)
 
 
 def _pack(value: Any) -> Any:
@@ -385,18 +396,40 @@ def decode(frame: bytes | memoryview) -> Message:
         raise WireError("version", f"protocol {version!r}, this build speaks {PROTOCOL_VERSION}")
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise WireError("unknown_kind", f"{kind!r}")
-    message: Message = _unpack_dataclass(MESSAGE_TYPES[kind], fields, kind)
+    given = _unstacked_obs(fields) if kind == "Rollout" and isinstance(fields, dict) and "frame_keys" in fields else {}
+    message: Message = _unpack_dataclass(MESSAGE_TYPES[kind], fields, kind, given)
     return message
 
 
-def _unpack_dataclass(cls: type, raw: Any, where: str) -> Any:
+def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A rollout's observations rebuilt from the frame rows and keys it was sent as (`encode`),
+    each key checked to name whole stacks of rows there, and no more bytes than one frame may hold."""
+    depth, raw_keys = fields.get("frame_stack"), fields.pop("frame_keys")
+    if type(depth) is not int or not 1 < depth <= MAX_SEQUENCE:
+        raise WireError("bad_value", f"Rollout.frame_stack must be an int > 1 with frame_keys, got {depth!r}")
+    rows = _unpack_array(fields.pop("obs", None), "Rollout.obs")
+    keys = _unpack_array(raw_keys, "Rollout.frame_keys")
+    if keys.dtype.kind != "i" or keys.ndim != 2 or rows.ndim < 1 or rows.ndim + 2 > MAX_ARRAY_DIMS:
+        raise WireError("bad_shape", f"Rollout.frame_keys {keys.dtype}{list(keys.shape)} or rows {list(rows.shape)}")
+    if keys.size and not (keys.min() >= depth - 1 and keys.max() < len(rows)):
+        raise WireError("bad_value", f"Rollout.frame_keys must lie in [{depth - 1}, {len(rows)})")
+    if keys.size * depth * rows[:1].nbytes > MAX_FRAME_BYTES:  # what the stacks would have taken
+        raise WireError("too_large", f"Rollout.obs rebuilt would exceed {MAX_FRAME_BYTES} bytes")
+    return {"obs": unstack_rows(rows, keys, depth)}
+
+
+def _unpack_dataclass(cls: type, raw: Any, where: str, given: dict[str, Any] | None = None) -> Any:
+    """`cls` from the map `raw`, each field unpacked by its type hint; fields in `given` come
+    already decoded."""
     if not isinstance(raw, dict):
         raise WireError("bad_type", f"{where} must be a map")
     fields, names = _decoding_plan(cls)
     if not names.issuperset(raw):
         raise WireError("unknown_field", f"{where}: {sorted(set(raw) - names, key=repr)}")  # str and bytes
-    values = {}
+    values = dict(given or {})
     for name, hint, required in fields:
+        if name in values:
+            continue
         if name in raw:
             values[name] = _unpack(hint, raw[name], f"{where}.{name}")
         elif required:

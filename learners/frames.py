@@ -3,14 +3,8 @@
 A transition needs its observation and the one it bootstraps from; storing both with every
 transition keeps each observation twice, and for Atari's stacks of 4 frames each frame 8 times:
 100 k transitions of [4, 84, 84] bytes would take 5.6 GB. Here each member's observations are rows
-of one ring, written env slot by env slot in time order, and a transition keeps two keys into it.
-
-An observation stacked from k frames (`EnvSpec.frame_stack`, gymnasium's FrameStackObservation)
-whose first k − 1 frames are its predecessor's last k − 1 (the same env slot a step later) takes one
-row, its newest frame; one that does not (an episode's first, a rollout's first) takes all k. Every
-observation is then the k consecutive rows ending at its key. Whether a stack continues is read from
-the data (exact equality), never assumed, so what comes out is always what went in. Any other
-observation (k = 1) is one row of its own.
+of one ring, laid out by `common/frames.py` (slot by slot in time order, a stack that continues its
+predecessor adding only its newest frame), and a transition keeps two keys into it.
 
 The ring is preallocated, so its memory is the bound: `rows` rows of one frame. When a member's
 rows wrap, the oldest observations are overwritten; keys below `intact_from` are gone, and the
@@ -21,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlmq.common.frames import stack_rows
 from rlmq.common.schema import EnvSpec
 
 
@@ -42,29 +37,15 @@ class FrameRing:
 
     def add(self, member: int, obs: np.ndarray) -> np.ndarray:
         """Store a rollout's observations [T + 1, N, *obs_shape]; return their keys [N, T + 1]."""
-        steps, slots = obs.shape[:2]
-        by_slot = np.swapaxes(obs, 0, 1).reshape(slots * steps, *self.obs_shape)  # slot-major, time order
-        k = self.depth
-        if k > 1:
-            stacks = by_slot.reshape(slots, steps, *self.obs_shape)
-            continues = np.zeros((slots, steps), bool)
-            continues[:, 1:] = (stacks[:, 1:, :-1] == stacks[:, :-1, 1:]).reshape(slots, steps - 1, -1).all(-1)
-            counts = np.where(continues.ravel(), 1, k)
-        else:
-            counts = np.ones(slots * steps, np.int64)
-        ends = np.cumsum(counts)  # rows written up to and including each observation
-        keys = self._written[member] + ends - 1
-        # Row r copies frame `within` of observation `source`: the last for one that continues,
-        # all k in order for one that does not.
-        source = np.repeat(np.arange(counts.size), counts)
-        within = np.arange(int(ends[-1])) - np.repeat(ends - counts, counts) + np.repeat(k - counts, counts)
-        new_rows = by_slot[source, within] if k > 1 else by_slot[source]
-        if len(new_rows) > self.rows:  # only the newest `rows` would survive the wrap anyway
+        new_rows, keys = stack_rows(obs, self.depth)
+        keys = keys + self._written[member]
+        written = len(new_rows)
+        if written > self.rows:  # only the newest `rows` would survive the wrap anyway
             new_rows = new_rows[-self.rows :]
-        start = self._written[member] + ends[-1] - len(new_rows)
+        start = self._written[member] + written - len(new_rows)
         self._rows[member, (start + np.arange(len(new_rows))) % self.rows] = new_rows
-        self._written[member] += int(ends[-1])
-        return keys.reshape(slots, steps)
+        self._written[member] += written
+        return keys
 
     def written(self, member: int) -> int:
         """Rows `member` ever wrote."""

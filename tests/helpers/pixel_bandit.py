@@ -39,3 +39,11 @@ class PixelBandit(gym.Env[np.ndarray, np.int64]):
         reward = float(int(action) == self.side)
         self.side, self.steps = int(self.np_random.integers(2)), self.steps + 1
         return self._observe(), reward, self.steps >= EPISODE_STEPS, False, {}
+
+
+class StackedPixelBandit(gym.wrappers.FrameStackObservation):
+    """PixelBandit's frames stacked 4 deep ([4, 6, 6, 2]), as Atari's preprocessing stacks its own:
+    a new episode's stack repeats its first frame (gymnasium's "reset" padding)."""
+
+    def __init__(self) -> None:
+        super().__init__(PixelBandit(), stack_size=4)
