@@ -172,9 +172,10 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
     population, rows, slots = batch.obs.shape[:3]
     steps = rows - 1
     with torch.no_grad():
-        values = core.value(batch.obs.reshape(population, rows * slots, -1)).view(population, rows, slots)
-        old_logp, _ = core.policy(batch.obs[:, :steps].reshape(population, steps * slots, -1),
-                                  batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]))
+        # Rows are time-major, so the first steps · slots are the steps that have actions.
+        old_logp, values = core.logp_and_values(batch.obs.reshape(population, rows * slots, -1),
+                                                batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]))
+        values = values.view(population, rows, slots)
 
         def time_major(x: Tensor) -> Tensor:  # [P, T, B] → [T, P·B], as vtrace takes it
             return x.transpose(0, 1).reshape(x.shape[1], population * slots)
