@@ -53,7 +53,12 @@ def atari_wrappers() -> list[Callable[[gym.Env], gym.Env]]:
     by gymnasium's own wrappers around an ALE env made with frameskip=1: up to 30 no-op steps at
     reset, 4 frames per step max-pooled over the last two, 84×84 grayscale bytes, the last 4 frames
     stacked ([4, 84, 84]). Sticky actions stay as ALE's v5 ids set them (0.25). Rewards are clipped
-    to their sign by the learners (`RunConfig.signs_rewards`), so that actors report real returns."""
+    to their sign by the learners (`RunConfig.signs_rewards`), so that actors report real returns.
+    OpenCV, which does the resize, gets one thread: its pool ignores OMP_NUM_THREADS, and a
+    process's pools fight the other processes' on shared cores (common/service.py)."""
+    import cv2  # the atari extra's; imported here so that other envs never load it
+
+    cv2.setNumThreads(1)
     return [
         lambda env: gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                                                     terminal_on_life_loss=False, grayscale_obs=True),
@@ -114,9 +119,9 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
                            f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
         mode = "vector_entry_point" if spec.vector_entry_point and render_mode is None else "sync"
         kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
-        if str(spec.entry_point).startswith("ale_py"):  # Atari: frames skipped by the preprocessing
-            mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari_wrappers()
         try:
+            if str(spec.entry_point).startswith("ale_py"):  # Atari: frames skipped by the preprocessing
+                mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari_wrappers()
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
             extra = _extra(str(spec.entry_point))
