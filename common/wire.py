@@ -1,12 +1,12 @@
 """The rlmq wire protocol: every message, the one `encode`/`decode` pair, the one `WireError`.
 
 A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays
-travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured). A
-rollout of frame stacks sends each frame once (common/frames.py) and is whole again once decoded. Decoding
-is driven by the dataclass annotations below, so what a field may hold is declared exactly once;
-every failure (garbage, truncation, wrong version, unknown kind or field, wrong type, dtype outside
-the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`. Nothing here ever
-unpickles.
+travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured); a
+rollout of frame stacks sends each frame once (common/frames.py) and is whole again once decoded.
+Decoding is driven by the dataclass annotations below, so what a field may hold is declared exactly
+once; every failure (garbage, truncation, wrong version, unknown kind or field, wrong type, dtype
+outside the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`. Nothing
+here ever unpickles.
 
 Topology (who sends what to whom, see docs/architecture.md):
 

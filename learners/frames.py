@@ -26,7 +26,6 @@ class FrameRing:
         if rows < spec.frame_stack:
             raise ValueError(f"FrameRing needs at least {spec.frame_stack} rows, got {rows}")
         self.depth, self.rows = spec.frame_stack, rows
-        self.obs_shape = spec.obs_shape
         row_shape = spec.obs_shape[1:] if self.depth > 1 else spec.obs_shape
         self._rows = np.zeros((population, rows, *row_shape), np.dtype(spec.obs_dtype))
         self._written = np.zeros(population, np.int64)  # rows each member ever wrote
