@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import tomllib
 
+from rlmq.common.codec import INT64_RANGE
 from rlmq.common.config import RunConfig
-from rlmq.common.wire import INT64_RANGE
 
 C = TypeVar("C")
 

@@ -3,10 +3,10 @@
 A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays
 travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured); a
 rollout of frame stacks sends each frame once (common/frames.py) and is whole again once decoded.
-Decoding is driven by the dataclass annotations below, so what a field may hold is declared exactly
-once; every failure (garbage, truncation, wrong version, unknown kind or field, wrong type, dtype
-outside the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`. Nothing
-here ever unpickles.
+Decoding is driven by the dataclass annotations below (`common/codec.py` walks them), so what a
+field may hold is declared exactly once; every failure (garbage, truncation, wrong version, unknown
+kind or field, wrong type, dtype outside the allow-list, shape × itemsize ≠ length, oversize,
+NaN/inf) raises `WireError`. Nothing here ever unpickles.
 
 Topology (who sends what to whom, see docs/architecture.md):
 
@@ -22,41 +22,28 @@ Topology (who sends what to whom, see docs/architecture.md):
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import msgpack
 import numpy as np
 
+# The limits and the error are the codec's; they are named here too, where services look for them.
+from rlmq.common.codec import MAX_ARRAY_DIMS as MAX_ARRAY_DIMS
+from rlmq.common.codec import MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from rlmq.common.codec import MAX_SEQUENCE, dtype_name, pack, unpack_array, unpack_dataclass
+from rlmq.common.codec import MAX_STR_CHARS as MAX_STR_CHARS
+from rlmq.common.codec import WireError as WireError
 from rlmq.common.config import ALGORITHMS, ALL_TUNABLE, RunConfig, hyperparam_problems
 from rlmq.common.frames import stack_rows, unstack_rows
-from rlmq.common.schema import MAX_OBS_DIMS, ROLLOUT_DTYPES, EnvSpec
+from rlmq.common.schema import ROLLOUT_DTYPES, EnvSpec
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 64 * 1024 * 1024
-MAX_STR_CHARS = 4096
-MAX_SEQUENCE = 4096
-MAX_ARRAY_DIMS = MAX_OBS_DIMS + 2  # a rollout's observations: time and slot, then the observation's
-ALLOWED_DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8", "bool"})
-INT64_RANGE = (-(2**63), 2**63 - 1)  # what an int field may hold
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
 # An actor waiting for a learner's credit repeats its Hello this often; a learner forgets a request
 # not renewed for its TTL (learners/credits.py), so dead and stray identities lose their place.
 CREDIT_REQUEST_RENEW_S = 0.25
 CREDIT_REQUEST_TTL_S = 1.0
-
-
-@functools.cache
-def _dtype_name(dtype: np.dtype) -> str:
-    """`dtype.name`, remembered: NumPy builds the string on every call (~1.7 µs here; a rollout's
-    seven arrays are named when it is built and when it is encoded). Few dtypes ever reach it:
-    decoded arrays come only in ALLOWED_DTYPES."""
-    return dtype.name
 
 
 def _require(condition: bool, detail: str) -> None:
@@ -68,14 +55,6 @@ def _counts(message: object, *names: str) -> None:
     for name in names:
         value = getattr(message, name)
         _require(0 <= value <= MAX_COUNT, f"{type(message).__name__}.{name} = {value} outside [0, 2^40]")
-
-
-class WireError(ValueError):
-    """A frame that is not a valid rlmq message. Services count it, drop it and carry on."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason  # a short label, used as the `reason` of the rejected-messages metric
 
 
 Params = dict[str, np.ndarray]
@@ -181,7 +160,7 @@ class Rollout:
         if self.actions.shape[:2] != (steps, slots):
             raise WireError("bad_shape", f"Rollout.actions must start with {(steps, slots)}")
         for name, dtypes in ROLLOUT_DTYPES.items():
-            if _dtype_name(getattr(self, name).dtype) not in dtypes:
+            if dtype_name(getattr(self, name).dtype) not in dtypes:
                 raise WireError("bad_dtype", f"Rollout.{name} must be {' or '.join(dtypes)}")
 
     @property
@@ -330,43 +309,11 @@ def encode(message: Message) -> bytes:
     kind = type(message).__name__
     if kind not in MESSAGE_TYPES:
         raise TypeError(f"not an rlmq message: {type(message)!r}")
-    fields = _pack(message)
+    fields = pack(message)
     if isinstance(message, Rollout) and message.frame_stack > 1:
         rows, keys = stack_rows(message.obs, message.frame_stack)
-        fields["obs"], fields["frame_keys"] = _pack(rows), _pack(keys.astype(np.int32))
+        fields["obs"], fields["frame_keys"] = pack(rows), pack(keys.astype(np.int32))
     return msgpack.packb([PROTOCOL_VERSION, kind, fields], use_bin_type=True)
-
-
-def _pack(value: Any) -> Any:
-    kind: type = type(value)
-    if kind in _PLAIN:  # most fields: checked first, as encoding a rollout is on an actor's hot path
-        return value
-    if isinstance(value, np.ndarray):
-        # Native byte order, as decode reads it (a copy only where the array is not so already).
-        # The shape is the value's own: ascontiguousarray turns a 0-d array into shape (1,).
-        # Flattened: memoryview.cast refuses a 0 in the shape.
-        array = value
-        if not (value.flags.c_contiguous and value.dtype.isnative):
-            array = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
-        data = memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]
-        return [_dtype_name(array.dtype), list(value.shape), data]
-    if dataclasses.is_dataclass(value):
-        return {name: _pack(getattr(value, name)) for name in _field_names(kind)}
-    if isinstance(value, dict):
-        return {k: _pack(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_pack(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
-
-
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -397,7 +344,7 @@ def decode(frame: bytes | memoryview) -> Message:
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise WireError("unknown_kind", f"{kind!r}")
     given = _unstacked_obs(fields) if kind == "Rollout" and isinstance(fields, dict) and "frame_keys" in fields else {}
-    message: Message = _unpack_dataclass(MESSAGE_TYPES[kind], fields, kind, given)
+    message: Message = unpack_dataclass(MESSAGE_TYPES[kind], fields, kind, given)
     return message
 
 
@@ -407,8 +354,8 @@ def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
     depth, raw_keys = fields.get("frame_stack"), fields.pop("frame_keys")
     if type(depth) is not int or not 1 < depth <= MAX_SEQUENCE:
         raise WireError("bad_value", f"Rollout.frame_stack must be an int > 1 with frame_keys, got {depth!r}")
-    rows = _unpack_array(fields.pop("obs", None), "Rollout.obs")
-    keys = _unpack_array(raw_keys, "Rollout.frame_keys")
+    rows = unpack_array(fields.pop("obs", None), "Rollout.obs")
+    keys = unpack_array(raw_keys, "Rollout.frame_keys")
     if keys.dtype.kind != "i" or keys.ndim != 2 or rows.ndim < 1 or rows.ndim + 2 > MAX_ARRAY_DIMS:
         raise WireError("bad_shape", f"Rollout.frame_keys {keys.dtype}{list(keys.shape)} or rows {list(rows.shape)}")
     if keys.size and not (keys.min() >= depth - 1 and keys.max() < len(rows)):
@@ -418,116 +365,3 @@ def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"obs": unstack_rows(rows, keys, depth)}
 
 
-def _unpack_dataclass(cls: type, raw: Any, where: str, given: dict[str, Any] | None = None) -> Any:
-    """`cls` from the map `raw`, each field unpacked by its type hint; fields in `given` come
-    already decoded."""
-    if not isinstance(raw, dict):
-        raise WireError("bad_type", f"{where} must be a map")
-    fields, names = _decoding_plan(cls)
-    if not names.issuperset(raw):
-        raise WireError("unknown_field", f"{where}: {sorted(set(raw) - names, key=repr)}")  # str and bytes
-    values = dict(given or {})
-    for name, hint, required in fields:
-        if name in values:
-            continue
-        if name in raw:
-            values[name] = _unpack(hint, raw[name], f"{where}.{name}")
-        elif required:
-            raise WireError("missing_field", f"{where}.{name}")
-    try:
-        return cls(**values)
-    except WireError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise WireError("bad_value", f"{where}: {exc}") from exc
-
-
-@functools.cache
-def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
-    """A dataclass's fields as decode walks them: (name, type hint, required), and all names."""
-    hints = typing.get_type_hints(cls)
-    fields = tuple(
-        (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        for f in dataclasses.fields(cls)
-    )
-    return fields, frozenset(hints)
-
-
-def _unpack(hint: Any, raw: Any, where: str) -> Any:
-    if hint in _SCALARS:
-        return _unpack_scalar(hint, raw, where)
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(hint)
-        if raw is None and type(None) in options:
-            return None
-        (inner,) = [o for o in options if o is not type(None)]
-        return _unpack(inner, raw, where)
-    if hint is np.ndarray:
-        return _unpack_array(raw, where)
-    if dataclasses.is_dataclass(hint):
-        return _unpack_dataclass(hint, raw, where)  # type: ignore[arg-type]
-    if origin is tuple:
-        if not isinstance(raw, list) or len(raw) > MAX_SEQUENCE:
-            raise WireError("bad_type", f"{where} must be a list")
-        (item,) = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        return tuple(_unpack(item, v, f"{where}[]") for v in raw)
-    if origin is dict:
-        if not isinstance(raw, dict):
-            raise WireError("bad_type", f"{where} must be a map")
-        _, value_hint = typing.get_args(hint)
-        return {_unpack(str, k, where): _unpack(value_hint, v, f"{where}.{k}") for k, v in raw.items()}
-    return _unpack_scalar(hint, raw, where)
-
-
-_SCALARS = frozenset({bool, int, float, str})
-
-
-def _unpack_scalar(hint: Any, raw: Any, where: str) -> Any:
-    if hint is bool:
-        if not isinstance(raw, bool):
-            raise WireError("bad_type", f"{where} must be a bool")
-        return raw
-    if hint is int:
-        if not isinstance(raw, int) or isinstance(raw, bool) or not INT64_RANGE[0] <= raw <= INT64_RANGE[1]:
-            raise WireError("bad_type", f"{where} must be an int64")
-        return raw
-    if hint is float:
-        if not isinstance(raw, (int, float)) or isinstance(raw, bool):
-            raise WireError("bad_type", f"{where} must be a number")
-        if not math.isfinite(raw):
-            raise WireError("non_finite", where)
-        return float(raw)
-    if hint is str:
-        if not isinstance(raw, str) or len(raw) > MAX_STR_CHARS:
-            raise WireError("bad_type", f"{where} must be a string of at most {MAX_STR_CHARS}")
-        return raw
-    raise TypeError(f"wire cannot carry {hint!r} ({where})")  # a bug in a declaration, not input
-
-
-def _unpack_array(raw: Any, where: str) -> np.ndarray:
-    if not (isinstance(raw, list) and len(raw) == 3):
-        raise WireError("bad_type", f"{where} must be [dtype, shape, bytes]")
-    dtype_name, shape, data = raw
-    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:  # a list is unhashable
-        raise WireError("bad_dtype", f"{where}: {dtype_name!r}")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_ARRAY_DIMS
-        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)
-    ):
-        raise WireError("bad_shape", f"{where}: {shape!r}")
-    if not isinstance(data, bytes):
-        raise WireError("bad_type", f"{where}: data must be bytes")
-    dtype = np.dtype(dtype_name)
-    if math.prod(shape) * dtype.itemsize != len(data):
-        raise WireError("bad_shape", f"{where}: shape {shape} × {dtype.itemsize} B ≠ {len(data)} B")
-    try:  # a size-0 array can still name dims numpy refuses, e.g. [0, 2**63]
-        array = np.frombuffer(data, dtype=dtype).reshape(shape)
-    except ValueError as exc:
-        raise WireError("bad_shape", f"{where}: {shape!r} ({exc})") from exc
-    if dtype.kind == "f" and not np.isfinite(array).all():
-        raise WireError("non_finite", where)
-    if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:
-        raise WireError("bad_value", f"{where}: bool bytes must be 0 or 1")
-    return array
