@@ -187,13 +187,18 @@ class Peers:
 
     def turn(self, ramp: float, window: float) -> Rate:
         """The actor's turn: credits out for `ramp` + `window` seconds; rollouts that arrive in the
-        window counted. Ends granting: the actor spends what it holds, then idles."""
+        window counted. Ends granting, and returns once the actor has spent what it holds: it must
+        idle through the bare turn, not collect beside it."""
         self.granting = True
         self.grant()
         window_start = time.perf_counter() + ramp
-        self.serve(window_start + window)
+        window_end = window_start + window
+        self.serve(window_end)
         self.granting = False
-        counted = [(v, n) for t, v, n in self.arrivals if t > window_start]
+        counted = [(v, n) for t, v, n in self.arrivals if window_start < t <= window_end]
+        deadline = time.perf_counter() + 60.0
+        while self.outstanding > 0 and time.perf_counter() < deadline:
+            self.serve(time.perf_counter() + 0.05)
         self.arrivals.clear()
         return Rate(sum(v for v, _ in counted), sum(n for _, n in counted), window)
 
