@@ -4,8 +4,8 @@ frame once (`Rollout.frame_stack`, as actors send them; `decode` rebuilds the st
 One real rollout is collected from `ALE/Pong-v5` with rlmq's preprocessing (random actions,
 `--slots` × `--steps`), then for each way of sending it: its bytes, msgpack encode and decode
 (`common/wire.py`, as actors and learners do) and a ZeroMQ PUSH → PULL hop over loopback TCP, the
-median of `--rounds` rounds, interleaved; decode includes rebuilding the stacks. The share is the rollout's wire cost over the time
-the actor took to step the env for it.
+median of `--rounds` rounds, interleaved; decode includes rebuilding the stacks. The share is the
+rollout's wire cost over the time the env took to step it.
 
     python benchmarks/bench_frames_wire.py --rounds 9
 """
