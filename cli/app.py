@@ -116,6 +116,7 @@ def learner(
     master_port: Annotated[int, _opt("Rendezvous port.", "MASTER_PORT")] = 29500,
     advertise_host: Annotated[str, _opt("Host actors use to reach this learner.", "ADVERTISE_HOST")] = "127.0.0.1",
     experience_port: Annotated[int, _opt("Experience ROUTER port (0: any).", "EXPERIENCE_PORT")] = 0,
+    experience_fd: Fd = -1,
     metrics_port: MetricsPort = 0,
     device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
     torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS", min=1)] = 1,
@@ -127,6 +128,9 @@ def learner(
     credit_timeout_min: Annotated[float, _opt("A credit unused this long, or 4x the slowest recent rollout if "
                                               "longer, is taken back (its actor died).", "CREDIT_TIMEOUT_MIN_S",
                                               min=0.01)] = 0.5,
+    checkpoint_dir: Annotated[str, _opt("Where learner checkpoints go (each rank under rank{r}/) and a restarted "
+                                        "world resumes from; empty: none.", "CHECKPOINT_DIR")] = "",
+    failpoint: Annotated[str, _opt("Tests only: die at this named point.", hidden=True)] = "",
 ) -> None:
     """Run one learner rank."""
     stop = _start(f"learner-{rank}", torch_threads)
@@ -139,7 +143,9 @@ def learner(
                             advertise_host=advertise_host, experience_port=experience_port,
                             metrics_port=metrics_port, device=device, torch_threads=torch_threads,
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
-                            credit_timeout_min_s=credit_timeout_min, master_fd=master_fd)  # fmt: skip
+                            credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
+                            checkpoint_dir=checkpoint_dir, experience_fd=experience_fd,
+                            failpoint=failpoint)  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -178,6 +184,8 @@ def up(
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
     population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
+    checkpoint_every: Annotated[float | None, _opt("Seconds between learner checkpoints (0: only at the end); "
+                                                   "a restarted learner world resumes from the newest.")] = None,
     config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it. Default: the shipped "
                                         "config for --env and --algo, if any (`rlmq configs`).")] = None,
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
@@ -195,7 +203,8 @@ def up(
     _require_redis_url(redis_url)
     overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
                                        target_return=target_return, num_envs=num_envs,
-                                       seed=seed, population=population).items() if v is not None}
+                                       seed=seed, population=population,
+                                       checkpoint_interval_s=checkpoint_every).items() if v is not None}
     overrides["num_learners"] = learners
     try:
         up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
@@ -215,7 +224,8 @@ def up(
 
 @app.command("eval")
 def eval_(
-    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up`, or its checkpoint.pt.")] = Path("runs/latest"),
+    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
+                                                "learner checkpoint), or a checkpoint file.")] = Path("runs/latest"),
     episodes: Annotated[int, _opt("Episodes to play.", min=1)] = 20,
     member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
     sample: Annotated[bool, _opt("Sample actions as the actors do, rather than the deterministic policy.")] = False,
@@ -238,7 +248,8 @@ def eval_(
 
 @app.command()
 def export(
-    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up`, or its checkpoint.pt.")] = Path("runs/latest"),
+    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
+                                                "learner checkpoint), or a checkpoint file.")] = Path("runs/latest"),
     out: Annotated[Path, _opt("The TorchScript file to write.")] = Path("policy.pt"),
     member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
 ) -> None:

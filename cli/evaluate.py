@@ -38,13 +38,19 @@ class Checkpoint:
 
 
 def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
-    """A run directory's checkpoint.pt (or the file itself); `member` None: the best member's.
-    Raises ValueError naming what is wrong."""
+    """A run directory's checkpoint.pt, else its newest learner checkpoint, or either file itself;
+    `member` None: the best member's (in a learner checkpoint, member 0: fitness is the
+    coordinator's). Raises ValueError naming what is wrong."""
     import torch  # torch.load with weights_only: tensors and plain containers, never pickled code
 
     file = path / "checkpoint.pt" if path.is_dir() else path
+    if path.is_dir() and not file.is_file():  # a run that did not end (killed, or still running)
+        from rlmq.learners.checkpoint import latest_file
+
+        file = latest_file(path / "checkpoints") or file
     if not file.is_file():
-        raise ValueError(f"no checkpoint at {file}: give a run directory of `rlmq up` or its checkpoint.pt")
+        raise ValueError(f"no checkpoint at {file}: give a run directory of `rlmq up`, its checkpoint.pt or "
+                         "a learner checkpoint (RUN_DIR/checkpoints/rank0/*.pt)")
     try:
         state = torch.load(file, weights_only=True)
         members = state["members"]

@@ -1,5 +1,6 @@
 """`rlmq up`: start a private Redis, the coordinator, the learner world and the actors as separate
-OS processes; watch them; restart actors that die; show progress; stop everything cleanly.
+OS processes; watch them; restart actors that die, and the whole learner world when one of its
+ranks does; show progress; stop everything cleanly.
 
 Children run in their own sessions, so a terminal's Ctrl-C reaches only this supervisor, which
 forwards it: the first stops them warmly (SIGTERM, bounded wait, then SIGKILL), the second kills
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from rlmq.coordinator.store import RunStore
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
+MAX_WORLD_RESTARTS = 10  # learner worlds started again after a rank exited
 PROGRESS_EVERY_S = 2.0
 
 
@@ -121,7 +124,10 @@ class Child:
     restarts: int = 0
     log_path: Path = field(default_factory=Path)
     metrics_port: int = 0
-    listeners: list[Listener] = field(default_factory=list)  # handed down at its first start
+    # Handed down at every start, and kept open here meanwhile: a restarted child serves the same
+    # port, and what connects while it is down waits in the listening socket's backlog.
+    listeners: list[Listener] = field(default_factory=list)
+    rank: int = -1  # a learner's
 
 
 class Supervisor:
@@ -130,6 +136,7 @@ class Supervisor:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
         self.redis = run_redis.RunRedis(redis_url, redis_server, redis_outage_s, cfg.run, cfg.run_dir, cfg.run_config)
         self.children: list[Child] = []
+        self.world_restarts = 0
         self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
@@ -153,7 +160,7 @@ class Supervisor:
 
         # The ports every other process must be told of are bound here, and the listening sockets
         # handed down to the processes that serve them: no other socket can take one in between.
-        control, broadcast, master = (self.listen(host) for _ in range(3))
+        control, broadcast = (self.listen(host) for _ in range(2))
         base = [sys.executable, "-m", "rlmq.cli"]
         reach = "127.0.0.1" if host == "*" else host  # where the children find each other
         endpoints = ["--coordinator", f"tcp://{reach}:{control.port}", "--broadcast", f"tcp://{reach}:{broadcast.port}"]
@@ -164,12 +171,14 @@ class Supervisor:
             "--broadcast-bind", f"tcp://{host}:{broadcast.port}", "--broadcast-fd", str(broadcast.fd)],
             listeners=[control, broadcast]))
         for rank in range(self.cfg.learners):
+            experience = self.listen(host)
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
-                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--master-port", str(master.port),
-                *(["--master-fd", str(master.fd)] if rank == 0 else []), "--advertise-host", reach,
+                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--advertise-host", reach,
+                "--experience-port", str(experience.port), "--experience-fd", str(experience.fd),
                 "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
-                "--collective-timeout", str(self.cfg.collective_timeout_s)], listeners=[master] if rank == 0 else []))
+                "--collective-timeout", str(self.cfg.collective_timeout_s),
+                "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
         (self.cfg.run_dir / "ports").mkdir(exist_ok=True)
@@ -206,26 +215,69 @@ class Supervisor:
         if changed:
             self.write_scrape_targets()
 
-    def spawn(self, child: Child) -> None:
+    def start(self) -> None:
+        """Every child: the coordinator, the learner world, the actors."""
+        for child in self.children:
+            if child.role == "coordinator":
+                self.spawn(child)
+        self.start_learner_world()
+        for child in self.children:
+            if child.role == "actor":
+                self.spawn(child)
+
+    def start_learner_world(self) -> None:
+        """Every learner rank, with a rendezvous of their own that rank 0 serves on a socket bound
+        here (a world started again gets a new one: the old one's state went with its rank 0)."""
+        master = self.listen(self.cfg.bind_host)
+        for child in self.children:
+            if child.role == "learner":
+                first = child.rank == 0
+                self.spawn(child, ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
+                           [master] if first else [])  # fmt: skip
+        master.sock.close()
+
+    def spawn(self, child: Child, argv: Sequence[str] = (), listeners: Sequence[Listener] = ()) -> None:
+        """Start `child`, with `argv` and `listeners` of this start's own beside its planned ones."""
         child.log_path = self.log_dir / f"{child.name}.log"
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
-                child.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                [*child.argv, *argv], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=self.learner_env if child.role == "learner" else self.env,
                 start_new_session=True, preexec_fn=die_with_parent,
-                pass_fds=[listener.fd for listener in child.listeners],
+                pass_fds=[listener.fd for listener in (*child.listeners, *listeners)],
             )
-        for listener in child.listeners:  # the child has them now (coordinator and learners start once)
-            listener.sock.close()
-        child.listeners = []
+
+    def restart_learner_world(self, dead: Child, code: int) -> str | None:
+        """A rank exited, and the others cannot go on without it (every collective waits for every
+        rank): stop them all at once and start the world again; it resumes from its newest
+        checkpoint (learners/checkpoint.py). "failed: why" once it has restarted too often."""
+        behind = self.redis.seen.status.get("learners_behind")
+        why = f"{dead.name} exited with {code}" + (f" (before that, the coordinator saw {behind})" if behind else "")
+        if self.world_restarts >= MAX_WORLD_RESTARTS:
+            return f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; see {dead.log_path}"
+        self.world_restarts += 1
+        print(f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); "
+              f"see {dead.log_path}", flush=True)  # fmt: skip
+        ranks = [child for child in self.children if child.role == "learner"]
+        for child in ranks:  # its state is the checkpoint's: nothing to save on the way down
+            self.kill(child, signal.SIGKILL)
+        for child in ranks:
+            assert child.process is not None
+            child.process.wait()
+            child.restarts += 1
+        self.start_learner_world()
+        return None
+
+    def kill(self, child: Child, sig: int) -> None:
+        if child.process is not None and child.process.poll() is None:
+            try:
+                os.killpg(child.process.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def kill_all(self, sig: int) -> None:
         for child in self.children:
-            if child.process is not None and child.process.poll() is None:
-                try:
-                    os.killpg(child.process.pid, sig)
-                except ProcessLookupError:
-                    pass
+            self.kill(child, sig)
 
     def install_signals(self) -> None:
         def handle(signum: int, frame: object) -> None:
@@ -264,10 +316,11 @@ class Supervisor:
                     continue  # the run is ending: exits are expected
                 if child.role == "learner":
                     # The rank that exits is often the one that waited for a hung or dead peer:
-                    # name the one the coordinator saw holding the world up.
-                    behind = self.redis.seen.status.get("learners_behind")
-                    return (f"failed: {child.name} exited with {code}; see {child.log_path}"
-                            + (f". Before that, the coordinator saw {behind}" if behind else ""))
+                    # the message names the one the coordinator saw holding the world up.
+                    failed = self.restart_learner_world(child, code)
+                    if failed:
+                        return failed
+                    continue
                 if child.restarts >= MAX_ACTOR_RESTARTS:
                     return f"failed: {child.name} died {child.restarts} times; see {child.log_path}"
                 child.restarts += 1
@@ -327,6 +380,10 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_FAILED
+    if any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume another run
+        print(f"error: {cfg.run_dir} holds the checkpoints of an earlier run: choose another --run-dir",
+              file=sys.stderr)
+        return EXIT_USAGE
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
     rundir.point_latest(cfg.run_dir)
@@ -350,7 +407,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         for child in supervisor.children:
             if child.role == "coordinator":  # the one child that talks to Redis
                 child.argv += ["--redis-outage-s", str(redis_outage_s)]
-            supervisor.spawn(child)
+        supervisor.start()
         outcome = supervisor.watch(supervisor.redis.watching_store())
         supervisor.shut_down()
         status = supervisor.redis.save_results(spec, launched, outcome)

@@ -366,6 +366,10 @@ class RunConfig:
     # Learners train on the sign of each reward (Atari's reward clipping, Mnih et al. 2015) while
     # actors report episode returns as the env gives them. None: for ALE/* envs only.
     sign_rewards: bool | None = None
+    # Learner checkpoints (learners/checkpoint.py): every rank's whole state, this often and when
+    # the run stops; each rank keeps the newest `checkpoints_kept`. 0: only when the run stops.
+    checkpoint_interval_s: float = 60.0
+    checkpoints_kept: int = 3
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sac: SACConfig = field(default_factory=SACConfig)
     td3: TD3Config = field(default_factory=TD3Config)
@@ -414,6 +418,8 @@ class RunConfig:
             problems.append("seed must not be negative")
         if self.report_interval_s <= 0:
             problems.append("report_interval_s must be positive")
+        if self.checkpoint_interval_s < 0 or self.checkpoints_kept < 1:
+            problems.append("need checkpoint_interval_s >= 0 and checkpoints_kept >= 1")
         if not 0 <= self.batch_wait_s <= self.rank_wait_s:
             problems.append("need 0 <= batch_wait_s <= rank_wait_s")
         if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
@@ -461,6 +467,7 @@ class LearnerConfig:
     bind_host: str = "*"  # where every listener binds: experience, /metrics, rank 0's rendezvous
     advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
     experience_port: int = 0  # 0 picks a free port
+    experience_fd: int = -1  # a socket listening at experience_port that `rlmq up` bound (-1: bind here)
     # A credit not used within a few times the slowest recent rollout turnaround, kept within these
     # bounds, is taken back: its actor died (learners/credits.py; the floor: benchmarks/RESULTS.md §8).
     credit_timeout_min_s: float = 0.5
@@ -472,6 +479,8 @@ class LearnerConfig:
     # A collective (the per-iteration agreement, DDP's all-reduce) that waits longer for a peer
     # fails the rank. The rendezvous at start waits longer: ranks may start minutes apart.
     collective_timeout_s: float = 30.0
+    checkpoint_dir: str = ""  # the root of the learner checkpoints (each rank: its rank{r}/); "": none
+    failpoint: str = ""  # tests only: a named point at which to die (learners/learner.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.credit_timeout_min_s <= self.credit_timeout_s:

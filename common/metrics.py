@@ -170,6 +170,12 @@ class LearnerMetrics:
             registry=r,
         )
         self.loss = Gauge(f"{PREFIX}_learner_loss", "Last update's losses.", ["term"], registry=r)
+        self.checkpoint_seconds = Histogram(
+            f"{PREFIX}_learner_checkpoint_seconds",
+            "Wall time of one checkpoint, from writing this rank's file to every rank having written its own.",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 10, 30),
+            registry=r,
+        )
         self.nonfinite_skipped = Counter(
             f"{PREFIX}_learner_nonfinite_skipped",
             "Optimizer steps of a member skipped because its gradient (after the all-reduce) was "
@@ -234,7 +240,7 @@ class CoordinatorMetrics:
             f"{PREFIX}_connected_actors", "Actors heard from recently.", registry=r
         )
         self.connected_learners = Gauge(
-            f"{PREFIX}_connected_learners", "Learner ranks registered.", registry=r
+            f"{PREFIX}_connected_learners", "Learner ranks of the current world heard from lately.", registry=r
         )
         self.learner_behind = Gauge(
             f"{PREFIX}_learner_behind",

@@ -11,6 +11,7 @@ Redis is its only state: a restarted coordinator reloads config, weights, learne
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,11 @@ class Coordinator:
                 self.latest_weights[member] = weights
         learners = store.learners()
         self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in learners.items()}
+        # The learner world's ranks, by the socket identity each registered with: a rank that
+        # registers from another process means a new world, whose ranks must all register (and
+        # beat) before actors are handed their endpoints again.
+        self.world = {rank: str(rec["identity"]).encode() for rank, rec in learners.items()}
+        self.learner_heard: dict[int, float] = {}  # rank → when it last registered or beat (monotonic)
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
         self.publisher = learners[0]["identity"].encode() if 0 in learners else None
         self.fresh_from: dict[int, int] = {}  # member → first weights version after its last PBT copy
@@ -99,6 +105,11 @@ class Coordinator:
         if hello.role == "learner":
             if not 0 <= hello.rank < self.run_config.num_learners:
                 raise wire.WireError("bad_value", f"learner rank {hello.rank} outside the world")
+            if self.world.get(hello.rank, identity) != identity:
+                log.info("learner rank %d registered from a new process: a new learner world", hello.rank)
+                self.world = {}
+            self.world[hello.rank] = identity
+            self.learner_heard[hello.rank] = time.monotonic()
             self.learner_endpoints[hello.rank] = hello.experience_endpoint
             if hello.rank == 0:
                 self.publisher = identity
@@ -107,16 +118,26 @@ class Coordinator:
                 "metrics_port": hello.metrics_port, "identity": identity.decode(errors="replace"),
             })  # fmt: skip
             self.reply_assign(identity, actor_index=-1)
-            if len(self.learner_endpoints) == self.run_config.num_learners:
-                for waiting, actor_hello in self.waiting_actors.items():
-                    self.assign_actor(waiting, actor_hello)
-                self.waiting_actors.clear()
-        elif len(self.learner_endpoints) < self.run_config.num_learners:
+            self.assign_waiting_actors()
+        elif self.live_learners() < self.run_config.num_learners:
             self.waiting_actors[identity] = hello
             if len(self.waiting_actors) > MAX_WAITING_ACTORS:  # a flood of Hellos: the oldest go
                 del self.waiting_actors[next(iter(self.waiting_actors))]
         else:
             self.assign_actor(identity, hello)
+
+    def live_learners(self) -> int:
+        """Ranks of the current learner world heard from lately (a registration or a heartbeat):
+        actors are handed the learners' endpoints only while all are, never those of a world
+        that is gone or only half back."""
+        now = time.monotonic()
+        return sum(now - self.learner_heard.get(rank, -math.inf) <= stragglers.SILENT_S for rank in self.world)
+
+    def assign_waiting_actors(self) -> None:
+        if self.waiting_actors and self.live_learners() == self.run_config.num_learners:
+            for waiting, actor_hello in self.waiting_actors.items():
+                self.assign_actor(waiting, actor_hello)
+            self.waiting_actors.clear()
 
     def assign_actor(self, identity: bytes, hello: wire.Hello) -> None:
         index = _actor_index(hello.name, default=self.actor_count)
@@ -182,6 +203,8 @@ class Coordinator:
         if not 0 <= beat.rank < self.run_config.num_learners:
             raise wire.WireError("bad_value", f"learner rank {beat.rank} outside the world")
         self.pulses[beat.rank] = stragglers.Pulse(time.monotonic(), beat.iteration, beat.waiting_s)
+        self.learner_heard[beat.rank] = time.monotonic()
+        self.assign_waiting_actors()
 
     def check_learners(self) -> None:
         """Name the learner ranks that hold the world up (log, metric, status), while the run lasts."""
@@ -259,6 +282,7 @@ class Coordinator:
         if self.finished_at is not None:
             return self.finishing()
         self.check_learners()
+        self.assign_waiting_actors()
         status = self.store.status()
         steps = int(status.get("env_steps", 0))
         recent = self.population.recent_returns()
@@ -272,7 +296,7 @@ class Coordinator:
         self.last_steps = (now, steps)
         actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
-        self.metrics.connected_learners.set(len(self.learner_endpoints))
+        self.metrics.connected_learners.set(self.live_learners())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         for member, value in member_means.items():
             if value is not None:
@@ -283,7 +307,7 @@ class Coordinator:
                 self.metrics.member_hyperparameter.labels(str(m), name).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
-                              learners=len(self.learner_endpoints), policy_lag=lag, updated_at=time.time(),
+                              learners=self.live_learners(), policy_lag=lag, updated_at=time.time(),
                               pbt_decisions=self.population.applied)  # fmt: skip
         self.store.append_progress({"time": time.time(), "env_steps": steps,
                                     "episodes": int(status.get("episodes", 0)),

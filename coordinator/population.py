@@ -162,9 +162,16 @@ class Population:
 
     def learner_reported(self, applied: int) -> list[int]:
         """Learner rank 0 has applied decisions up to `applied` (capped at ours: a report cannot
-        make us skip one); returns the members they gave new weights."""
+        make us skip one); returns the members they gave new weights. Fewer than it reported
+        before: a learner world that resumed from an older checkpoint, to be sent the rest again."""
         applied = min(applied, self.applied)
-        if applied <= self.learner_applied:
+        if applied < self.learner_applied:
+            log.info("the learners resumed with PBT decisions up to %d applied: sending %d to %d again", applied,
+                     applied + 1, self.learner_applied)  # fmt: skip
+            self.learner_applied = applied
+            self.store.set_status(learner_applied_decision=applied)
+            return []
+        if applied == self.learner_applied:
             return []
         entries = self.store.decisions(after=self.learner_applied)
         self.learner_applied = applied

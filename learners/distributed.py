@@ -115,19 +115,30 @@ class Agreement(NamedTuple):
     stop: bool
     member_samples: list[int]  # env steps in each member's batches this iteration, summed over ranks
     decision_bytes: int  # length of the PBT decision rank 0 hands out this iteration; 0: none
+    checkpoint: bool  # every rank writes a checkpoint now (rank 0's clock says when)
 
 
 def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-          device: torch.device) -> Agreement:  # fmt: skip
+          checkpoint: bool, device: torch.device) -> Agreement:  # fmt: skip
     """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length.
     `member_samples`: what this rank would train on if the world updates now."""
     if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
-        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes)
-    flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, *member_samples], dtype=torch.int64,
-                         device=device)  # fmt: skip
+        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint)
+    flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), *member_samples],
+                         dtype=torch.int64, device=device)  # fmt: skip
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    ready_ranks, overdue_ranks, stops, length, *samples = (int(v) for v in flags.tolist())
-    return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length)
+    ready_ranks, overdue_ranks, stops, length, checkpoints, *samples = (int(v) for v in flags.tolist())
+    return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length,
+                     checkpoints > 0)  # fmt: skip
+
+
+def extremes(value: int, device: torch.device) -> tuple[int, int]:
+    """(smallest, largest) of every rank's `value`."""
+    if dist.get_world_size() == 1:
+        return value, value
+    both = torch.tensor([value, -value], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MIN)
+    return int(both[0]), -int(both[1])
 
 
 def share_any_length(frame: bytes, device: torch.device) -> bytes:

@@ -84,6 +84,8 @@ class DQNHyperparams(NamedTuple):
 class DQN:
     """The population's Q and target networks and optimizer, and one gradient step of all of them."""
 
+    STATE = ("q", "target", "optimizers", "steps")  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device,
                  encoder: str = "mlp") -> None:  # fmt: skip
         self.cfg, self.population = cfg, population

@@ -22,6 +22,8 @@ from rlmq.common.schema import EnvSpec
 class FrameRing:
     """Each member's observations as rows of one ring buffer, vectorized over members."""
 
+    STATE = ("_rows", "_written")  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, population: int, rows: int, spec: EnvSpec) -> None:
         if rows < spec.frame_stack:
             raise ValueError(f"FrameRing needs at least {spec.frame_stack} rows, got {rows}")

@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +36,7 @@ from rlmq.common.service import (
     announce,
     keep_freed_memory,
 )
-from rlmq.learners import distributed
+from rlmq.learners import checkpoint, distributed
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
@@ -45,6 +47,10 @@ MAX_MESSAGES_PER_RECEIVE = 256
 MAX_PENDING = 1024  # decisions held ahead of the one to apply next
 MAX_ACTORS_REMEMBERED = 4096  # actors whose last weights sent we remember (restarted ones are new)
 NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
+# Tests: exit at the start of the update that follows this process's first checkpoint, while the
+# other ranks wait for it in that update's all-reduce.
+FAILPOINT_IN_UPDATE = "exit-in-update-after-checkpoint"
+EXIT_FAILPOINT = 86
 
 
 class Learner:
@@ -58,7 +64,8 @@ class Learner:
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
-        port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}").rsplit(":", 1)[1]
+        port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
+                              cfg.experience_fd).rsplit(":", 1)[1]
         self.endpoint = f"tcp://{cfg.advertise_host}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
         if cfg.rank == 0:
@@ -75,6 +82,7 @@ class Learner:
         self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
         self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
         self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
+        self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -206,6 +214,10 @@ class Learner:
             self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
                                                  self.cfg.world_size, device)  # fmt: skip
             self.trainer.set_hyperparams(self.hyperparams)
+            self.checkpoints = (checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank,
+                                                       self.run_cfg.checkpoints_kept)
+                                if self.cfg.checkpoint_dir else None)  # fmt: skip
+            self.resume(device)
             self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
             code = self.train(device, max_updates)
             distributed.shutdown(together=True)
@@ -222,9 +234,73 @@ class Learner:
         self.applied, self.hyperparams, self.members.versions = (
             shared["applied"], shared["hyperparams"], shared["versions"])  # fmt: skip
 
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def resume(self, device: torch.device) -> None:
+        """Carry on from the newest checkpoint every rank holds, if there is one: the trainer's
+        whole state, the policy versions and the PBT state it was written with. The coordinator sends
+        the decisions applied since again (this world reports the older count), and they are applied
+        again, in order, to the state they were first applied to."""
+        latest = self.checkpoints.latest() if self.checkpoints is not None else -1
+        oldest, newest = distributed.extremes(latest, device)
+        self.checkpoint_number = max(newest, 0)  # numbers go on past any rank's: no file is overwritten
+        if oldest < 0:
+            return
+        held, _ = distributed.extremes(int(self.checkpoints is not None and self.checkpoints.path(oldest).exists()),
+                                       device)  # fmt: skip
+        if not held:
+            log.warning("checkpoint %d is not on every rank any more: starting from the published weights", oldest)
+            return
+        assert self.checkpoints is not None
+        state = self.checkpoints.load(oldest)
+        checkpoint.restore(self.trainer, state["trainer"], "trainer")
+        saved = state["learner"]
+        # A version must name one set of weights: past what the coordinator holds if it is newer.
+        self.members.versions = [v if v >= published else published + 1
+                                 for v, published in zip(saved["versions"], self.members.versions, strict=True)]  # fmt: skip
+        self.applied, self.hyperparams = int(saved["applied"]), [dict(h) for h in saved["hyperparams"]]
+        self.trainer.set_hyperparams(self.hyperparams)
+        log.info("rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d", self.cfg.rank,
+                 oldest, self.checkpoints.path(oldest), self.members.versions, self.applied)  # fmt: skip
+
+    def save_checkpoint(self, device: torch.device) -> None:
+        """Every rank writes the next checkpoint; once all have, each prunes its oldest."""
+        number = self.checkpoint_number + 1
+        started = time.perf_counter()
+        written = self.checkpoints is not None and self.checkpoints.write(number, self.checkpoint_state())
+        everywhere, _ = distributed.extremes(int(written), device)
+        self.checkpoint_number = number
+        if not everywhere:
+            log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
+            return
+        assert self.checkpoints is not None
+        self.checkpoints.prune(number)
+        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
+        log.info("checkpoint %d written in %.2f s", number, time.perf_counter() - started)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "learner": {"versions": list(self.members.versions), "applied": self.applied,
+                        "hyperparams": self.hyperparams, "rank": self.cfg.rank, "world_size": self.cfg.world_size,
+                        "time": time.time()},
+            "trainer": checkpoint.capture(self.trainer),
+        }  # fmt: skip
+        if self.cfg.rank == 0:  # and what `rlmq eval` and `rlmq export` read in checkpoint.pt
+            members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in self.trainer.member_params(m).items()},
+                           "version": self.members.versions[m], "trained_steps": self.trainer.trained_steps(m),
+                           "hyperparams": self.hyperparams[m]}
+                       for m in range(self.run_cfg.population)}  # fmt: skip
+            state |= {"members": members, "best_member": 0, "params": members[0]["params"],
+                      "version": members[0]["version"], "env_spec": dataclasses.asdict(self.spec),
+                      "run_config": json.loads(json.dumps(dataclasses.asdict(self.run_cfg)))}  # fmt: skip
+        return state
+
+    # --- training -------------------------------------------------------------------------------
+
     def train(self, device: torch.device, max_updates: int | None) -> int:
         population = self.run_cfg.population
         publish_every = self.run_cfg.algo_config.publish_every
+        checkpoint_due = RateTimer(self.run_cfg.checkpoint_interval_s or float("inf"))
         if self.cfg.rank == 0:
             for member in range(population):
                 self.publish(member)
@@ -242,14 +318,18 @@ class Learner:
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
             agreed = distributed.agree(ready, self.members.overdue(), self.stop.is_set() or limit_hit,
-                                       self.members.batch_samples(), len(offer), device)  # fmt: skip
+                                       self.members.batch_samples(), len(offer),
+                                       self.cfg.rank == 0 and checkpoint_due.due(), device)  # fmt: skip
             if agreed.decision_bytes:
                 replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                     agreed.member_samples[replaced] = 0
             if agreed.stop:
+                self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
                 break
+            if agreed.checkpoint:
+                self.save_checkpoint(device)
             if not agreed.update:
                 self.heartbeat.leave()
                 if report.due():
@@ -260,6 +340,10 @@ class Learner:
                 self.metrics.policy_lag.observe(lag)
             self.lags += taken.lags
             started = time.perf_counter()
+            if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
+                log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
+                          self.checkpoint_number)  # fmt: skip
+                os._exit(EXIT_FAILPOINT)
             stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples)
             self.heartbeat.leave()
             self.metrics.update_seconds.observe(time.perf_counter() - started)

@@ -104,6 +104,8 @@ class Stacked(nn.Module):
     the members' convolutional encoder (``encoder.*``, `image`) as grouped convolutions.
     """
 
+    STATE = ("flat",)  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, members: list[nn.Module], image: ImageEncoder | None = None) -> None:
         super().__init__()
         self.population, self.image = len(members), image
@@ -159,7 +161,7 @@ class Stacked(nn.Module):
             raise KeyError(f"member weights hold {sorted(params)}, the network {sorted(self.layout)}")
         with torch.no_grad():
             for name, (offset, shape) in self.layout.items():
-                value = torch.as_tensor(np.asarray(params[name], dtype=np.float32))
+                value = torch.from_numpy(np.array(params[name], dtype=np.float32))  # a copy: wire arrays are read-only
                 if value.shape != shape:
                     raise ValueError(f"{name}: {tuple(value.shape)}, the network has {tuple(shape)}")
                 self.flat[member, offset : offset + shape.numel()] = value.reshape(-1).to(self.flat.device)

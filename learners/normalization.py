@@ -36,6 +36,8 @@ class RunningMoments:
     """Per-member running mean and (population) variance of [P, n, *F] data, merged across ranks.
     Before any data: mean 0, variance 1, count 0 (normalizing is then the identity)."""
 
+    STATE = ("mean", "var", "count")  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, population: int, shape: tuple[int, ...], device: torch.device) -> None:
         self.mean = torch.zeros(population, *shape, dtype=torch.float64, device=device)
         self.var = torch.ones(population, *shape, dtype=torch.float64, device=device)
@@ -133,6 +135,10 @@ def stacked_observations(per_member: list[list[Rollout]], spec: EnvSpec, device:
 
 class RewardScaler:
     """PPO's rewards divided by the running std of the discounted return of their actor slot."""
+
+    # What a checkpoint saves (learners/checkpoint.py). Not each actor slot's running return: a
+    # restarted world starts those again, as a rank does for an actor whose rollouts went elsewhere.
+    STATE = ("moments",)
 
     def __init__(self, population: int, clip: float, device: torch.device) -> None:
         self.moments = RunningMoments(population, (), device)

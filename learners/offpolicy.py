@@ -100,6 +100,8 @@ class OffPolicyTrainer:
     """An off-policy algorithm fed from this rank's replay shard: `replay_ratio` gradient steps per
     env step (of each started member, over all ranks), once a member has `learning_starts`."""
 
+    STATE = ("algorithm", "obs_norm", "replay", "stored", "due", "rng", "generator")  # learners/checkpoint.py
+
     def __init__(self, algorithm: OffPolicy, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...],
                  rank: int, world_size: int, device: torch.device) -> None:  # fmt: skip
         self.algorithm, self.device, population = algorithm, device, run_cfg.population

@@ -39,6 +39,8 @@ def clip_grad_norm_per_member(grad: Tensor, max_norm: Tensor) -> Tensor:
 
 
 class PopulationAdam:
+    STATE = ("exp_avg", "exp_avg_sq", "steps", "nonfinite")  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, param: Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-5) -> None:
         self.param, self.betas, self.eps = param, betas, eps
         self.exp_avg = torch.zeros_like(param)

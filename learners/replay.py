@@ -69,6 +69,9 @@ def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, g
 class Replay:
     """One ring buffer of transitions per population member, vectorized over members."""
 
+    # What a checkpoint saves (learners/checkpoint.py): the whole ring, written rows or not.
+    STATE = ("frames", "_obs_key", "_next_key", "_actions", "_rewards", "_terminated", "_horizon", "_position", "_size")
+
     def __init__(self, population: int, capacity: int, spec: EnvSpec, n_step: int = 1) -> None:
         if population < 1:
             raise ValueError(f"Replay population must be at least 1, got {population}")

@@ -78,6 +78,8 @@ def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> 
 class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
+    STATE = ("actor", "critic", "target", "log_alpha", "optimizers")  # what a checkpoint saves (learners/checkpoint.py)
+
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)

@@ -63,6 +63,9 @@ def actor_loss(q1: Tensor) -> Tensor:
 class TD3:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
+    # What a checkpoint saves (learners/checkpoint.py).
+    STATE = ("actor", "critic", "target_actor", "target_critic", "optimizers", "critic_steps", "last_actor_loss")
+
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)

@@ -69,6 +69,8 @@ def copy_member(core: PopulationActorCritic, optimizer: PopulationAdam, decision
 
 
 class PPOTrainer:
+    STATE = ("core", "optimizer", "obs_norm", "reward_scaler", "generator", "trained")  # learners/checkpoint.py
+
     def __init__(self, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...], rank: int,
                  world_size: int, device: torch.device) -> None:  # fmt: skip
         self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, run_cfg.ppo, device

@@ -4,7 +4,6 @@ sockets, counts it in `rlmq_rejected_messages_total`, and then still answers a v
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from procs import wait_for
+from procs import start_coordinator, wait_for, write_run_config
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
@@ -73,25 +72,6 @@ def rejected_total(metrics_port: int) -> float:
 def receive(sock: zmq.Socket, timeout_ms: int = 10_000) -> wire.Message:
     assert sock.poll(timeout_ms, zmq.POLLIN), "no answer"
     return wire.decode(sock.recv_multipart()[-1])
-
-
-def write_run_config(tmp_path: Path, **fields: Any) -> Path:
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps({"num_learners": 1, "num_envs": 4, "rollout_length": 8, **fields}))
-    return path
-
-
-def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str,
-                      env: dict[str, str] | None = None, ports: dict[str, int] | None = None,
-                      name: str = "coordinator", **config: Any) -> dict[str, Any]:  # fmt: skip
-    ports = ports or {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
-    service = start_service(
-        name, "coordinator", "--run", run_id, "--redis-url", redis_url,
-        "--run-config", str(write_run_config(tmp_path, **config)), "--metrics-port", str(ports["metrics"]),
-        "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
-        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", env=env,
-    )  # fmt: skip
-    return {"service": service, **ports}
 
 
 def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_url: str, run_id: str) -> None:
@@ -304,6 +284,11 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
     actor.send(wire.encode(wire.Hello(role="actor", name="actor-5", pid=5)))
+    # The learner Redis names may be gone: an actor gets its endpoint only once it is heard from.
+    assert not actor.poll(4_000, zmq.POLLIN), "an actor was handed the endpoint of a learner not heard from"
+    beat = zmq.Context.instance().socket(zmq.DEALER)
+    beat.connect(f"tcp://127.0.0.1:{first['control']}")
+    beat.send(wire.encode(wire.LearnerHeartbeat(name="learner-0", rank=0, iteration=9, waiting_s=0.0)))
     answer = receive(actor, timeout_ms=30_000)
     assert isinstance(answer, wire.Assign), second.log()
     assert answer.learner_endpoints == ("tcp://127.0.0.1:7",) and answer.actor_index == 5
@@ -318,6 +303,7 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
     assert store.status()["env_steps"] == 100
     actor.close()
     learner.close()
+    beat.close()
 
 
 def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(

@@ -50,7 +50,7 @@ def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: Popula
           overdue: bool = False) -> None:  # fmt: skip
     device = torch.device("cpu")
     local = [sum(r.num_steps for r in rs) for rs in rollouts]
-    agreed = distributed.agree(ready, overdue, False, local, 0, device)
+    agreed = distributed.agree(ready, overdue, False, local, 0, False, device)
     assert agreed.update and not agreed.stop
     samples = torch.tensor(agreed.member_samples)
     hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
@@ -98,7 +98,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     inactive_unmoved = bool(torch.equal(core.flat.detach()[2], after_first)) and not torch.equal(after_first, before[2])
     # A PBT decision only rank 0 received reaches every rank through the agreement.
     frame = wire.encode(DECISION) if rank == 0 else b""
-    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), device)
+    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), False, device)
     decision = wire.decode(distributed.share(frame, agreed.decision_bytes, device))
     assert isinstance(decision, wire.Decision) and decision == DECISION
     copy_member(core, optimizer, decision)
@@ -107,9 +107,9 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     train(model, core, optimizer, [[rollout(rng, 0)], [rollout(rng, 1)], [rollout(rng, 2)]], cfg, generator)
     # One rank not ready: nobody updates, until the ready one is overdue; one rank stopping:
     # everybody stops.
-    assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, device).update
-    assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, device).update
-    assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, device).stop
+    assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, False, device).update
+    assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, False, device).update
+    assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, False, device).stop
     torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
                 "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
                 "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),

@@ -46,7 +46,7 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
 
 def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
     local = [sum(r.num_steps for r in rs) for rs in per_member]
-    agreed = distributed.agree(True, False, False, local, 0, torch.device("cpu"))
+    agreed = distributed.agree(True, False, False, local, 0, False, torch.device("cpu"))
     assert agreed.update and not agreed.stop
     _, updated = trainer.train(per_member, agreed.member_samples)
     return len(updated)

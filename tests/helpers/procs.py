@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
 
 
@@ -79,3 +80,22 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def write_run_config(tmp_path: Path, **fields: Any) -> Path:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"num_learners": 1, "num_envs": 4, "rollout_length": 8, **fields}))
+    return path
+
+
+def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str,
+                      env: dict[str, str] | None = None, ports: dict[str, int] | None = None,
+                      name: str = "coordinator", **config: Any) -> dict[str, Any]:  # fmt: skip
+    ports = ports or {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+    service = start_service(
+        name, "coordinator", "--run", run_id, "--redis-url", redis_url,
+        "--run-config", str(write_run_config(tmp_path, **config)), "--metrics-port", str(ports["metrics"]),
+        "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
+        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", env=env,
+    )  # fmt: skip
+    return {"service": service, **ports}

@@ -1,0 +1,65 @@
+"""A learner world that loses a rank in the middle of an update comes back from its newest
+checkpoint: real learner processes in a gloo world, a real coordinator, actor and Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from procs import start_coordinator, wait_for
+from states import assert_same
+
+from rlmq.common.transport import free_port
+from rlmq.learners import checkpoint
+from rlmq.learners.learner import EXIT_FAILPOINT, FAILPOINT_IN_UPDATE
+
+
+def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Path, tag: str,
+                failpoint: str = "") -> list[Any]:  # fmt: skip
+    master = free_port()
+    return [start_service(
+        f"learner-{rank}-{tag}", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
+        "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--rank", str(rank), "--world-size", "2",
+        "--master-port", str(master), "--metrics-port", "-1", "--checkpoint-dir", str(root),
+        *(["--failpoint", failpoint] if rank == 1 and failpoint else []),
+    ) for rank in range(2)]  # fmt: skip
+
+
+def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoint_exactly(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    """Rank 1 exits at the start of the update that follows the world's first checkpoint, while
+    rank 0 waits for it in that update's all-reduce; rank 0 fails too. A new world resumes from
+    checkpoint 1: with no actor left to feed it, the checkpoint it writes when stopped holds
+    exactly the state it resumed (every member's parameters, Adam's moments and step counts)."""
+    root = tmp_path / "checkpoints"
+    coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0)
+    first = start_world(start_service, coord, run_id, root, "first", FAILPOINT_IN_UPDATE)
+    actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
+                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")  # fmt: skip
+    wait_for(lambda: not first[1].alive(), 120, "rank 1 to exit at its failpoint")
+    assert first[1].process.returncode == EXIT_FAILPOINT, first[1].log()
+    wait_for(lambda: not first[0].alive(), 60, "rank 0 to fail in the all-reduce")
+    log = first[0].log()  # it failed inside the backward pass, in DDP's all-reduce, on the peer it lost
+    assert first[0].process.returncode != 0 and "by peer" in log and "backward" in log
+    actor.stop()
+    written = [checkpoint.Checkpoints(root, rank, kept=3).latest() for rank in range(2)]
+    assert written == [1, 1], written
+
+    second = start_world(start_service, coord, run_id, root, "second")
+    for rank, service in enumerate(second):
+        wait_for(lambda s=service: "resumed from checkpoint 1" in s.log(), 90, f"rank {rank} to resume")
+    for service in second:
+        assert service.stop() == 0, service.log()
+    resumed = [checkpoint.Checkpoints(root, rank, kept=3) for rank in range(2)]
+    assert [files.latest() for files in resumed] == [2, 2]  # the one written when it stopped
+    for files in resumed:
+        before, after = files.load(1), files.load(2)
+        assert_same(after["trainer"], before["trainer"])
+        assert after["learner"]["applied"] == before["learner"]["applied"]
+        assert after["learner"]["versions"] >= before["learner"]["versions"]
+    ranks = [files.load(2)["trainer"] for files in resumed]
+    assert torch.equal(ranks[0]["core"]["flat"], ranks[1]["core"]["flat"])
+    assert torch.equal(ranks[0]["optimizer"]["exp_avg"], ranks[1]["optimizer"]["exp_avg"])
+    assert float(ranks[0]["optimizer"]["steps"][0]) > 0  # it had trained: the moments are not the fresh zeros
