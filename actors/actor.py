@@ -7,14 +7,18 @@
         collect one rollout with them, tagged with their version; send it to that learner
         report env steps and finished episodes every `report_interval_s`
 
-Killed and restarted, it says Hello again and carries on: nothing it holds needs saving.
+Killed and restarted, it says Hello again and carries on: nothing it holds needs saving. Its
+reports are the exception while the coordinator is away: each is kept until acknowledged and sent
+again meanwhile (the coordinator counts each once), so no env step goes uncounted.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
+import random
 import time
 
 import numpy as np
@@ -30,6 +34,9 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, Stop
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
 WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
+REPORT_RESEND_S = 2.0  # reports unacknowledged this long are sent again
+MAX_UNACKED_REPORTS = 4096  # ~17 min of reports every 0.25 s; beyond, the oldest are given up
+FINAL_ACK_WAIT_S = 1.0  # at the end, how long to wait for the last reports to be counted
 
 
 class Actor:
@@ -39,7 +46,9 @@ class Actor:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
+        # A queue as deep as the reports kept: while the coordinator is away they wait in it.
+        self.control = transport.make_socket(self.ctx, zmq.DEALER, hwm=MAX_UNACKED_REPORTS,
+                                             identity=f"{cfg.name}-{os.getpid()}".encode())  # fmt: skip
         self.control.connect(cfg.coordinator)
         self.learners: list[zmq.Socket] = []  # one DEALER per learner rank
         self.credits: list[int] = []
@@ -51,6 +60,10 @@ class Actor:
         self.first_step_at = 0.0
         self.version = -1
         self.awaited_version = 0
+        self.session = random.SystemRandom().getrandbits(40)  # this process's reports: sequence 1, 2, ...
+        self.sequence = 0
+        self.unacked: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # sequence → frame
+        self.acked_at = time.monotonic()  # when the coordinator last acknowledged (or we last resent)
 
     def reject(self, exc: wire.WireError) -> None:
         self.log_reject(exc.reason, str(exc))
@@ -111,6 +124,7 @@ class Actor:
                 if self.cfg.max_steps is not None and steps_total >= self.cfg.max_steps:
                     break
             self.report(collector)
+            self.flush_reports(FINAL_ACK_WAIT_S)
         finally:
             env.close()
         return EXIT_OK
@@ -168,14 +182,24 @@ class Actor:
         what no subscriber is there to take), and no second one comes until we send data."""
         if starving.due():
             transport.send(self.control, hello)
+        self.read_control()
+
+    def read_control(self) -> None:
+        """What the coordinator sent us: acknowledgements of our reports, and Assigns (answers to a
+        repeated Hello), whose weights we take while we have none."""
         while self.control.poll(0, zmq.POLLIN):
             try:
                 message = wire.decode(self.control.recv())
             except wire.WireError as exc:
                 self.reject(exc)
                 continue
-            if isinstance(message, wire.Assign) and message.weights is not None and message.member == self.member:
-                self.apply_weights(message.weights)
+            if isinstance(message, wire.ReportAck):
+                while self.unacked and next(iter(self.unacked)) <= message.sequence:
+                    self.unacked.popitem(last=False)
+                self.acked_at = time.monotonic()
+            elif isinstance(message, wire.Assign) and message.member == self.member:
+                if self.policy is None and message.weights is not None:
+                    self.apply_weights(message.weights)
 
     def await_weights(self, version: int) -> None:
         """Wait (at most WEIGHTS_WAIT_S) for the weights a learner said it holds: collecting with
@@ -232,12 +256,33 @@ class Actor:
         self.unreported_credit_wait = 0.0
         self.metrics.episodes.inc(len(returns))
         self.metrics.episode_return.observe_many(returns)
-        transport.send(self.control, wire.ActorReport(
+        self.sequence += 1
+        sequence = self.sequence
+        frame = wire.encode(wire.ActorReport(
             name=self.cfg.name, member=self.member, env_steps=steps, episode_returns=returns,
             episode_lengths=lengths, policy_version=self.version, rejected=self.rejected,
-            first_step_at=self.first_step_at,
+            first_step_at=self.first_step_at, session=self.session, sequence=sequence,
         ))  # fmt: skip
         self.rejected = 0
+        if not self.unacked:
+            self.acked_at = time.monotonic()  # the clock for resending starts with the oldest unacknowledged
+        self.unacked[sequence] = frame
+        if len(self.unacked) > MAX_UNACKED_REPORTS:
+            self.unacked.popitem(last=False)
+            self.metrics.reports_given_up.inc()
+        transport.send_frame(self.control, frame)
+        self.read_control()
+        if self.unacked and time.monotonic() - self.acked_at > REPORT_RESEND_S:
+            for unacked in self.unacked.values():  # the coordinator is away or restarted: it counts each once
+                transport.send_frame(self.control, unacked)
+            self.acked_at = time.monotonic()
+
+    def flush_reports(self, timeout_s: float) -> None:
+        """Wait (bounded) for the coordinator to acknowledge our last reports."""
+        deadline = time.monotonic() + timeout_s
+        while self.unacked and time.monotonic() < deadline:
+            self.control.poll(50, zmq.POLLIN)
+            self.read_control()
 
     def close(self) -> None:
         for sock in (self.control, self.broadcast, *self.learners):

@@ -1,6 +1,6 @@
 """`rlmq up`: start a private Redis, the coordinator, the learner world and the actors as separate
-OS processes; watch them; restart actors that die, and the whole learner world when one of its
-ranks does; show progress; stop everything cleanly.
+OS processes; watch them; restart actors and the coordinator when they die, and the whole learner
+world when one of its ranks does; show progress; stop everything cleanly.
 
 Children run in their own sessions, so a terminal's Ctrl-C reaches only this supervisor, which
 forwards it: the first stops them warmly (SIGTERM, bounded wait, then SIGKILL), the second kills
@@ -48,6 +48,7 @@ from rlmq.coordinator.store import RunStore
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
 MAX_WORLD_RESTARTS = 10  # learner worlds started again after a rank exited
+MAX_COORDINATOR_RESTARTS = 10
 PROGRESS_EVERY_S = 2.0
 
 
@@ -310,7 +311,18 @@ class Supervisor:
                 if code is None:
                     continue
                 if child.role == "coordinator":
-                    return "over" if code == 0 else f"failed: the coordinator exited with {code}; see {child.log_path}"
+                    if code == 0:
+                        return "over"
+                    # Killed by a signal (the OOM killer, a user): it resumes from Redis, and the others
+                    # wait for it meanwhile (actors keep their reports). An exit of its own says why
+                    # in its log (Redis gone past --redis-outage-s, a bad config): the run is over.
+                    if code > 0 or child.restarts >= MAX_COORDINATOR_RESTARTS:
+                        return f"failed: the coordinator exited with {code}; see {child.log_path}"
+                    child.restarts += 1
+                    print(f"the coordinator exited with {code}; restarting it ({child.restarts}); see {child.log_path}",
+                          flush=True)  # fmt: skip
+                    self.spawn(child)
+                    continue
                 self.redis.look(store)
                 if self.redis.seen.status.get("state") in ("stopping", "done"):
                     continue  # the run is ending: exits are expected

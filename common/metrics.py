@@ -139,6 +139,11 @@ class ActorMetrics:
         self.policy_version = Gauge(
             f"{PREFIX}_actor_policy_version", "Version of the weights in use.", registry=r
         )
+        self.reports_given_up = Counter(
+            f"{PREFIX}_actor_reports_given_up",
+            "Reports dropped unacknowledged because more were waiting for the coordinator than the bound.",
+            registry=r,
+        )
         self.rejected = _rejected(r)
         self.heartbeat = Heartbeat(r)
 

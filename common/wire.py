@@ -12,7 +12,7 @@ Topology (who sends what to whom, see docs/architecture.md):
 
     actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights,
                                                   LearnerHeartbeat (a learner's own thread)
-    coordinator     ROUTER → actor, learner       Assign
+    coordinator     ROUTER → actor, learner       Assign, ReportAck (an actor's report is counted)
     actor           DEALER → learner ROUTER       Hello (a request for credit, renewed while waiting),
                                                   Rollout (one per credit)
     learner         ROUTER → actor                Credit
@@ -170,7 +170,11 @@ class Rollout:
 
 @dataclass(frozen=True)
 class ActorReport:
-    """An actor's heartbeat: env steps since its last report and the episodes it finished."""
+    """An actor's heartbeat: env steps since its last report and the episodes it finished.
+
+    The actor keeps it until the coordinator acknowledges it (`ReportAck`), and sends it again
+    meanwhile; the coordinator counts each (`session`, `sequence`) once, so a report is counted
+    exactly once across a coordinator's restart. Sequence 0: counted whenever it comes."""
 
     name: str
     member: int
@@ -180,9 +184,11 @@ class ActorReport:
     policy_version: int = 0
     rejected: int = 0  # malformed messages this actor dropped since its last report
     first_step_at: float = 0.0  # unix time of this actor's first env step; 0 before it
+    session: int = 0  # drawn at random by each actor process: its reports' sequence starts anew
+    sequence: int = 0  # 1, 2, ... within the session
 
     def __post_init__(self) -> None:
-        _counts(self, "member", "env_steps", "rejected")
+        _counts(self, "member", "env_steps", "rejected", "session", "sequence")
         _require(self.policy_version >= -1 and self.first_step_at >= 0, "ActorReport: negative field")
         returns, lengths = self.episode_returns, self.episode_lengths
         _require(returns.ndim == 1 and returns.dtype.name == "float64", "episode_returns must be 1-D float64")
@@ -229,6 +235,16 @@ class LearnerHeartbeat:
 
 
 HEARTBEAT_PERIOD_S = 1.0
+
+
+@dataclass(frozen=True)
+class ReportAck:
+    """Coordinator → actor: your reports up to `sequence` are counted (and need not be sent again)."""
+
+    sequence: int
+
+    def __post_init__(self) -> None:
+        _counts(self, "sequence")
 
 
 @dataclass(frozen=True)
@@ -292,12 +308,12 @@ def weights_topic(member: int) -> bytes:
     return f"w{member}.".encode()
 
 
-Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | LearnerReport | LearnerHeartbeat | Directive
-           | Decision)  # fmt: skip
+Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | ReportAck | LearnerReport | LearnerHeartbeat
+           | Directive | Decision)  # fmt: skip
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, LearnerReport, LearnerHeartbeat, Directive,
-                Decision)  # fmt: skip
+    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, ReportAck, LearnerReport, LearnerHeartbeat,
+                Directive, Decision)  # fmt: skip
 }
 
 

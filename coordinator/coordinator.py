@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,12 +34,13 @@ from rlmq.common.service import (
     announce,
 )
 from rlmq.coordinator import stragglers
-from rlmq.coordinator.population import Population
+from rlmq.coordinator.population import EXIT_FAILPOINT, Population
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
+FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
 
 class Coordinator:
@@ -170,7 +172,15 @@ class Coordinator:
         returns = report.episode_returns.tolist()
         if report.policy_version < self.fresh_from.get(report.member, 0):
             returns = []  # the member's weights were replaced since (PBT)
-        steps, recent = self.store.add_actor_report(report.name, report.member, report.env_steps, returns)
+        counted, steps, recent = self.store.add_actor_report(report.name, report.member, report.env_steps, returns,
+                                                             report.session, report.sequence)  # fmt: skip
+        if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
+            log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
+            os._exit(EXIT_FAILPOINT)
+        if report.sequence:
+            self.control.send_multipart([identity, wire.encode(wire.ReportAck(report.sequence))])
+        if not counted:  # sent again after a restart of ours: counted already
+            return
         self.metrics.env_steps.inc(report.env_steps)
         self.metrics.member_env_steps.labels(str(report.member)).inc(report.env_steps)
         self.metrics.episodes.inc(len(returns))

@@ -9,6 +9,7 @@
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
+    rlmq:{run}:reports             hash: actor name → "{session}:{sequence}" of its last report counted
     rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, pid, metrics_port, identity}
     rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
 
@@ -135,6 +136,34 @@ class OutageRetry(Retry):
             self.report(line)
 
 
+# KEYS: actors, status, member_steps, the member's returns, reports.
+# ARGV: actor, now, member, env steps, session, sequence, returns kept, the episode returns...
+_ADD_REPORT = """
+local actor, session, sequence = ARGV[1], ARGV[5], tonumber(ARGV[6])
+if sequence > 0 then
+  local last = redis.call('HGET', KEYS[5], actor)
+  if last then
+    local last_session, last_sequence = string.match(last, '^(%d+):(%d+)$')
+    if last_session == session and sequence <= tonumber(last_sequence) then
+      return {0, tonumber(redis.call('HGET', KEYS[2], 'env_steps') or '0'), {}}
+    end
+  end
+  redis.call('HSET', KEYS[5], actor, session .. ':' .. sequence)
+end
+redis.call('HSET', KEYS[1], actor, ARGV[2])
+local steps = redis.call('HINCRBY', KEYS[2], 'env_steps', ARGV[4])
+redis.call('HINCRBY', KEYS[3], ARGV[3], ARGV[4])
+local recent = {}
+if #ARGV > 7 then
+  redis.call('LPUSH', KEYS[4], unpack(ARGV, 8))
+  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
+  redis.call('HINCRBY', KEYS[2], 'episodes', #ARGV - 7)
+  recent = redis.call('LRANGE', KEYS[4], 0, -1)
+end
+return {1, steps, recent}
+"""
+
+
 class RunStore:
     def __init__(self, client: redis.Redis, run: str) -> None:
         if not RUN_ID.fullmatch(run):  # no ':' or glob characters: keys of one run never match another's
@@ -194,25 +223,22 @@ class RunStore:
 
     # --- members, episodes, weights -----------------------------------------------------------
 
-    def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float]) -> tuple[int, list[float]]:
+    def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float], session: int = 0,
+                         sequence: int = 0) -> tuple[bool, int, list[float]]:  # fmt: skip
         """Record one actor report in one round trip (64 actors report several times a second):
-        the actor's liveness, its env steps and finished episodes. Returns the run's env steps and,
-        if the report brought episodes, the member's recent returns after them, newest first.
+        the actor's liveness, its env steps and finished episodes. Returns whether it was counted
+        now (not before), the run's env steps and, if it brought episodes, the member's recent
+        returns after them, newest first.
 
-        A transaction: a pipeline cut off by an outage is retried whole, and MULTI/EXEC applies all
-        of it or none, so the retry cannot repeat half of it. (A reply lost after EXEC still counts
-        the report twice: HINCRBY has no idempotent form.)"""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.key("actors"), actor, time.time())
-        pipe.hincrby(self.key("status"), "env_steps", env_steps)
-        pipe.hincrby(self.key("member_steps"), str(member), env_steps)
-        if returns:
-            pipe.lpush(self.key("returns", member), *returns)
-            pipe.ltrim(self.key("returns", member), 0, RECENT_EPISODES - 1)
-            pipe.hincrby(self.key("status"), "episodes", len(returns))
-            pipe.lrange(self.key("returns", member), 0, -1)
-        replies = pipe.execute()
-        return int(replies[1]), [float(v) for v in replies[-1]] if returns else []
+        One Lua script, so Redis applies all of it or none, and each (`session`, `sequence`) of an
+        actor once (sequence 0: every time): a report sent again after a coordinator's restart, or
+        a script retried after a reply lost in an outage, is not counted twice."""
+        counted, steps, recent = self.redis.eval(
+            _ADD_REPORT, 5, self.key("actors"), self.key("status"), self.key("member_steps"),
+            self.key("returns", member), self.key("reports"),
+            actor, time.time(), member, env_steps, session, sequence, RECENT_EPISODES, *returns,
+        )  # fmt: skip
+        return bool(counted), int(steps), [float(v) for v in recent]
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

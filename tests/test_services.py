@@ -388,6 +388,33 @@ print(libc.mallinfo2().hblks - before)
 """
 
 
+def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_counted_once(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    """The coordinator dies between counting an actor's report and acknowledging it; the actor,
+    unacknowledged, sends the report again to the restarted coordinator, which acknowledges it
+    without counting it a second time."""
+    first = start_coordinator(start_service, tmp_path, redis_url, run_id, env={"RLMQ_FAILPOINT": "report-before-ack"})
+    store = RunStore.connect(redis_url, run_id)
+    wait_for(lambda: store.status().get("state") == "running", 30, "the run in Redis")
+    actor = zmq.Context.instance().socket(zmq.DEALER)
+    actor.connect(f"tcp://127.0.0.1:{first['control']}")
+    report = wire.ActorReport(name="actor-0", member=0, env_steps=100, episode_returns=np.array([9.0]),
+                              episode_lengths=np.array([9], np.int64), session=77, sequence=1)  # fmt: skip
+    actor.send(wire.encode(report))
+    assert first["service"].process.wait(30) == 86, first["service"].log()
+    assert store.status()["env_steps"] == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
+    start_coordinator(start_service, tmp_path, redis_url, run_id, name="second",
+                      ports={k: first[k] for k in ("control", "broadcast", "metrics")})  # fmt: skip
+    actor.send(wire.encode(report))  # unacknowledged: sent again
+    assert receive(actor, timeout_ms=30_000) == wire.ReportAck(1)
+    actor.send(wire.encode(dataclasses.replace(report, sequence=2, env_steps=5)))
+    assert receive(actor) == wire.ReportAck(2)
+    status = store.status()
+    assert (status["env_steps"], status["episodes"]) == (105, 2), status
+    actor.close()
+
+
 def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
     """A learner frees and reallocates the same few-hundred-KB activations every step. glibc serves
     a block above its 128 KB mmap threshold with a fresh mmap, whose pages fault in again each

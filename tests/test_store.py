@@ -30,11 +30,24 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
-        assert steps == start + 50 and recent == store.recent_returns(0)
+        counted, steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
+        assert counted and steps == start + 50 and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
     assert store.status()["episodes"] == 250
+
+
+def test_each_report_of_an_actor_session_is_counted_once(store: RunStore) -> None:
+    """A report sent again (the coordinator restarted before acknowledging it) is not counted twice;
+    a restarted actor process (another session) starts its sequence anew; sequence 0 always counts."""
+    assert store.add_actor_report("actor-0", 0, 10, [1.0], session=7, sequence=1) == (True, 10, [1.0])
+    assert store.add_actor_report("actor-0", 0, 10, [1.0], session=7, sequence=1) == (False, 10, [])
+    assert store.add_actor_report("actor-0", 0, 5, [], session=7, sequence=2)[:2] == (True, 15)
+    assert store.add_actor_report("actor-0", 0, 5, [], session=7, sequence=2)[:2] == (False, 15)
+    assert store.add_actor_report("actor-0", 0, 3, [2.0], session=8, sequence=1) == (True, 18, [2.0, 1.0])
+    assert store.add_actor_report("actor-1", 0, 2, [], session=7, sequence=1)[:2] == (True, 20)  # its own sequence
+    assert [store.add_actor_report("actor-1", 0, 1, [])[:2] for _ in range(2)] == [(True, 21), (True, 22)]
+    assert store.status()["episodes"] == 2 and store.member_steps() == {0: 22}
 
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
