@@ -176,7 +176,8 @@ def actor(
 @app.command()
 def up(
     actors: Annotated[int, _opt("Actor processes.", min=1)] = 4,
-    learners: Annotated[int, _opt("Learner processes (one torch.distributed world).", min=1)] = 1,
+    learners: Annotated[int | None, _opt("Learner processes (one torch.distributed world); default 1, or the "
+                                         "resumed run's.", min=1)] = None,
     env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
     algo: Annotated[str | None, _opt("Algorithm: ppo, sac, td3 or dqn.")] = None,
     total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
@@ -196,20 +197,30 @@ def up(
     bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
     collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
                                               min=1.0)] = 30.0,
+    resume: Annotated[Path | None, _opt("Continue the run in this run directory where it was (stopped, finished or "
+                                        "crashed), with a new --total-steps or --target-return if given.")] = None,
 ) -> None:
     """Train locally: coordinator, learners and actors as separate processes."""
-    from rlmq.cli.supervisor import UpConfig, probe_run_dir, run_up
+    from rlmq.cli.supervisor import run_up
+    from rlmq.cli.upconfig import UpConfig, probe_run_dir
 
     _require_redis_url(redis_url)
     overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
                                        target_return=target_return, num_envs=num_envs,
                                        seed=seed, population=population,
                                        checkpoint_interval_s=checkpoint_every).items() if v is not None}
-    overrides["num_learners"] = learners
     try:
-        up_cfg = UpConfig.build(actors=actors, learners=learners, config_file=config, overrides=overrides,
-                                redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
-                                bind_host=bind_host, collective_timeout_s=collective_timeout)
+        if resume is not None:
+            if config is not None or run_dir is not None:
+                raise ValueError("--resume takes the run's config and directory: drop --config and --run-dir")
+            up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
+                                         redis_url=redis_url, torch_threads=torch_threads, device=device,
+                                         bind_host=bind_host, collective_timeout_s=collective_timeout)  # fmt: skip
+        else:
+            overrides["num_learners"] = learners or 1
+            up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
+                                    redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
+                                    bind_host=bind_host, collective_timeout_s=collective_timeout)  # fmt: skip
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         typer.echo(f"error: {exc}. Fix the flag or the --config file (fields: common/config.py).", err=True)
         raise typer.Exit(EXIT_USAGE) from None

@@ -157,3 +157,9 @@ def unreachable(url: str, run: str) -> str | None:
     except redis.RedisError as exc:  # reached, but refused: a password, a permission
         return f"error: Redis at {shown_url(url)} refused rlmq ({exc}): fix the URL's credentials or {fix}"
     return None
+
+
+def reopen(url: str, run: str, run_config: RunConfig) -> bool:
+    """`rlmq up --resume`: the run in Redis goes on under `run_config` (its new budget and target);
+    False if Redis does not hold it."""
+    return RunStore.connect(url, run, outage_s=WATCH_REDIS_S, report=None).reopen(run_config)

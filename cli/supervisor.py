@@ -10,17 +10,13 @@ process outlives the run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +24,10 @@ from typing import Any
 
 from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
-from rlmq.cli.shipped import pick
+from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
-from rlmq.common.loading import from_mapping, load_run_config, to_json
+from rlmq.common.loading import to_json
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -43,65 +39,13 @@ from rlmq.common.service import (
     die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.store import RunStore, shown_url
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
 MAX_WORLD_RESTARTS = 10  # learner worlds started again after a rank exited
 MAX_COORDINATOR_RESTARTS = 10
 PROGRESS_EVERY_S = 2.0
-
-
-@dataclass(frozen=True)
-class UpConfig:
-    actors: int
-    learners: int
-    run_config: RunConfig
-    run: str
-    run_dir: Path
-    redis_url: str | None = None
-    torch_threads: int = 1
-    device: str = "auto"  # the learners' (distributed.choose_device)
-    bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
-    collective_timeout_s: float = 30.0
-    config_file: Path | None = None  # what the run config was read from (None: the library defaults)
-
-    @classmethod
-    def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
-              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
-              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0) -> UpConfig:
-        if config_file is None:  # the shipped config for the env and algorithm, if any
-            defaults = RunConfig()
-            found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
-            config_file = found.path if found else None
-        run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
-        if actors < run_config.population:  # a member without an actor would never train
-            raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
-                             f"use --actors {run_config.population} or more")
-        if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
-            raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
-            raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
-        run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        return cls(actors=actors, learners=learners, run_config=run_config, run=run,
-                   run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
-                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   config_file=config_file)
-
-
-def probe_run_dir(path: Path) -> None:
-    """OSError unless `path` can be created and written to, found before any process starts. The
-    directories it makes are removed again, so that bad usage found later (an unknown env) leaves
-    no empty run directory behind; `run_up` makes them for good."""
-    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    finally:
-        for directory in made:
-            with contextlib.suppress(OSError):  # never made, or someone else wrote into it since
-                directory.rmdir()
 
 
 @dataclass(frozen=True)
@@ -392,9 +336,9 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_FAILED
-    if any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume another run
-        print(f"error: {cfg.run_dir} holds the checkpoints of an earlier run: choose another --run-dir",
-              file=sys.stderr)
+    if not cfg.resume and any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume them
+        print(f"error: {cfg.run_dir} holds an earlier run: continue it with --resume {cfg.run_dir}, or choose "
+              "another --run-dir", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
@@ -405,8 +349,14 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     redis_url = cfg.redis_url or redis_server.url  # type: ignore[union-attr]
+    if cfg.resume and not run_redis.reopen(redis_url, cfg.run, cfg.run_config):
+        print(f"error: run {cfg.run} is not in the Redis at {shown_url(redis_url)}: nothing to resume", file=sys.stderr)
+        if redis_server is not None:
+            redis_server.stop()
+        return EXIT_FAILED
     with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
-        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid()}))
+        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid(),
+                                   "private_redis": redis_server is not None}))  # fmt: skip
     supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
     supervisor.install_signals()
     launched = time.time()

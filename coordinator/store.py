@@ -330,6 +330,19 @@ class RunStore:
         raw = self.redis.hgetall(self.key("learners"))
         return {int(k): json.loads(v) for k, v in raw.items()}
 
+    def reopen(self, config: RunConfig) -> bool:
+        """Continue a run that ended or was stopped: its config takes `config` (a new budget or
+        target), its status says running and forgets how it ended, and when its actors first stepped
+        (the wall times of summary.json are each session's). False if there is no such run."""
+        saved = self.load_config()
+        if saved is None:
+            return False
+        self.save_config(config, saved[1])
+        self.redis.hdel(self.key("status"), "reason", "detail", "success", "ended_at", "finished_at", "env_steps_at_end",
+                        "first_step_at")  # fmt: skip
+        self.set_status(state="running")
+        return True
+
     def delete_run(self) -> None:
         keys = list(self.redis.scan_iter(match=f"{self.prefix}:*"))
         if keys:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rlmq.cli.supervisor import probe_run_dir
+from rlmq.cli.upconfig import probe_run_dir
 from rlmq.common.config import (
     DQNConfig,
     HyperRange,

@@ -12,7 +12,8 @@ from typing import Any
 
 import zmq
 
-from rlmq.cli.supervisor import Supervisor, UpConfig
+from rlmq.cli.supervisor import Supervisor
+from rlmq.cli.upconfig import UpConfig
 
 
 def test_a_process_whose_metrics_port_is_taken_comes_up_on_another_and_is_scraped(

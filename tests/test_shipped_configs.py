@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlmq.cli.shipped import pick, shipped
-from rlmq.cli.supervisor import UpConfig
+from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.loading import load_run_config
 

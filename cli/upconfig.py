@@ -1,0 +1,107 @@
+"""What one `rlmq up` runs: the run config (a file, the shipped one for the env and algorithm, or
+the library defaults, with flags on top), the run id and directory, and how the processes meet.
+`--resume` takes all of it from an earlier run's directory instead."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlmq.cli.shipped import pick
+from rlmq.common.config import RunConfig
+from rlmq.common.loading import from_mapping, load_run_config
+
+# What a resumed run may change: how long it goes on, and how often its learners checkpoint.
+RESUMABLE = frozenset({"total_steps", "target_return", "checkpoint_interval_s"})
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    actors: int
+    learners: int
+    run_config: RunConfig
+    run: str
+    run_dir: Path
+    redis_url: str | None = None  # None: a private server, its data under run_dir/redis
+    torch_threads: int = 1
+    device: str = "auto"  # the learners' (distributed.choose_device)
+    bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
+    collective_timeout_s: float = 30.0
+    config_file: Path | None = None  # what the run config was read from (None: the library defaults)
+    resume: bool = False  # continue the run in run_dir: its Redis state, its learners' checkpoints
+
+    @classmethod
+    def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
+              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
+              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0) -> UpConfig:
+        if config_file is None:  # the shipped config for the env and algorithm, if any
+            defaults = RunConfig()
+            found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
+            config_file = found.path if found else None
+        run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
+        check_flags(actors, run_config, bind_host, device)
+        run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        return cls(actors=actors, learners=learners, run_config=run_config, run=run,
+                   run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
+                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
+                   config_file=config_file)
+
+    @classmethod
+    def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
+                   redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
+                   collective_timeout_s: float = 30.0) -> UpConfig:  # fmt: skip
+        """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
+        interval if given) and its Redis: the private server's data under `redis/`, else the URL
+        it used (or `redis_url`, if the same Redis is reached another way now)."""
+        try:
+            saved = from_mapping(RunConfig, json.loads((run_dir / "config.json").read_text()))
+            info = json.loads((run_dir / "run.json").read_text())
+            run, used_url = str(info["run"]), str(info["redis_url"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--resume {run_dir}: not a run directory of rlmq up ({exc})") from None
+        fixed = sorted(set(overrides) - RESUMABLE)
+        if fixed:
+            raise ValueError(f"--resume goes on with the run's own config: {', '.join(fixed)} cannot change "
+                             "(--total-steps, --target-return and --checkpoint-every can)")  # fmt: skip
+        if learners is not None and learners != saved.num_learners:
+            raise ValueError(f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
+                             f"use --learners {saved.num_learners}")  # fmt: skip
+        run_config = dataclasses.replace(saved, **overrides)
+        check_flags(actors, run_config, bind_host, device)
+        private = info.get("private_redis", (run_dir / "redis").is_dir())
+        return cls(actors=actors, learners=saved.num_learners, run_config=run_config, run=run, run_dir=run_dir,
+                   redis_url=redis_url or (None if private else used_url), torch_threads=torch_threads,
+                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s, resume=True)  # fmt: skip
+
+
+def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str) -> None:
+    if actors < run_config.population:  # a member without an actor would never train
+        raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
+                         f"use --actors {run_config.population} or more")
+    if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
+        raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+
+
+def probe_run_dir(path: Path) -> None:
+    """OSError unless `path` can be created and written to, found before any process starts. The
+    directories it makes are removed again, so that bad usage found later (an unknown env) leaves
+    no empty run directory behind; `run_up` makes them for good."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    finally:
+        for directory in made:
+            with contextlib.suppress(OSError):  # never made, or someone else wrote into it since
+                directory.rmdir()
