@@ -1,0 +1,97 @@
+"""`rlmq up --resume RUN_DIR`: a run stopped with Ctrl-C goes on where it was (real processes, the
+run's own private Redis brought back from its append-only file)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from procs import start_up, wait_for, wait_until_stepping
+
+from rlmq.cli.redis_server import RedisServer
+from rlmq.coordinator.store import RunStore
+from rlmq.learners import checkpoint
+
+pytestmark = pytest.mark.slow
+
+# DQN for its replay, a population of two for PBT, normalized observations for their statistics.
+CONFIG = """
+env_id = "CartPole-v1"
+algo = "dqn"
+population = 2
+normalize_obs = true
+num_envs = 4
+[dqn]
+hidden_sizes = [32]
+learning_starts = 500
+replay_ratio = 0.25
+buffer_size = 50_000
+[pbt]
+interval = 1_500
+fitness_episodes = 5
+[pbt.ranges.learning_rate]
+low = 1e-4
+high = 1e-2
+log = true
+"""
+
+
+def in_redis(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's status and PBT log as its private Redis kept them (its append-only file)."""
+    with RedisServer(run_dir / "redis") as server:
+        store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
+        return store.status(), store.decisions()
+
+
+def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
+    config = tmp_path / "dqn-pbt.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "2", "--config", str(config), "--total-steps", "1000000")
+    store = wait_until_stepping(run_dir, up)
+    wait_for(lambda: int(store.status().get("pbt_decisions", 0)) >= 1, 120, "a PBT decision", up)
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=60)
+    assert up.returncode == 130, out
+    before, decisions = in_redis(run_dir)
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
+    stopped_at = files.latest()
+    saved = files.load(stopped_at)
+    curve_rows = len((run_dir / "metrics.csv").read_text().splitlines())
+
+    budget = int(before["env_steps"]) + 2_000
+    resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--resume", str(run_dir), "--actors", "2",
+                              "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"rlmq up: run {json.loads((run_dir / 'run.json').read_text())['run']} in {run_dir}" in resumed.stdout
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert f"resumed from checkpoint {stopped_at}" in log, log
+    after = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3).load(stopped_at + 1)
+
+    # env-step and episode counters, policy versions, PBT history and generations go on
+    status, decisions_after = in_redis(run_dir)
+    assert budget <= status["env_steps"] < budget + 2_000 and status["episodes"] > before["episodes"]
+    assert all(a >= b for a, b in zip(after["learner"]["versions"], saved["learner"]["versions"], strict=True))
+    assert decisions_after[: len(decisions)] == decisions and status["pbt_decisions"] >= before["pbt_decisions"] >= 1
+    assert after["learner"]["applied"] >= saved["learner"]["applied"] >= 1
+    # the learner's state went on from the checkpoint's: fewer new env steps than before the stop,
+    # so counts below the checkpoint's would mean it started afresh
+    trainer, then = after["trainer"], saved["trainer"]
+    assert (trainer["obs_norm"]["count"] >= then["obs_norm"]["count"]).all()
+    assert (trainer["algorithm"]["optimizers"]["q"]["steps"] >= then["algorithm"]["optimizers"]["q"]["steps"]).all()
+    assert all(a >= b for a, b in zip(trainer["stored"], then["stored"], strict=True))
+    # the replay kept every transition it held (the ring is far from full: none was overwritten)
+    size = then["replay"]["_size"]
+    assert (trainer["replay"]["_size"] > size).all()
+    for member in range(2):
+        rows = int(size[member])
+        assert torch.equal(trainer["replay"]["_rewards"][member, :rows], then["replay"]["_rewards"][member, :rows])
+        assert torch.equal(trainer["replay"]["_obs_key"][member, :rows], then["replay"]["_obs_key"][member, :rows])
+    # the curves in the run directory hold both sessions
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) > curve_rows
