@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlmq.learners import distributed
+
 log = logging.getLogger("rlmq.learner")
 FORMAT = 1
 _NAME = re.compile(r"^(\d{8})\.pt$")
@@ -157,6 +159,32 @@ class Checkpoints:
         old = [n for n in numbers(self.dir) if n <= complete][: -self.kept]
         for n in old:
             self.path(n).unlink(missing_ok=True)
+
+
+def newest_everywhere(files: Checkpoints | None, device: torch.device) -> tuple[int, int]:
+    """(the newest checkpoint every rank holds, -1 if there is none; the newest any rank holds,
+    past which the world numbers its next ones, so that no file is overwritten). A collective."""
+    oldest, newest = distributed.extremes(files.latest() if files is not None else -1, device)
+    if oldest < 0:
+        return -1, newest
+    held, _ = distributed.extremes(int(files is not None and files.path(oldest).exists()), device)
+    if not held:  # pruned on some rank since (a world that died mid-prune): not a state to resume
+        log.warning("checkpoint %d is not on every rank any more", oldest)
+        return -1, newest
+    return oldest, newest
+
+
+def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, Any], device: torch.device) -> bool:
+    """Every rank writes checkpoint `number`; once all have (a collective says so), each prunes its
+    oldest. False (logged) if some rank could not write it: the last complete one stands."""
+    written = files is not None and files.write(number, state)
+    everywhere, _ = distributed.extremes(int(written), device)
+    if not everywhere:
+        log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
+        return False
+    assert files is not None
+    files.prune(number)
+    return True
 
 
 def numbers(directory: Path) -> list[int]:

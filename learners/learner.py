@@ -241,18 +241,12 @@ class Learner:
         whole state, the policy versions and the PBT state it was written with. The coordinator sends
         the decisions applied since again (this world reports the older count), and they are applied
         again, in order, to the state they were first applied to."""
-        latest = self.checkpoints.latest() if self.checkpoints is not None else -1
-        oldest, newest = distributed.extremes(latest, device)
-        self.checkpoint_number = max(newest, 0)  # numbers go on past any rank's: no file is overwritten
-        if oldest < 0:
-            return
-        held, _ = distributed.extremes(int(self.checkpoints is not None and self.checkpoints.path(oldest).exists()),
-                                       device)  # fmt: skip
-        if not held:
-            log.warning("checkpoint %d is not on every rank any more: starting from the published weights", oldest)
+        found, newest = checkpoint.newest_everywhere(self.checkpoints, device)
+        self.checkpoint_number = max(newest, 0)
+        if found < 0:
             return
         assert self.checkpoints is not None
-        state = self.checkpoints.load(oldest)
+        state = self.checkpoints.load(found)
         checkpoint.restore(self.trainer, state["trainer"], "trainer")
         saved = state["learner"]
         # A version must name one set of weights: past what the coordinator holds if it is newer.
@@ -261,22 +255,14 @@ class Learner:
         self.applied, self.hyperparams = int(saved["applied"]), [dict(h) for h in saved["hyperparams"]]
         self.trainer.set_hyperparams(self.hyperparams)
         log.info("rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d", self.cfg.rank,
-                 oldest, self.checkpoints.path(oldest), self.members.versions, self.applied)  # fmt: skip
+                 found, self.checkpoints.path(found), self.members.versions, self.applied)  # fmt: skip
 
     def save_checkpoint(self, device: torch.device) -> None:
-        """Every rank writes the next checkpoint; once all have, each prunes its oldest."""
-        number = self.checkpoint_number + 1
+        self.checkpoint_number += 1
         started = time.perf_counter()
-        written = self.checkpoints is not None and self.checkpoints.write(number, self.checkpoint_state())
-        everywhere, _ = distributed.extremes(int(written), device)
-        self.checkpoint_number = number
-        if not everywhere:
-            log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
-            return
-        assert self.checkpoints is not None
-        self.checkpoints.prune(number)
-        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
-        log.info("checkpoint %d written in %.2f s", number, time.perf_counter() - started)
+        if checkpoint.write_everywhere(self.checkpoints, self.checkpoint_number, self.checkpoint_state(), device):
+            self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
+            log.info("checkpoint %d written in %.2f s", self.checkpoint_number, time.perf_counter() - started)
 
     def checkpoint_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
