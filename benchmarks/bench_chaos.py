@@ -125,7 +125,7 @@ class Watch:
                     fault["recovered_s"] = now - fault["at"]
             elif fault["kind"] in ("coordinator", "redis"):
                 try:
-                    updated = float(self.store.status().get("updated_at", 0))
+                    updated = self.store.status().updated_at or 0.0
                 except Exception:  # Redis down: not yet
                     continue
                 if updated > fault["wall"]:

@@ -42,7 +42,7 @@ def up(run_dir: Path, *args: str) -> subprocess.Popen[bytes]:
 def env_steps(run_dir: Path) -> int:
     try:
         info = json.loads((run_dir / "run.json").read_text())
-        return int(RunStore.connect(info["redis_url"], info["run"], timeout_s=0.5, report=None).status().get("env_steps", 0))
+        return int(RunStore.connect(info["redis_url"], info["run"], timeout_s=0.5, report=None).status().env_steps)
     except Exception:  # not started, or between sessions
         return 0
 

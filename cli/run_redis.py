@@ -22,6 +22,7 @@ from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.records import MemberRecord, RunStatus
 from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore, shown_url
 
 MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at
@@ -33,10 +34,10 @@ WATCH_REDIS_S = 1.0
 class LastSeen:
     """What `rlmq up` last read of its run in Redis: the results it writes if Redis is gone at the end."""
 
-    status: dict[str, Any] = field(default_factory=dict)
+    status: RunStatus = field(default_factory=RunStatus)
     progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
     weights: dict[int, wire.Weights] = field(default_factory=dict)  # member → its latest weights read
-    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # member → its record
+    records: dict[int, MemberRecord] = field(default_factory=dict)
     looks: int = 0
 
     TAIL = 64  # samples read per look: the coordinator writes two a second, `rlmq up` looks every 2 s
@@ -118,7 +119,7 @@ class RunRedis:
             print(f"restarting Redis failed: {exc}", flush=True)
         return None
 
-    def save_results(self, spec: EnvSpec, launched: float, outcome: str) -> dict[str, Any]:
+    def save_results(self, spec: EnvSpec, launched: float, outcome: str) -> RunStatus:
         """Write the run's results whatever became of Redis; return its last status.
 
         From Redis if it answers within what is left of the outage budget (counted from when the

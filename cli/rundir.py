@@ -18,6 +18,7 @@ import numpy as np
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.records import LoggedDecision, MemberRecord, RunStatus
 from rlmq.coordinator.store import RunStore
 
 if TYPE_CHECKING:
@@ -58,11 +59,10 @@ def write_checkpoint(
     a loader that knows nothing of populations gets the policy worth keeping. "members" holds them
     all (plain dicts of tensors, ints, floats and strings, as weights_only requires)."""
     published = {m: w for m in range(run_config.population) if (w := store.weights(m)) is not None}
-    return save_checkpoint(path, published, int(store.status().get("best_member", 0)), store.members(), spec,
-                           run_config)  # fmt: skip
+    return save_checkpoint(path, published, store.status().best_member, store.members(), spec, run_config)
 
 
-def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, records: dict[int, dict[str, Any]],
+def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, records: dict[int, MemberRecord],
                     spec: EnvSpec, run_config: RunConfig) -> int | None:  # fmt: skip
     """`write_checkpoint` from weights and member records in hand; the best member's version."""
     if not published:
@@ -76,11 +76,9 @@ def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, r
             "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
             "version": weights.version,
             "trained_steps": weights.trained_steps,
-            "hyperparams": {
-                k: float(v) for k, v in records.get(member, {}).get("hyperparams", {}).items()
-            },
-            "generation": int(records.get(member, {}).get("generation", 0)),
-            "parent": int(records.get(member, {}).get("parent", -1)),
+            "hyperparams": {k: float(v) for k, v in records[member].hyperparams.items()} if member in records else {},
+            "generation": records[member].generation if member in records else 0,
+            "parent": records[member].parent if member in records else -1,
         }
         for member, weights in published.items()
     }
@@ -156,26 +154,26 @@ def save_figure(path: Path, fig: Figure) -> None:
     _pyplot().close(fig)
 
 
-def write_lineage(path: Path, decisions: list[dict[str, Any]]) -> None:
+def write_lineage(path: Path, decisions: list[LoggedDecision]) -> None:
     """The PBT decision log, oldest first, as the coordinator logged it: the lineage without the
     plot. `run_env_steps` (the run's env steps when it was taken) is where it stands in lineage.png."""
     with atomic(path) as tmp:
-        tmp.write_text(json.dumps(decisions, indent=2, sort_keys=True))
+        tmp.write_text(json.dumps([dataclasses.asdict(d) for d in decisions], indent=2, sort_keys=True))
 
 
 def member_summaries(store: RunStore, population: int) -> list[dict[str, Any]]:
     records, steps = store.members(), store.member_steps()
     summaries = []
     for member in range(population):
-        record, recent = records.get(member, {}), store.recent_returns(member)
+        record, recent = records.get(member, MemberRecord(hyperparams={})), store.recent_returns(member)
         summaries.append(
             {
                 "member": member,
-                "generation": int(record.get("generation", 0)),
-                "parent": int(record.get("parent", -1)),
+                "generation": record.generation,
+                "parent": record.parent,
                 "env_steps": steps.get(member, 0),
                 "mean_return_last_100": sum(recent) / len(recent) if recent else None,
-                "hyperparams": record.get("hyperparams", {}),
+                "hyperparams": record.hyperparams,
             }
         )
     return summaries
@@ -198,7 +196,7 @@ def write_results(
     decisions = store.decisions()
     if population > 1:
         write_lineage(run_dir / "lineage.json", decisions)
-        end_steps = float(status.get("env_steps", progress[-1]["env_steps"] if progress else 0))
+        end_steps = float(status.env_steps)
         save_figure(
             run_dir / "lineage.png",
             lineage_figure(decisions, population, end_steps, f"PBT lineage: {title}"),
@@ -220,21 +218,20 @@ def write_results(
 def write_last_seen(
     run_dir: Path,
     run: str,
-    status: dict[str, Any],
+    status: RunStatus,
     progress: list[dict[str, Any]],
     run_config: RunConfig,
     launched: float,
     outcome: str,
     spec: EnvSpec,
     weights: dict[int, wire.Weights],
-    records: dict[int, dict[str, Any]],
+    records: dict[int, MemberRecord],
 ) -> dict[str, Any]:
     """For a run whose Redis is gone at the end: checkpoint.pt, metrics.csv, the learning curve and
     summary.json from what `rlmq up` read while Redis answered (the weights it last read, up to
     run_redis.LastSeen.WEIGHTS_EVERY looks old). No lineage (the PBT log lives in Redis only); summary.json
     says `"redis_unreachable": true`."""
-    version = save_checkpoint(run_dir / "checkpoint.pt", weights, int(status.get("best_member", 0)), records, spec,
-                              run_config)  # fmt: skip
+    version = save_checkpoint(run_dir / "checkpoint.pt", weights, status.best_member, records, spec, run_config)
     write_curves(run_dir, progress, run_config)
     summary = summarize(
         run,
@@ -244,7 +241,7 @@ def write_last_seen(
         launched,
         policy_version=version,
         members=[],
-        pbt_decisions=int(status.get("pbt_decisions", 0)),
+        pbt_decisions=status.pbt_decisions,
         redis_unreachable=True,
     )
     write_summary(run_dir / "summary.json", summary)
@@ -279,7 +276,7 @@ def write_curves(run_dir: Path, progress: list[dict[str, Any]], run_config: RunC
 def summarize(
     run: str,
     outcome: str,
-    status: dict[str, Any],
+    status: RunStatus,
     run_config: RunConfig,
     launched: float,
     *,
@@ -289,21 +286,21 @@ def summarize(
     redis_unreachable: bool = False,
 ) -> dict[str, Any]:
     """summary.json: the run's end as its status in Redis recorded it."""
-    first_step = status.get("first_step_at")
-    ended = status.get("ended_at") or time.time()
+    first_step = status.first_step_at
+    ended = status.ended_at or time.time()
     return {
         "run": run,
         "outcome": outcome,
-        "reason": status.get("reason"),
-        "detail": status.get("detail"),
-        "success": bool(status.get("success")),
+        "reason": status.reason or None,
+        "detail": status.detail or None,
+        "success": status.success,
         # Counted when the run ended; actors winding down add a few more to `env_steps`.
-        "env_steps": int(status.get("env_steps_at_end", status.get("env_steps", 0))),
-        "episodes": int(status.get("episodes", 0)),
-        "mean_return_last_100": status.get("mean_return"),  # the best member's
+        "env_steps": status.env_steps if status.env_steps_at_end is None else status.env_steps_at_end,
+        "episodes": status.episodes,
+        "mean_return_last_100": status.mean_return,  # the best member's
         "policy_version": policy_version,  # the best member's (checkpoint "params")
         "population": run_config.population,
-        "best_member": int(status.get("best_member", 0)),
+        "best_member": status.best_member,
         "pbt_decisions": pbt_decisions,
         "members": members,
         "startup_s": None if first_step is None else first_step - launched,
@@ -351,7 +348,7 @@ def draw_member_curves(ax: Axes, progress: Sequence[Mapping[str, Any]], populati
 
 
 def lineage_figure(
-    decisions: Sequence[Mapping[str, Any]],
+    decisions: Sequence[LoggedDecision],
     population: int,
     end_steps: float,
     title: str,
@@ -362,7 +359,7 @@ def lineage_figure(
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
-    run_steps = [float(d["run_env_steps"]) for d in decisions]  # one clock for all members
+    run_steps = [float(d.run_env_steps) for d in decisions]  # one clock for all members
     end = max([end_steps, *run_steps, 1.0])
     fig, ax = plt.subplots(figsize=(9, min(1.6 + 0.45 * population, 24)), dpi=100)
     for member in range(population):
@@ -370,7 +367,7 @@ def lineage_figure(
         ax.text(0, member - 0.12, " g0", fontsize=7, color="dimgray")
     labelled = len(decisions) <= LABELLED_DECISIONS
     for decision, x in zip(decisions, run_steps, strict=True):
-        target, source = int(decision["target"]), int(decision["source"])
+        target, source = decision.target, decision.source
         if source == target:
             ax.plot(x, target, "o", color=member_color(target), markersize=5, zorder=3)
         else:
@@ -382,7 +379,7 @@ def lineage_figure(
                 zorder=3,
             )
         if labelled:
-            ax.text(x, target - 0.12, f" g{decision['generation']}", fontsize=7, color="dimgray")
+            ax.text(x, target - 0.12, f" g{decision.generation}", fontsize=7, color="dimgray")
     ax.set_yticks(range(population), [f"member {m}" for m in range(population)])
     ax.set_ylim(population - 0.5, -0.5)  # member 0 on top, as in `rlmq status`
     ax.set_xlim(0, end * 1.02)

@@ -13,6 +13,7 @@ from typing import Any
 from rlmq.common.config import ALGORITHMS, HyperRange, RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from rlmq.coordinator.records import LoggedDecision, MemberRecord
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
 PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
@@ -63,37 +64,35 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
     except OUTAGE_ERRORS:
         print(f"error: cannot reach Redis at {shown_url(redis_url)}: is the run still up?", file=sys.stderr)
         return EXIT_FAILED
-    if not status:
+    if not status.state:
         print(f"error: Redis at {shown_url(redis_url)} holds no run {run!r}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"run {run}  state {status.get('state')}  {status.get('detail') or ''}")
+    print(f"run {run}  state {status.state}  {status.detail}")
     if config is not None:
         rc, spec = config
         print(
             f"  {rc.algo} on {rc.env_id} ({spec.action_kind} actions, obs {describe_obs(spec)}); "
             f"target {rc.target_return}, budget {rc.total_steps:,} env steps"
         )
-    mean = status.get("mean_return")
+    mean = status.mean_return
     window = config[0].return_window if config is not None else 100
     print(
-        f"  env steps {int(status.get('env_steps', 0)):,}  ({float(status.get('steps_per_s', 0)):,.0f}/s)  "
-        f"episodes {int(status.get('episodes', 0)):,}  mean return (last {window}) "
+        f"  env steps {status.env_steps:,}  ({status.steps_per_s:,.0f}/s)  "
+        f"episodes {status.episodes:,}  mean return (last {window}) "
         f"{'—' if mean is None else f'{mean:.1f}'}"
     )
     print(
-        f"  policy version {status.get('policy_version', 0)}  policy lag {float(status.get('policy_lag', 0)):.1f}  "
-        f"actors {status.get('actors', 0)}  learners {len(learners)}"
+        f"  policy version {status.policy_version}  policy lag {status.policy_lag:.1f}  "
+        f"actors {status.actors}  learners {len(learners)}"
     )
-    skipped = int(status.get("nonfinite_skipped", 0))
+    skipped = status.nonfinite_skipped
     if skipped:
         print(f"  warning: {skipped:,} member update step(s) skipped: gradient not finite (weights kept; "
               "check the env's rewards and observations)")
-    updated = status.get("updated_at")
-    if updated is not None:
-        print(f"  updated {time.time() - float(updated):.1f} s ago")
+    if status.updated_at is not None:
+        print(f"  updated {time.time() - status.updated_at:.1f} s ago")
     if run_config is not None and population_view is not None:
-        best = int(status.get("best_member", 0))
-        for line in population_lines(run_config, best, population_view):
+        for line in population_lines(run_config, status.best_member, population_view):
             print(line)
     return EXIT_OK
 
@@ -102,10 +101,10 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
 class PopulationView:
     """What the population table shows, read from Redis in one go (so under one error guard)."""
 
-    members: dict[int, dict[str, Any]]  # member → record (hyperparams, generation, parent, ...)
+    members: dict[int, MemberRecord]
     member_steps: dict[int, int]
     returns: dict[int, list[float]]  # member → its recent episode returns, newest first
-    decisions: list[dict[str, Any]]  # the newest entries of the PBT log, oldest first
+    decisions: list[LoggedDecision]  # the newest entries of the PBT log, oldest first
     applied: int  # id of the last decision applied to the member records
 
     @classmethod
@@ -129,19 +128,19 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
         f"{'last 100':>8}  hyperparameters",
     ]
     for member in range(run_config.population):
-        record = view.members.get(member, {})
+        record = view.members.get(member, MemberRecord(hyperparams={}))
         recent = view.returns.get(member, [])
-        parent = int(record.get("parent", -1))
+        parent = record.parent
         row = (
-            f"  {'*' if member == best else ' '} {member:>6}  {record.get('generation', 0):>3}  "
+            f"  {'*' if member == best else ' '} {member:>6}  {record.generation:>3}  "
             f"{'-' if parent < 0 else parent:>6}  {view.member_steps.get(member, 0):>11,}  "
             f"{_mean(recent[:k]) if len(recent) >= k else '—':>8}  {_mean(recent) if recent else '—':>8}  "
         )
-        lines += wrap(row, hyperparam_words(record.get("hyperparams", {}), ranges))
+        lines += wrap(row, hyperparam_words(record.hyperparams, ranges))
     if view.decisions:
         shown = view.decisions[-RECENT_DECISIONS:]
         # logged but not applied: the coordinator stopped in between (it applies them on restart)
-        pending = int(view.decisions[-1]["id"]) - view.applied
+        pending = view.decisions[-1].id - view.applied
         lines += [
             "",
             f"  PBT decisions: {view.applied} applied"
@@ -151,10 +150,10 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
             "changed (old → new)",
         ]
         for decision in shown:
-            move = f"member {decision['target']} ← member {decision['source']}"
+            move = f"member {decision.target} ← member {decision.source}"
             row = (
-                f"  {decision['id']:>5}  {decision['kind']:<7}  {move:<22}  "
-                f"{int(decision.get('env_steps', 0)):>11,}  {decision.get('generation', 0):>3}  "
+                f"  {decision.id:>5}  {decision.kind:<7}  {move:<22}  "
+                f"{decision.env_steps:>11,}  {decision.generation:>3}  "
             )
             lines += wrap(row, changed_words(decision, ranges))
     else:
@@ -186,8 +185,8 @@ def hyperparam_words(
     ]
 
 
-def changed_words(decision: Mapping[str, Any], ranges: Mapping[str, HyperRange]) -> list[str]:
-    new, old = decision.get("hyperparams", {}), decision.get("previous", {})
+def changed_words(decision: LoggedDecision, ranges: Mapping[str, HyperRange]) -> list[str]:
+    new, old = decision.hyperparams, decision.previous
     words = []
     for name in _ordered(new):
         if name in old and old[name] == new[name]:

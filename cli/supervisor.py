@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
@@ -39,6 +38,7 @@ from rlmq.common.service import (
     die_with_parent,
 )  # fmt: skip
 from rlmq.common.transport import free_port
+from rlmq.coordinator.records import RunStatus
 from rlmq.coordinator.store import RunStore, shown_url
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
@@ -196,7 +196,7 @@ class Supervisor:
         """A rank exited, and the others cannot go on without it (every collective waits for every
         rank): stop them all at once and start the world again; it resumes from its newest
         checkpoint (learners/checkpoint.py). "failed: why" once it has restarted too often."""
-        behind = self.redis.seen.status.get("learners_behind")
+        behind = self.redis.seen.status.learners_behind
         why = f"{dead.name} exited with {code}" + (f" (before that, the coordinator saw {behind})" if behind else "")
         if self.world_restarts >= MAX_WORLD_RESTARTS:
             return f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; see {dead.log_path}"
@@ -268,7 +268,7 @@ class Supervisor:
                     self.spawn(child)
                     continue
                 self.redis.look(store)
-                if self.redis.seen.status.get("state") in ("stopping", "done"):
+                if self.redis.seen.status.state in ("stopping", "done"):
                     continue  # the run is ending: exits are expected
                 if child.role == "learner":
                     # The rank that exits is often the one that waited for a hung or dead peer:
@@ -317,12 +317,11 @@ def write_scrape_targets(path: Path, run: str, children: list[Child], host: str 
         tmp.write_text(json.dumps(groups, indent=2))
 
 
-def format_progress(status: dict[str, Any], elapsed: float, actors: int) -> str:
-    mean = status.get("mean_return")
-    return (f"{elapsed:7.1f}s  env steps {int(status.get('env_steps', 0)):>10,}  "
-            f"{float(status.get('steps_per_s', 0.0)):>8,.0f}/s  episodes {int(status.get('episodes', 0)):>7,}  "
-            f"mean return {'—' if mean is None else f'{mean:7.1f}'}  "
-            f"lag {float(status.get('policy_lag', 0.0)):4.1f}  actors {status.get('actors', 0)}/{actors}")
+def format_progress(status: RunStatus, elapsed: float, actors: int) -> str:
+    mean = status.mean_return
+    return (f"{elapsed:7.1f}s  env steps {status.env_steps:>10,}  {status.steps_per_s:>8,.0f}/s  "
+            f"episodes {status.episodes:>7,}  mean return {'—' if mean is None else f'{mean:7.1f}'}  "
+            f"lag {status.policy_lag:4.1f}  actors {status.actors}/{actors}")
 
 
 def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
@@ -380,15 +379,15 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     return verdict(outcome, status, cfg.run_config)
 
 
-def verdict(outcome: str, status: dict[str, Any], run_config: RunConfig) -> int:
+def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:
     if outcome == "interrupted":
         print("interrupted; results so far are in the run directory", file=sys.stderr)
         return EXIT_INTERRUPTED
     if outcome.startswith("failed"):
         print(f"error: run {outcome}", file=sys.stderr)
         return EXIT_FAILED
-    detail = status.get("detail", "")
-    if status.get("success"):
+    detail = status.detail
+    if status.success:
         print(f"done: {detail}")
         return EXIT_OK
     print(f"target not reached: {detail} (target return {run_config.target_return}); raise "

@@ -89,10 +89,10 @@ class Coordinator:
         self.checked_at = time.monotonic()  # the last check_learners
         self.finished_at: float | None = None
         self.final_weights = False
-        self.first_step_at = float(store.status().get("first_step_at", float("inf")))
+        self.first_step_at = store.status().first_step_at or float("inf")
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
-        self.nonfinite_skipped = int(store.status().get("nonfinite_skipped", 0))
-        self.last_steps: tuple[float, int] = (time.monotonic(), int(store.status().get("env_steps", 0)))
+        self.nonfinite_skipped = store.status().nonfinite_skipped
+        self.last_steps: tuple[float, int] = (time.monotonic(), store.status().env_steps)
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
             wire.ActorReport: self.on_actor_report,
@@ -294,7 +294,7 @@ class Coordinator:
         self.check_learners()
         self.assign_waiting_actors()
         status = self.store.status()
-        steps = int(status.get("env_steps", 0))
+        steps = status.env_steps
         recent = self.population.recent_returns()
         self.population.tick(recent, steps)
         for decision in self.population.for_learners():  # again every tick until applied
@@ -312,15 +312,15 @@ class Coordinator:
             if value is not None:
                 self.metrics.member_fitness.labels(member).set(value)
         for m, record in self.population.records.items():
-            self.metrics.member_generation.labels(str(m)).set(record["generation"])
-            for name, value in record["hyperparams"].items():
+            self.metrics.member_generation.labels(str(m)).set(record.generation)
+            for name, value in record.hyperparams.items():
                 self.metrics.member_hyperparameter.labels(str(m), name).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
                               learners=self.live_learners(), policy_lag=lag, updated_at=time.time(),
                               pbt_decisions=self.population.applied)  # fmt: skip
         self.store.append_progress({"time": time.time(), "env_steps": steps,
-                                    "episodes": int(status.get("episodes", 0)),
+                                    "episodes": status.episodes,
                                     "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
                                     "members": member_means})  # fmt: skip
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return

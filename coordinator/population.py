@@ -14,10 +14,10 @@ and none is applied twice — learners too apply each id once, in order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from typing import Any
 
 import numpy as np
 from prometheus_client import Counter
@@ -25,6 +25,7 @@ from prometheus_client import Counter
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.coordinator import pbt
+from rlmq.coordinator.records import LoggedDecision, MemberRecord
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -42,14 +43,13 @@ class Population:
         if not self.records:
             base = run_config.base_hyperparams()
             drawn = pbt.initial_hyperparams(base, run_config.pbt.ranges, self.size, run_config.seed)
-            self.records = {m: {"hyperparams": hp, "generation": 0, "parent": -1, "steps_at_decision": 0}
-                            for m, hp in enumerate(drawn)}  # fmt: skip
+            self.records = {m: MemberRecord(hyperparams=hp) for m, hp in enumerate(drawn)}
             store.put_members(self.records)
         self.applied = store.applied_decision()
         for entry in store.decisions(after=self.applied):  # logged, then the coordinator died
-            log.info("applying decision %d, logged before a restart", entry["id"])
+            log.info("applying decision %d, logged before a restart", entry.id)
             self.apply(entry)
-        self.learner_applied = int(store.status().get("learner_applied_decision", 0))
+        self.learner_applied = store.status().learner_applied_decision
         self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard: monotonic s)
 
     # --- actors -------------------------------------------------------------------------------
@@ -110,25 +110,25 @@ class Population:
             return
         steps = self.store.member_steps()
         for target in range(self.size):
-            if steps.get(target, 0) - self.records[target]["steps_at_decision"] >= self.run_config.pbt.interval:
+            if steps.get(target, 0) - self.records[target].steps_at_decision >= self.run_config.pbt.interval:
                 self.decide(target, steps.get(target, 0), self.fitness(recent), run_env_steps)
 
     def decide(self, target: int, steps: int, fitness: dict[int, float], run_env_steps: int) -> None:
         decision_id = self.applied + 1
-        hyperparams = [self.records[m]["hyperparams"] for m in range(self.size)]
+        hyperparams = [self.records[m].hyperparams for m in range(self.size)]
         rng = pbt.decision_rng(self.run_config.seed, decision_id * 1024 + target)  # targets decide apart
         choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams, rng)
         if choice is None:  # it carries on; judge it again after another interval
-            self.records[target] = {**self.records[target], "steps_at_decision": steps}
+            self.records[target] = dataclasses.replace(self.records[target], steps_at_decision=steps)
             self.store.put_members({target: self.records[target]})
             return
-        entry = {
-            "id": decision_id, "time": time.time(), "target": target, "source": choice.source,
-            "kind": "explore" if choice.source == target else "exploit",
-            "hyperparams": choice.hyperparams, "previous": self.records[target]["hyperparams"],
-            "generation": self.records[choice.source]["generation"] + 1, "env_steps": steps,
-            "run_env_steps": run_env_steps, "fitness": {str(m): f for m, f in fitness.items()},
-        }  # fmt: skip
+        entry = LoggedDecision(
+            id=decision_id, time=time.time(), target=target, source=choice.source,
+            kind="explore" if choice.source == target else "exploit",
+            hyperparams=choice.hyperparams, previous=self.records[target].hyperparams,
+            generation=self.records[choice.source].generation + 1, env_steps=steps,
+            run_env_steps=run_env_steps, fitness={str(m): f for m, f in fitness.items()},
+        )  # fmt: skip
         if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
             entry = self.store.decisions(after=decision_id - 1)[0]
         if self.failpoint == FAILPOINT_AFTER_APPEND:
@@ -136,29 +136,28 @@ class Population:
             os._exit(EXIT_FAILPOINT)
         self.apply(entry)
 
-    def apply(self, entry: dict[str, Any]) -> None:
-        target = int(entry["target"])
-        record = {"hyperparams": entry["hyperparams"], "generation": entry["generation"],
-                  "parent": entry["source"], "steps_at_decision": entry["env_steps"]}  # fmt: skip
-        self.store.apply_decision(entry["id"], target, record, copied=entry["source"] != target)
-        self.records[target], self.applied = record, entry["id"]
+    def apply(self, entry: LoggedDecision) -> None:
+        target = entry.target
+        record = MemberRecord(hyperparams=entry.hyperparams, generation=entry.generation, parent=entry.source,
+                              steps_at_decision=entry.env_steps)  # fmt: skip
+        self.store.apply_decision(entry.id, target, record, copied=entry.source != target)
+        self.records[target], self.applied = record, entry.id
         if self.decisions_metric is not None:
-            self.decisions_metric.labels(self.run_config.pbt.selection, entry["kind"]).inc()
-        log.info("PBT decision %d: member %d ← member %d (%s), %s", entry["id"], target, entry["source"],
-                 entry["kind"], ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry["hyperparams"].items())
-                                          if v != entry["previous"].get(k)))  # fmt: skip
+            self.decisions_metric.labels(self.run_config.pbt.selection, entry.kind).inc()
+        log.info("PBT decision %d: member %d ← member %d (%s), %s", entry.id, target, entry.source, entry.kind,
+                 ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry.hyperparams.items())
+                           if v != entry.previous.get(k)))  # fmt: skip
 
     def for_learners(self) -> list[wire.Decision]:
         """Applied decisions learner rank 0 has not yet reported applying, oldest first."""
         if self.learner_applied >= self.applied:
             return []
-        return [self.to_message(e) for e in self.store.decisions(after=self.learner_applied)
-                if e["id"] <= self.applied]  # fmt: skip
+        return [self.to_message(e) for e in self.store.decisions(after=self.learner_applied) if e.id <= self.applied]
 
-    def to_message(self, entry: dict[str, Any]) -> wire.Decision:
-        noise = self.run_config.pbt.param_noise if entry["kind"] == "exploit" else 0.0
-        return wire.Decision(id=entry["id"], target=entry["target"], source=entry["source"],
-                             hyperparams=entry["hyperparams"], param_noise=noise)  # fmt: skip
+    def to_message(self, entry: LoggedDecision) -> wire.Decision:
+        noise = self.run_config.pbt.param_noise if entry.kind == "exploit" else 0.0
+        return wire.Decision(id=entry.id, target=entry.target, source=entry.source, hyperparams=entry.hyperparams,
+                             param_noise=noise)  # fmt: skip
 
     def learner_reported(self, applied: int) -> list[int]:
         """Learner rank 0 has applied decisions up to `applied` (capped at ours: a report cannot
@@ -176,7 +175,7 @@ class Population:
         entries = self.store.decisions(after=self.learner_applied)
         self.learner_applied = applied
         self.store.set_status(learner_applied_decision=applied)
-        return [e["target"] for e in entries if e["id"] <= applied and e["source"] != e["target"]]
+        return [e.target for e in entries if e.id <= applied and e.source != e.target]
 
     def hyperparams(self) -> tuple[dict[str, float], ...]:
-        return tuple(self.records[m]["hyperparams"] for m in range(self.size))
+        return tuple(self.records[m].hyperparams for m in range(self.size))

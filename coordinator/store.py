@@ -1,10 +1,10 @@
 """The Redis key schema and typed access to it — the only module that names a key.
 
     rlmq:{run}:config              JSON: the RunConfig and the probed EnvSpec
-    rlmq:{run}:status              hash: state, reason, env_steps, episodes, mean_return, ...
-    rlmq:{run}:members             hash: member → JSON {hyperparams, generation, parent, steps_at_decision}
+    rlmq:{run}:status              hash: RunStatus's fields, each JSON (state, env_steps, mean_return, ...)
+    rlmq:{run}:members             hash: member → JSON MemberRecord (coordinator/records.py)
     rlmq:{run}:member_steps        hash: member → env steps its actors collected
-    rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0", field "decision" (JSON)
+    rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0", field "decision" (JSON LoggedDecision)
     rlmq:{run}:pbt_applied         the id of the last decision applied to the member records
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
@@ -36,6 +36,14 @@ from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.records import (
+    STATUS_FIELDS,
+    LoggedDecision,
+    MemberRecord,
+    RunStatus,
+    from_json,
+    to_json,
+)
 
 RECENT_EPISODES = 100
 PROGRESS_SAMPLES = 100_000
@@ -205,11 +213,15 @@ class RunStore:
     # --- status -------------------------------------------------------------------------------
 
     def set_status(self, **fields: Any) -> None:
+        """Write these fields of the run's status (RunStatus names them all)."""
+        unknown = set(fields) - STATUS_FIELDS
+        if unknown:
+            raise TypeError(f"RunStatus has no field {', '.join(sorted(unknown))}")
         self.redis.hset(self.key("status"), mapping={k: json.dumps(v) for k, v in fields.items()})
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RunStatus:
         raw = self.redis.hgetall(self.key("status"))
-        return {_text(k): json.loads(v) for k, v in raw.items()}
+        return from_mapping(RunStatus, {_text(k): json.loads(v) for k, v in raw.items()})
 
     def append_progress(self, sample: dict[str, Any]) -> None:
         pipe = self.redis.pipeline()
@@ -246,47 +258,47 @@ class RunStore:
     def clear_returns(self, member: int) -> None:
         self.redis.delete(self.key("returns", member))
 
-    def put_members(self, records: dict[int, dict[str, Any]]) -> None:
-        self.redis.hset(self.key("members"), mapping={str(m): json.dumps(r, sort_keys=True) for m, r in records.items()})
+    def put_members(self, records: dict[int, MemberRecord]) -> None:
+        self.redis.hset(self.key("members"), mapping={str(m): to_json(r) for m, r in records.items()})
 
-    def members(self) -> dict[int, dict[str, Any]]:
+    def members(self) -> dict[int, MemberRecord]:
         raw = self.redis.hgetall(self.key("members"))
-        return {int(k): json.loads(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+        return {int(k): from_json(MemberRecord, v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
     def member_steps(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.redis.hgetall(self.key("member_steps")).items()}
 
     # --- the PBT decision log -----------------------------------------------------------------
 
-    def append_decision(self, entry: dict[str, Any]) -> bool:
+    def append_decision(self, entry: LoggedDecision) -> bool:
         """Log a decision under its own id; False if that id is logged already (so appending the
         same decision twice, e.g. around a crash, cannot log it twice)."""
         try:
-            self.redis.xadd(self.key("pbt"), {"decision": json.dumps(entry, sort_keys=True)}, id=f"{entry['id']}-0")
+            self.redis.xadd(self.key("pbt"), {"decision": to_json(entry)}, id=f"{entry.id}-0")
         except redis.ResponseError as exc:
             if "equal or smaller" in str(exc):
                 return False
             raise
         return True
 
-    def decisions(self, after: int = 0) -> list[dict[str, Any]]:
+    def decisions(self, after: int = 0) -> list[LoggedDecision]:
         """Logged decisions with id > `after`, in order."""
         entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
-        return [json.loads(fields[b"decision"]) for _id, fields in entries if fields]
+        return [from_json(LoggedDecision, fields[b"decision"]) for _id, fields in entries if fields]
 
-    def last_decisions(self, count: int) -> list[dict[str, Any]]:
+    def last_decisions(self, count: int) -> list[LoggedDecision]:
         """The newest `count` logged decisions, oldest first (no read of the whole log)."""
         entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
-        return [json.loads(fields[b"decision"]) for _id, fields in reversed(entries) if fields]
+        return [from_json(LoggedDecision, fields[b"decision"]) for _id, fields in reversed(entries) if fields]
 
     def applied_decision(self) -> int:
         return int(self.redis.get(self.key("pbt_applied")) or 0)
 
-    def apply_decision(self, decision_id: int, target: int, record: dict[str, Any], copied: bool) -> None:
+    def apply_decision(self, decision_id: int, target: int, record: MemberRecord, copied: bool) -> None:
         """One transaction: the target's new record, the applied id, and (after a copy) its old
         returns dropped — they were earned by weights it no longer has."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.key("members"), str(target), json.dumps(record, sort_keys=True))
+        pipe.hset(self.key("members"), str(target), to_json(record))
         pipe.set(self.key("pbt_applied"), decision_id)
         if copied:
             pipe.delete(self.key("returns", target))

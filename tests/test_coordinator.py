@@ -44,11 +44,11 @@ def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_t
     coordinator.handle(b"actor-0", report([500.0] * 20))  # the newest 100: 20 × 500 + 80 × 470 = 476 each
     assert coordinator.finished_at is not None
     status = coordinator.store.status()
-    assert status["state"] == "stopping" and status["success"] is True
-    assert status["mean_return"] == 476.0 and status["best_member"] == 0  # what ended it, for summary.json
+    assert status.state == "stopping" and status.success is True
+    assert status.mean_return == 476.0 and status.best_member == 0  # what ended it, for summary.json
     last = coordinator.store.progress()[-1]  # metrics.csv and the learning curve end on it too
     assert last["mean_return"] == 476.0 and last["env_steps"] == 3_000
-    assert status["env_steps_at_end"] == 3_000 == status["env_steps"]
+    assert status.env_steps_at_end == 3_000 == status.env_steps
 
 
 def test_the_step_budget_ends_the_run_on_the_report_that_reaches_it(coordinator: Coordinator) -> None:
@@ -56,7 +56,7 @@ def test_the_step_budget_ends_the_run_on_the_report_that_reaches_it(coordinator:
     assert coordinator.finished_at is None
     coordinator.handle(b"actor-0", report([], env_steps=1))
     status = coordinator.store.status()
-    assert coordinator.finished_at is not None and status["success"] is False and status["reason"] == "budget"
+    assert coordinator.finished_at is not None and status.success is False and status.reason == "budget"
 
 
 def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_registered(

@@ -28,6 +28,7 @@ from procs import start_up, wait_for, wait_until_stepping
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
 from rlmq.common.transport import free_port
+from rlmq.coordinator.records import RunStatus
 from rlmq.coordinator.store import RunStore, shown_url
 
 
@@ -64,7 +65,7 @@ def test_a_write_issued_during_an_outage_lands_once_redis_is_back(
     assert not writer.is_alive() and len(replies) == 2, "the write never finished"
     assert replies[0] == (True, 7, [1.5]) and replies[1] - down_at >= 2.5
     # what was written before the outage came back from the AOF; the report counted once
-    assert store.status() == {"state": "running", "env_steps": 7, "episodes": 1}
+    assert store.status() == RunStatus(state="running", env_steps=7, episodes=1)
     assert store.progress() == [{"env_steps": 7}]
     said = [r.getMessage() for r in caplog.records if r.name == "rlmq.store"]
     assert len(said) == 2, said  # once when it starts, once when it ends: not once per retry
@@ -87,7 +88,7 @@ def test_an_outage_longer_than_the_budget_raises_and_later_calls_fail_at_once(
         store.status()
     assert time.monotonic() - started < 0.5
     own_redis.restart()
-    assert store.status() == {"state": "running"}, "the store works again once Redis is back"
+    assert store.status() == RunStatus(state="running"), "the store works again once Redis is back"
 
 
 def test_messages_never_show_a_password() -> None:
@@ -119,7 +120,7 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
 ) -> None:
     coordinator, control = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=20)
     store = RunStore.connect(own_redis.url, run_id, outage_s=10, report=None)
-    wait_for(lambda: store.status().get("updated_at"), 60, "the coordinator's first status")
+    wait_for(lambda: store.status().updated_at, 60, "the coordinator's first status")
     own_redis.stop()
     down_at = time.time()
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -132,7 +133,7 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
     assert sock.poll(20_000, zmq.POLLIN), "no Assign after the outage"
     assert isinstance(wire.decode(sock.recv_multipart()[-1]), wire.Assign)
     assert store.learners()[0]["name"] == "l0"
-    wait_for(lambda: store.status().get("updated_at", 0) > down_at + 3, 10, "status written after the outage")
+    wait_for(lambda: (store.status().updated_at or 0) > down_at + 3, 10, "status written after the outage")
     assert coordinator.alive()
     log = coordinator.log()
     assert log.count("Redis unreachable at") == 1 and log.count("reachable again after") == 1, log
@@ -144,7 +145,7 @@ def coordinator_at_work(start_service: Any, tmp_path: Path, own_redis: RedisServ
     """A coordinator service that has written its first status."""
     coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=outage_s)
     store = RunStore.connect(own_redis.url, run_id)
-    wait_for(lambda: store.status().get("updated_at"), 60, "the coordinator's first status")
+    wait_for(lambda: store.status().updated_at, 60, "the coordinator's first status")
     return coordinator
 
 

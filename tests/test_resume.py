@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from procs import start_up, wait_for, wait_until_stepping
 
 from rlmq.cli.redis_server import RedisServer
+from rlmq.coordinator.records import LoggedDecision, RunStatus
 from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint
 
@@ -42,7 +42,7 @@ log = true
 """
 
 
-def in_redis(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def in_redis(run_dir: Path) -> tuple[RunStatus, list[LoggedDecision]]:
     """The run's status and PBT log as its private Redis kept them (its append-only file)."""
     with RedisServer(run_dir / "redis") as server:
         store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
@@ -55,7 +55,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "2", "--config", str(config), "--total-steps", "1000000")
     store = wait_until_stepping(run_dir, up)
-    wait_for(lambda: int(store.status().get("pbt_decisions", 0)) >= 1, 120, "a PBT decision", up)
+    wait_for(lambda: store.status().pbt_decisions >= 1, 120, "a PBT decision", up)
     up.send_signal(signal.SIGINT)
     out, _ = up.communicate(timeout=60)
     assert up.returncode == 130, out
@@ -76,9 +76,9 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
 
     # env-step and episode counters, policy versions, PBT history and generations go on
     status, decisions_after = in_redis(run_dir)
-    assert budget <= status["env_steps"] < budget + 2_000 and status["episodes"] > before["episodes"]
+    assert budget <= status.env_steps < budget + 2_000 and status.episodes > before.episodes
     assert all(a >= b for a, b in zip(after["learner"]["versions"], saved["learner"]["versions"], strict=True))
-    assert decisions_after[: len(decisions)] == decisions and status["pbt_decisions"] >= before["pbt_decisions"] >= 1
+    assert decisions_after[: len(decisions)] == decisions and status.pbt_decisions >= before.pbt_decisions >= 1
     assert after["learner"]["applied"] >= saved["learner"]["applied"] >= 1
     # the learner's state went on from the checkpoint's: fewer new env steps than before the stop,
     # so counts below the checkpoint's would mean it started afresh

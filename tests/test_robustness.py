@@ -177,7 +177,7 @@ def test_a_killed_and_then_a_hung_learner_rank_the_world_comes_back_each_time_an
         return next(pid for pid, cmd in descendants(up.pid).items() if " learner " in cmd and "--rank 1 " in cmd)
 
     def env_steps() -> int:
-        return int(store.status().get("env_steps", 0))
+        return store.status().env_steps
 
     try:
         store = wait_until_stepping(run_dir, up)
@@ -192,7 +192,7 @@ def test_a_killed_and_then_a_hung_learner_rank_the_world_comes_back_each_time_an
         stopped = rank1()
         os.kill(stopped, signal.SIGSTOP)
         since = time.monotonic()
-        behind = wait_for(lambda: store.status().get("learners_behind"), 15, "a learner named", up)
+        behind = wait_for(lambda: store.status().learners_behind, 15, "a learner named", up)
         # three heartbeats missed, then the coordinator's next tick (0.5 s): well within the 15 s
         assert time.monotonic() - since < SILENT_S + 3, "named late"
         assert isinstance(behind, str) and behind.startswith("learner-1 (rank 1): no heartbeat"), behind

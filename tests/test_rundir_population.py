@@ -19,6 +19,7 @@ from rlmq.cli.status import show_status
 from rlmq.common import wire
 from rlmq.common.config import ALGORITHMS, HyperRange, PBTConfig, PPOConfig, RunConfig
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.records import LoggedDecision, MemberRecord
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.networks import ActorCritic
 
@@ -56,11 +57,8 @@ def population_run(store: RunStore) -> dict[str, Any]:
     ranges = {"learning_rate": HyperRange(5e-4, 5e-3, log=True), "ent_coef": HyperRange(0.0, 0.01)}
     run_config = RunConfig(population=3, target_return=475.0, pbt=PBTConfig(ranges=ranges))
     store.save_config(run_config, SPEC)
-    records: dict[int, dict[str, Any]] = {
-        0: {"hyperparams": hyperparams(3.0e-3, 0.004), "generation": 0, "parent": -1, "steps_at_decision": 0},
-        1: {"hyperparams": hyperparams(1.2e-3, 0.002), "generation": 0, "parent": -1, "steps_at_decision": 0},
-        2: {"hyperparams": hyperparams(4.5e-3, 0.009), "generation": 0, "parent": -1, "steps_at_decision": 0},
-    }  # fmt: skip
+    records = {0: MemberRecord(hyperparams(3.0e-3, 0.004)), 1: MemberRecord(hyperparams(1.2e-3, 0.002)),
+               2: MemberRecord(hyperparams(4.5e-3, 0.009))}  # fmt: skip
     store.put_members(records)
     for member, steps in {0: 41_000, 1: 43_000, 2: 36_000}.items():
         store.add_actor_report(f"actor-{member}", member, steps, [])
@@ -68,26 +66,19 @@ def population_run(store: RunStore) -> dict[str, Any]:
     # newest first 479 … 450: fitness (last 20) 469.5, mean of all 464.5
     store.add_actor_report("actor-1", 1, 0, [450.0 + i for i in range(30)])
     store.add_actor_report("actor-2", 2, 0, [10.0] * 40)  # dropped by the copy below
-    decisions: list[dict[str, Any]] = [
-        {
-            "id": 1, "time": T0 + 3.5, "target": 2, "source": 1, "kind": "exploit",
-            "hyperparams": hyperparams(1.5e-3, 0.002), "previous": records[2]["hyperparams"],
-            "generation": 1, "env_steps": 20_000, "run_env_steps": 35_000, "fitness": {"2": 10.0, "1": 460.0},
-        },
-        {
-            "id": 2, "time": T0 + 6.0, "target": 0, "source": 0, "kind": "explore",
-            "hyperparams": hyperparams(3.0e-3, 0.005), "previous": records[0]["hyperparams"],
-            "generation": 1, "env_steps": 21_000, "run_env_steps": 60_000, "fitness": {"0": 115.0},
-        },
+    decisions = [
+        LoggedDecision(id=1, time=T0 + 3.5, target=2, source=1, kind="exploit", hyperparams=hyperparams(1.5e-3, 0.002),
+                       previous=records[2].hyperparams, generation=1, env_steps=20_000, run_env_steps=35_000,
+                       fitness={"2": 10.0, "1": 460.0}),
+        LoggedDecision(id=2, time=T0 + 6.0, target=0, source=0, kind="explore", hyperparams=hyperparams(3.0e-3, 0.005),
+                       previous=records[0].hyperparams, generation=1, env_steps=21_000, run_env_steps=60_000,
+                       fitness={"0": 115.0}),
     ]  # fmt: skip
     for entry in decisions:
         assert store.append_decision(entry)
-        record = {"hyperparams": entry["hyperparams"], "generation": entry["generation"],
-                  "parent": entry["source"], "steps_at_decision": entry["env_steps"]}  # fmt: skip
-        store.apply_decision(
-            entry["id"], entry["target"], record, copied=entry["source"] != entry["target"]
-        )
-        records[entry["target"]] = record
+        record = MemberRecord(entry.hyperparams, entry.generation, entry.source, entry.env_steps)
+        store.apply_decision(entry.id, entry.target, record, copied=entry.source != entry.target)
+        records[entry.target] = record
     store.add_actor_report("actor-2", 2, 0, [300.0, 320.0, 340.0])  # since the copy: too few for a fitness
     for second in range(11):
         members = {
@@ -134,9 +125,7 @@ def test_status_of_a_single_agent_has_no_population_table(
     store: RunStore, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store.save_config(RunConfig(), SPEC)
-    store.put_members(
-        {0: {"hyperparams": BASE, "generation": 0, "parent": -1, "steps_at_decision": 0}}
-    )
+    store.put_members({0: MemberRecord(BASE)})
     store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
     store.set_status(state="running", env_steps=5_000, mean_return=25.0, best_member=0,
                      pbt_decisions=0, updated_at=time.time())  # fmt: skip
@@ -162,7 +151,7 @@ def test_results_of_a_population_run(
         assert torch.equal(state["params"][name], torch.from_numpy(value)), name
     for member, entry in state["members"].items():
         assert entry["version"] == 10 + member
-        assert entry["hyperparams"] == population_run["records"][member]["hyperparams"]
+        assert entry["hyperparams"] == population_run["records"][member].hyperparams
         for name, value in params[member].items():
             assert torch.equal(entry["params"][name], torch.from_numpy(value)), (member, name)
     assert state["members"][2]["generation"] == 1 and state["members"][2]["parent"] == 1
@@ -237,9 +226,7 @@ def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(
 ) -> None:
     run_config = RunConfig()
     store.save_config(run_config, SPEC)
-    store.put_members(
-        {0: {"hyperparams": BASE, "generation": 0, "parent": -1, "steps_at_decision": 0}}
-    )
+    store.put_members({0: MemberRecord(BASE)})
     store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
     store.append_progress({"time": T0, "env_steps": 1_000, "episodes": 2, "mean_return": 25.0,
                            "steps_per_s": 500.0, "policy_lag": 0.0, "members": {"0": 25.0}})  # fmt: skip

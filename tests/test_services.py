@@ -98,7 +98,7 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     sock.send(wire.encode(wire.ActorReport(name="a", member=3, env_steps=10)))
     wait_for(lambda: rejected_total(coord["metrics"]) >= expected + 4, 10, "semantic rejects counted")
     store = RunStore.connect(redis_url, run_id)
-    assert store.weights(0) is None and store.status()["env_steps"] == 0, "nothing refused was kept"
+    assert store.weights(0) is None and store.status().env_steps == 0, "nothing refused was kept"
     sock.send(wire.encode(wire.Weights(member=0, version=1, params=params)))
     wait_for(lambda: store.weights(0) is not None, 10, "rank 0's valid weights stored")
 
@@ -270,7 +270,7 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
     learner.send(wire.encode(wire.Weights(member=0, version=3, params=params)))
     learner.send(wire.encode(wire.ActorReport(name="actor-1", member=0, env_steps=100)))
     store = RunStore.connect(redis_url, run_id)
-    wait_for(lambda: store.weights(0) is not None and store.status().get("env_steps") == 100, 10, "state saved")
+    wait_for(lambda: store.weights(0) is not None and store.status().env_steps == 100, 10, "state saved")
     assert first["service"].stop() == 0
     learner.close()
 
@@ -300,7 +300,7 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
     learner.connect(f"tcp://127.0.0.1:{first['control']}")
     learner.send(wire.encode(wire.Weights(member=0, version=4, params=params)))
     wait_for(lambda: (w := store.weights(0)) is not None and w.version == 4, 10, "weights after restart")
-    assert store.status()["env_steps"] == 100
+    assert store.status().env_steps == 100
     actor.close()
     learner.close()
     beat.close()
@@ -329,8 +329,8 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
         sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=200)))
     assert first["service"].process.wait(30) == 86, first["service"].log()
     (logged,) = store.decisions()
-    assert (logged["id"], logged["target"], logged["source"], logged["kind"]) == (1, 0, 1, "exploit")
-    assert store.applied_decision() == 0 and store.members()[0]["generation"] == 0  # logged, not applied
+    assert (logged.id, logged.target, logged.source, logged.kind) == (1, 0, 1, "exploit")
+    assert store.applied_decision() == 0 and store.members()[0].generation == 0  # logged, not applied
 
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
@@ -340,9 +340,9 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     assert sub.poll(10_000), "the decision is handed to the learners"
     sent = wire.decode(sub.recv_multipart()[1])
     assert isinstance(sent, wire.Decision) and (sent.id, sent.target, sent.source) == (1, 0, 1)
-    assert sent.hyperparams == logged["hyperparams"]
+    assert sent.hyperparams == logged.hyperparams
     record = store.members()[0]
-    assert (record["generation"], record["parent"], record["hyperparams"]) == (1, 1, logged["hyperparams"])
+    assert (record.generation, record.parent, record.hyperparams) == (1, 1, logged.hyperparams)
     assert store.recent_returns(0) == []  # earned by the weights member 0 no longer has
     # Learner rank 0 reports it applied: the coordinator stops repeating it. Only rank 0's own
     # socket is believed, and never beyond what the coordinator applied.
@@ -350,23 +350,23 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
                                 stale_dropped=0, mean_policy_lag=0.0, applied_decision=10**6)  # fmt: skip
     sock.send(wire.encode(report))  # not (yet) learner rank 0: ignored
     time.sleep(1.0)
-    assert "learner_applied_decision" not in store.status()
+    assert store.status().learner_applied_decision == 0
     sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0, experience_endpoint="tcp://x:1")))
     assert isinstance(receive(sock), wire.Assign)
     sock.send(wire.encode(report))
-    wait_for(lambda: store.status().get("learner_applied_decision") == store.applied_decision(), 10,
+    wait_for(lambda: store.status().learner_applied_decision == store.applied_decision(), 10,
              "the learner's report, capped")  # fmt: skip
     assert second["service"].stop() == 0
 
     # Meanwhile member 2, now the worst judged member, was replaced too (decision 2): fine, as long
     # as every logged decision is applied and each id is logged once.
-    logged_ids = [d["id"] for d in store.decisions()]
+    logged_ids = [d.id for d in store.decisions()]
     assert logged_ids == list(range(1, len(logged_ids) + 1)) and store.applied_decision() == len(logged_ids)
     third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **config)
     time.sleep(1.5)  # a few ticks: time to (wrongly) apply or decide anything again
     assert third["service"].alive(), third["service"].log()
-    assert [d["id"] for d in store.decisions()] == logged_ids and store.applied_decision() == len(logged_ids)
-    assert store.members()[0]["generation"] == 1
+    assert [d.id for d in store.decisions()] == logged_ids and store.applied_decision() == len(logged_ids)
+    assert store.members()[0].generation == 1
     sock.close()
     sub.close()
 
@@ -396,14 +396,14 @@ def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_count
     without counting it a second time."""
     first = start_coordinator(start_service, tmp_path, redis_url, run_id, env={"RLMQ_FAILPOINT": "report-before-ack"})
     store = RunStore.connect(redis_url, run_id)
-    wait_for(lambda: store.status().get("state") == "running", 30, "the run in Redis")
+    wait_for(lambda: store.status().state == "running", 30, "the run in Redis")
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
     report = wire.ActorReport(name="actor-0", member=0, env_steps=100, episode_returns=np.array([9.0]),
                               episode_lengths=np.array([9], np.int64), session=77, sequence=1)  # fmt: skip
     actor.send(wire.encode(report))
     assert first["service"].process.wait(30) == 86, first["service"].log()
-    assert store.status()["env_steps"] == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
+    assert store.status().env_steps == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
     start_coordinator(start_service, tmp_path, redis_url, run_id, name="second",
                       ports={k: first[k] for k in ("control", "broadcast", "metrics")})  # fmt: skip
     actor.send(wire.encode(report))  # unacknowledged: sent again
@@ -411,7 +411,7 @@ def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_count
     actor.send(wire.encode(dataclasses.replace(report, sequence=2, env_steps=5)))
     assert receive(actor) == wire.ReportAck(2)
     status = store.status()
-    assert (status["env_steps"], status["episodes"]) == (105, 2), status
+    assert (status.env_steps, status.episodes) == (105, 2), status
     actor.close()
 
 

@@ -34,7 +34,7 @@ def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
         assert counted and steps == start + 50 and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
-    assert store.status()["episodes"] == 250
+    assert store.status().episodes == 250
 
 
 def test_each_report_of_an_actor_session_is_counted_once(store: RunStore) -> None:
@@ -47,7 +47,7 @@ def test_each_report_of_an_actor_session_is_counted_once(store: RunStore) -> Non
     assert store.add_actor_report("actor-0", 0, 3, [2.0], session=8, sequence=1) == (True, 18, [2.0, 1.0])
     assert store.add_actor_report("actor-1", 0, 2, [], session=7, sequence=1)[:2] == (True, 20)  # its own sequence
     assert [store.add_actor_report("actor-1", 0, 1, [])[:2] for _ in range(2)] == [(True, 21), (True, 22)]
-    assert store.status()["episodes"] == 2 and store.member_steps() == {0: 22}
+    assert store.status().episodes == 2 and store.member_steps() == {0: 22}
 
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
@@ -64,7 +64,7 @@ def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: r
 def test_keys_live_under_the_run_prefix(store: RunStore, redis_client: redis.Redis, run_id: str) -> None:
     store.set_status(state="running")
     store.add_actor_report("actor-0", 0, 10, [])
-    assert store.status()["env_steps"] == 10 and store.member_steps() == {0: 10}
+    assert store.status().env_steps == 10 and store.member_steps() == {0: 10}
     keys = {k.decode() for k in redis_client.scan_iter(match=f"rlmq:{run_id}:*")}
     assert keys == {f"rlmq:{run_id}:{name}" for name in ("status", "actors", "member_steps")}
     store.delete_run()

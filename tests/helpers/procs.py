@@ -44,7 +44,7 @@ def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float
         info = json.loads((run_dir / "run.json").read_text())
         store = RunStore.connect(info["redis_url"], info["run"])
         try:
-            return store if int(store.status().get("env_steps", 0)) > 0 else None
+            return store if store.status().env_steps > 0 else None
         except redis.ConnectionError:  # the run is over and its Redis gone: the next poll says why
             return None
 
