@@ -65,7 +65,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     saved = files.load(stopped_at)
     curve_rows = len((run_dir / "metrics.csv").read_text().splitlines())
 
-    budget = int(before["env_steps"]) + 2_000
+    budget = before.env_steps + 2_000
     resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--resume", str(run_dir), "--actors", "2",
                               "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
