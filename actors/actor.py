@@ -7,9 +7,9 @@
         collect one rollout with them, tagged with their version; send it to that learner
         report env steps and finished episodes every `report_interval_s`
 
-Killed and restarted, it says Hello again and carries on: nothing it holds needs saving. Its
-reports are the exception while the coordinator is away: each is kept until acknowledged and sent
-again meanwhile (the coordinator counts each once), so no env step goes uncounted.
+Killed and restarted, it says Hello again and carries on: nothing it holds needs saving. While the
+coordinator is away its reports carry on too: each holds the actor's totals and the returns not yet
+acknowledged, and the coordinator counts what the totals add, so no env step goes uncounted.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, Stop
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
 WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
-REPORT_RESEND_S = 2.0  # reports unacknowledged this long are sent again
-MAX_UNACKED_REPORTS = 4096  # ~17 min of reports every 0.25 s; beyond, the oldest are given up
-FINAL_ACK_WAIT_S = 1.0  # at the end, how long to wait for the last reports to be counted
+MAX_UNACKED_RETURNS = 4096  # returns kept for a coordinator that is away; beyond, the oldest are given up
+FINAL_ACK_WAIT_S = 1.0  # at the end, how long to wait for the last report to be counted
+FINAL_RESEND_S = 0.25
 
 
 class Actor:
@@ -46,9 +46,7 @@ class Actor:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        # A queue as deep as the reports kept: while the coordinator is away they wait in it.
-        self.control = transport.make_socket(self.ctx, zmq.DEALER, hwm=MAX_UNACKED_REPORTS,
-                                             identity=f"{cfg.name}-{os.getpid()}".encode())  # fmt: skip
+        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
         self.learners: list[zmq.Socket] = []  # one DEALER per learner rank
         self.credits: list[int] = []
@@ -60,10 +58,12 @@ class Actor:
         self.first_step_at = 0.0
         self.version = -1
         self.awaited_version = 0
-        self.session = random.SystemRandom().getrandbits(40)  # this process's reports: sequence 1, 2, ...
-        self.sequence = 0
-        self.unacked: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # sequence → frame
-        self.acked_at = time.monotonic()  # when the coordinator last acknowledged (or we last resent)
+        self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
+        self.totals = (0, 0)  # env steps and episodes so far
+        self.acked = (0, 0)  # the totals the coordinator says it has counted
+        # (return, length) of the newest episodes not yet acknowledged, oldest first
+        self.unacked: collections.deque[tuple[float, int]] = collections.deque(maxlen=MAX_UNACKED_RETURNS)
+        self.last_report = b""
 
     def reject(self, exc: wire.WireError) -> None:
         self.log_reject(exc.reason, str(exc))
@@ -194,9 +194,9 @@ class Actor:
                 self.reject(exc)
                 continue
             if isinstance(message, wire.ReportAck):
-                while self.unacked and next(iter(self.unacked)) <= message.sequence:
-                    self.unacked.popitem(last=False)
-                self.acked_at = time.monotonic()
+                self.acked = max(self.acked, (message.steps_total, message.episodes_total))
+                for _ in range(len(self.unacked) - (self.totals[1] - self.acked[1])):
+                    self.unacked.popleft()
             elif isinstance(message, wire.Assign) and message.member == self.member:
                 if self.policy is None and message.weights is not None:
                     self.apply_weights(message.weights)
@@ -256,31 +256,28 @@ class Actor:
         self.unreported_credit_wait = 0.0
         self.metrics.episodes.inc(len(returns))
         self.metrics.episode_return.observe_many(returns)
-        self.sequence += 1
-        sequence = self.sequence
-        frame = wire.encode(wire.ActorReport(
-            name=self.cfg.name, member=self.member, env_steps=steps, episode_returns=returns,
-            episode_lengths=lengths, policy_version=self.version, rejected=self.rejected,
-            first_step_at=self.first_step_at, session=self.session, sequence=sequence,
+        self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
+        given_up = max(len(self.unacked) + len(returns) - MAX_UNACKED_RETURNS, 0)
+        self.metrics.returns_given_up.inc(given_up)
+        self.unacked.extend(zip(returns.tolist(), lengths.tolist(), strict=True))
+        self.last_report = wire.encode(wire.ActorReport(
+            name=self.cfg.name, member=self.member, env_steps=steps,
+            episode_returns=np.array([r for r, _ in self.unacked], np.float64),
+            episode_lengths=np.array([n for _, n in self.unacked], np.int64), policy_version=self.version,
+            rejected=self.rejected, first_step_at=self.first_step_at, session=self.session,
+            steps_total=self.totals[0], episodes_total=self.totals[1],
         ))  # fmt: skip
         self.rejected = 0
-        if not self.unacked:
-            self.acked_at = time.monotonic()  # the clock for resending starts with the oldest unacknowledged
-        self.unacked[sequence] = frame
-        if len(self.unacked) > MAX_UNACKED_REPORTS:
-            self.unacked.popitem(last=False)
-            self.metrics.reports_given_up.inc()
-        transport.send_frame(self.control, frame)
+        transport.send_frame(self.control, self.last_report)
         self.read_control()
-        if self.unacked and time.monotonic() - self.acked_at > REPORT_RESEND_S:
-            for unacked in self.unacked.values():  # the coordinator is away or restarted: it counts each once
-                transport.send_frame(self.control, unacked)
-            self.acked_at = time.monotonic()
 
     def flush_reports(self, timeout_s: float) -> None:
-        """Wait (bounded) for the coordinator to acknowledge our last reports."""
-        deadline = time.monotonic() + timeout_s
-        while self.unacked and time.monotonic() < deadline:
+        """Wait (bounded) for the coordinator to acknowledge our last report, sending it again now
+        and then: the coordinator may be away, and counts it once however often it comes."""
+        deadline, resend = time.monotonic() + timeout_s, RateTimer(FINAL_RESEND_S)
+        while self.acked != self.totals and time.monotonic() < deadline:
+            if resend.due():
+                transport.send_frame(self.control, self.last_report)
             self.control.poll(50, zmq.POLLIN)
             self.read_control()
 

@@ -139,9 +139,10 @@ class ActorMetrics:
         self.policy_version = Gauge(
             f"{PREFIX}_actor_policy_version", "Version of the weights in use.", registry=r
         )
-        self.reports_given_up = Counter(
-            f"{PREFIX}_actor_reports_given_up",
-            "Reports dropped unacknowledged because more were waiting for the coordinator than the bound.",
+        self.returns_given_up = Counter(
+            f"{PREFIX}_actor_returns_given_up",
+            "Episode returns dropped unacknowledged: more waited for the coordinator than the bound "
+            "(their env steps and episodes are still counted).",
             registry=r,
         )
         self.rejected = _rejected(r)

@@ -12,7 +12,7 @@ Topology (who sends what to whom, see docs/architecture.md):
 
     actor, learner  DEALER → coordinator ROUTER   Hello, ActorReport, LearnerReport, Weights,
                                                   LearnerHeartbeat (a learner's own thread)
-    coordinator     ROUTER → actor, learner       Assign, ReportAck (an actor's report is counted)
+    coordinator     ROUTER → actor, learner       Assign, ReportAck (an actor's reports are counted up to ...)
     actor           DEALER → learner ROUTER       Hello (a request for credit, renewed while waiting),
                                                   Rollout (one per credit)
     learner         ROUTER → actor                Credit
@@ -172,9 +172,11 @@ class Rollout:
 class ActorReport:
     """An actor's heartbeat: env steps since its last report and the episodes it finished.
 
-    The actor keeps it until the coordinator acknowledges it (`ReportAck`), and sends it again
-    meanwhile; the coordinator counts each (`session`, `sequence`) once, so a report is counted
-    exactly once across a coordinator's restart. Sequence 0: counted whenever it comes."""
+    With a `session` (drawn at random by each actor process), it also carries the session's totals
+    and every finished episode's return the coordinator has not acknowledged (`ReportAck`), the
+    newest last: the coordinator counts what the totals add to what it counted before, so a report
+    lost, repeated or overtaken changes nothing, and nothing is counted twice across a
+    coordinator's restart. Without one (0), `env_steps` and the returns are counted as they come."""
 
     name: str
     member: int
@@ -184,11 +186,14 @@ class ActorReport:
     policy_version: int = 0
     rejected: int = 0  # malformed messages this actor dropped since its last report
     first_step_at: float = 0.0  # unix time of this actor's first env step; 0 before it
-    session: int = 0  # drawn at random by each actor process: its reports' sequence starts anew
-    sequence: int = 0  # 1, 2, ... within the session
+    session: int = 0
+    steps_total: int = 0  # env steps of the session so far
+    episodes_total: int = 0  # episodes of the session so far: `episode_returns` are the last of them
 
     def __post_init__(self) -> None:
-        _counts(self, "member", "env_steps", "rejected", "session", "sequence")
+        _counts(self, "member", "env_steps", "rejected", "session", "steps_total", "episodes_total")
+        _require(len(self.episode_returns) <= self.episodes_total or not self.session,
+                 "ActorReport: more returns than episodes")  # fmt: skip
         _require(self.policy_version >= -1 and self.first_step_at >= 0, "ActorReport: negative field")
         returns, lengths = self.episode_returns, self.episode_lengths
         _require(returns.ndim == 1 and returns.dtype.name == "float64", "episode_returns must be 1-D float64")
@@ -239,12 +244,14 @@ HEARTBEAT_PERIOD_S = 1.0
 
 @dataclass(frozen=True)
 class ReportAck:
-    """Coordinator → actor: your reports up to `sequence` are counted (and need not be sent again)."""
+    """Coordinator → actor: your session's env steps and episodes are counted up to these totals
+    (the returns of those episodes need not be sent again)."""
 
-    sequence: int
+    steps_total: int
+    episodes_total: int
 
     def __post_init__(self) -> None:
-        _counts(self, "sequence")
+        _counts(self, "steps_total", "episodes_total")
 
 
 @dataclass(frozen=True)

@@ -172,18 +172,18 @@ class Coordinator:
         returns = report.episode_returns.tolist()
         if report.policy_version < self.fresh_from.get(report.member, 0):
             returns = []  # the member's weights were replaced since (PBT)
-        counted, steps, recent = self.store.add_actor_report(report.name, report.member, report.env_steps, returns,
-                                                             report.session, report.sequence)  # fmt: skip
+        steps_added, episodes_added, steps, recent = self.store.add_actor_report(
+            report.name, report.member, report.env_steps, returns, report.session, report.steps_total,
+            report.episodes_total)  # fmt: skip
         if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
             log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
             os._exit(EXIT_FAILPOINT)
-        if report.sequence:
-            self.control.send_multipart([identity, wire.encode(wire.ReportAck(report.sequence))])
-        if not counted:  # sent again after a restart of ours: counted already
-            return
-        self.metrics.env_steps.inc(report.env_steps)
-        self.metrics.member_env_steps.labels(str(report.member)).inc(report.env_steps)
-        self.metrics.episodes.inc(len(returns))
+        if report.session:
+            ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total)
+            self.control.send_multipart([identity, wire.encode(ack)])
+        self.metrics.env_steps.inc(steps_added)
+        self.metrics.member_env_steps.labels(str(report.member)).inc(steps_added)
+        self.metrics.episodes.inc(episodes_added)
         if report.rejected:
             self.metrics.rejected.labels("at_actor").inc(report.rejected)
         # The end is checked here as well as on the tick: waiting for the tick made every run

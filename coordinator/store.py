@@ -9,7 +9,7 @@
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
-    rlmq:{run}:reports             hash: actor name → "{session}:{sequence}" of its last report counted
+    rlmq:{run}:reports             hash: actor name → "{session}:{env steps}:{episodes}" counted of its session
     rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, pid, metrics_port, identity}
     rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
 
@@ -145,30 +145,39 @@ class OutageRetry(Retry):
 
 
 # KEYS: actors, status, member_steps, the member's returns, reports.
-# ARGV: actor, now, member, env steps, session, sequence, returns kept, the episode returns...
+# ARGV: actor, now, member, env steps, session, session's env steps, session's episodes, returns kept,
+# the returns (oldest first: the last of them are the session's newest episodes).
 _ADD_REPORT = """
-local actor, session, sequence = ARGV[1], ARGV[5], tonumber(ARGV[6])
-if sequence > 0 then
+local actor, session = ARGV[1], ARGV[5]
+local returns = #ARGV - 8
+local steps, episodes = tonumber(ARGV[4]), returns
+if session ~= '0' then
+  local counted_steps, counted_episodes = 0, 0
   local last = redis.call('HGET', KEYS[5], actor)
   if last then
-    local last_session, last_sequence = string.match(last, '^(%d+):(%d+)$')
-    if last_session == session and sequence <= tonumber(last_sequence) then
-      return {0, tonumber(redis.call('HGET', KEYS[2], 'env_steps') or '0'), {}}
+    local last_session, s, e = string.match(last, '^(%d+):(%d+):(%d+)$')
+    if last_session == session then
+      counted_steps, counted_episodes = tonumber(s), tonumber(e)
     end
   end
-  redis.call('HSET', KEYS[5], actor, session .. ':' .. sequence)
+  local total_steps, total_episodes = tonumber(ARGV[6]), tonumber(ARGV[7])
+  steps = math.max(total_steps - counted_steps, 0)
+  episodes = math.max(total_episodes - counted_episodes, 0)
+  returns = math.min(returns, episodes)
+  redis.call('HSET', KEYS[5], actor, session .. ':' .. math.max(total_steps, counted_steps) .. ':'
+             .. math.max(total_episodes, counted_episodes))
 end
 redis.call('HSET', KEYS[1], actor, ARGV[2])
-local steps = redis.call('HINCRBY', KEYS[2], 'env_steps', ARGV[4])
-redis.call('HINCRBY', KEYS[3], ARGV[3], ARGV[4])
+local run_steps = redis.call('HINCRBY', KEYS[2], 'env_steps', steps)
+redis.call('HINCRBY', KEYS[3], ARGV[3], steps)
+redis.call('HINCRBY', KEYS[2], 'episodes', episodes)
 local recent = {}
-if #ARGV > 7 then
-  redis.call('LPUSH', KEYS[4], unpack(ARGV, 8))
-  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
-  redis.call('HINCRBY', KEYS[2], 'episodes', #ARGV - 7)
+if returns > 0 then
+  redis.call('LPUSH', KEYS[4], unpack(ARGV, #ARGV - returns + 1))
+  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[8]) - 1)
   recent = redis.call('LRANGE', KEYS[4], 0, -1)
 end
-return {1, steps, recent}
+return {steps, episodes, run_steps, recent}
 """
 
 
@@ -236,21 +245,23 @@ class RunStore:
     # --- members, episodes, weights -----------------------------------------------------------
 
     def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float], session: int = 0,
-                         sequence: int = 0) -> tuple[bool, int, list[float]]:  # fmt: skip
+                         steps_total: int = 0, episodes_total: int = 0) -> tuple[int, int, int, list[float]]:  # fmt: skip
         """Record one actor report in one round trip (64 actors report several times a second):
-        the actor's liveness, its env steps and finished episodes. Returns whether it was counted
-        now (not before), the run's env steps and, if it brought episodes, the member's recent
+        the actor's liveness, its env steps and finished episodes. Returns the env steps and
+        episodes it added, the run's env steps and, if it brought new returns, the member's recent
         returns after them, newest first.
 
-        One Lua script, so Redis applies all of it or none, and each (`session`, `sequence`) of an
-        actor once (sequence 0: every time): a report sent again after a coordinator's restart, or
-        a script retried after a reply lost in an outage, is not counted twice."""
-        counted, steps, recent = self.redis.eval(
+        One Lua script, so Redis applies all of it or none. With a `session`, what is counted is
+        what the session's totals add to those counted before (`returns` are the last of its
+        episodes): a report repeated after a coordinator's restart, overtaken by a later one, or
+        retried after a reply lost in an outage adds nothing twice. Without one, `env_steps` and
+        `returns` are added as they are."""
+        steps_added, episodes_added, steps, recent = self.redis.eval(
             _ADD_REPORT, 5, self.key("actors"), self.key("status"), self.key("member_steps"),
             self.key("returns", member), self.key("reports"),
-            actor, time.time(), member, env_steps, session, sequence, RECENT_EPISODES, *returns,
+            actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES, *returns,
         )  # fmt: skip
-        return bool(counted), int(steps), [float(v) for v in recent]
+        return int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent]
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

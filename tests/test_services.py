@@ -400,18 +400,21 @@ def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_count
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
     report = wire.ActorReport(name="actor-0", member=0, env_steps=100, episode_returns=np.array([9.0]),
-                              episode_lengths=np.array([9], np.int64), session=77, sequence=1)  # fmt: skip
+                              episode_lengths=np.array([9], np.int64), session=77, steps_total=100,
+                              episodes_total=1)  # fmt: skip
     actor.send(wire.encode(report))
     assert first["service"].process.wait(30) == 86, first["service"].log()
     assert store.status().env_steps == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
     start_coordinator(start_service, tmp_path, redis_url, run_id, name="second",
                       ports={k: first[k] for k in ("control", "broadcast", "metrics")})  # fmt: skip
     actor.send(wire.encode(report))  # unacknowledged: sent again
-    assert receive(actor, timeout_ms=30_000) == wire.ReportAck(1)
-    actor.send(wire.encode(dataclasses.replace(report, sequence=2, env_steps=5)))
-    assert receive(actor) == wire.ReportAck(2)
+    assert receive(actor, timeout_ms=30_000) == wire.ReportAck(steps_total=100, episodes_total=1)
+    later = dataclasses.replace(report, env_steps=5, steps_total=105, episode_returns=np.array([]),
+                                episode_lengths=np.array([], np.int64))  # fmt: skip
+    actor.send(wire.encode(later))
+    assert receive(actor) == wire.ReportAck(steps_total=105, episodes_total=1)
     status = store.status()
-    assert (status.env_steps, status.episodes) == (105, 2), status
+    assert (status.env_steps, status.episodes) == (105, 1), status
     actor.close()
 
 

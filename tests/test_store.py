@@ -30,24 +30,32 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        counted, steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
-        assert counted and steps == start + 50 and recent == store.recent_returns(0)
+        added, episodes, steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
+        assert (added, episodes, steps) == (50, 50, start + 50) and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
     assert store.status().episodes == 250
 
 
-def test_each_report_of_an_actor_session_is_counted_once(store: RunStore) -> None:
-    """A report sent again (the coordinator restarted before acknowledging it) is not counted twice;
-    a restarted actor process (another session) starts its sequence anew; sequence 0 always counts."""
-    assert store.add_actor_report("actor-0", 0, 10, [1.0], session=7, sequence=1) == (True, 10, [1.0])
-    assert store.add_actor_report("actor-0", 0, 10, [1.0], session=7, sequence=1) == (False, 10, [])
-    assert store.add_actor_report("actor-0", 0, 5, [], session=7, sequence=2)[:2] == (True, 15)
-    assert store.add_actor_report("actor-0", 0, 5, [], session=7, sequence=2)[:2] == (False, 15)
-    assert store.add_actor_report("actor-0", 0, 3, [2.0], session=8, sequence=1) == (True, 18, [2.0, 1.0])
-    assert store.add_actor_report("actor-1", 0, 2, [], session=7, sequence=1)[:2] == (True, 20)  # its own sequence
-    assert [store.add_actor_report("actor-1", 0, 1, [])[:2] for _ in range(2)] == [(True, 21), (True, 22)]
-    assert store.status().episodes == 2 and store.member_steps() == {0: 22}
+def test_an_actor_sessions_totals_count_each_step_and_episode_once(store: RunStore) -> None:
+    """A report repeated (the coordinator restarted before acknowledging it), lost or overtaken
+    adds nothing twice: what counts is what the session's totals add. Its returns are the last of
+    its episodes, the ones not yet acknowledged. Another session (a restarted actor process) starts
+    from nothing; a report without one counts as it is."""
+
+    def report(actor: str, steps: int, returns: list[float], session: int, steps_total: int,
+               episodes_total: int) -> tuple[int, int, int, list[float]]:  # fmt: skip
+        return store.add_actor_report(actor, 0, steps, returns, session, steps_total, episodes_total)
+
+    assert report("actor-0", 10, [1.0], 7, 10, 1) == (10, 1, 10, [1.0])
+    assert report("actor-0", 10, [1.0], 7, 10, 1) == (0, 0, 10, [])  # the same report again
+    # the next report was lost; this one carries its episode too, since neither was acknowledged
+    assert report("actor-0", 5, [2.0, 3.0], 7, 20, 3) == (10, 2, 20, [3.0, 2.0, 1.0])
+    assert report("actor-0", 5, [2.0], 7, 15, 2)[:3] == (0, 0, 20)  # overtaken: counted already
+    assert report("actor-0", 4, [9.0], 8, 4, 1)[:3] == (4, 1, 24)  # a new process
+    assert report("actor-1", 1, [], 7, 1, 0)[:3] == (1, 0, 25)  # another actor: its own totals
+    assert [report("actor-1", 1, [], 0, 0, 0)[:3] for _ in range(2)] == [(1, 0, 26), (1, 0, 27)]
+    assert store.status().episodes == 4 and store.member_steps() == {0: 27}
 
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
