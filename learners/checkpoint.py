@@ -13,9 +13,10 @@ pickled code. Each rank has a directory of its own, so that on Kubernetes each l
 its checkpoints on its own volume. Rank 0's file also carries the keys `rlmq eval` and `rlmq export`
 read from `checkpoint.pt` ("params", "members", "env_spec", "run_config"), so either reads it as it is.
 
-The world agrees on what it writes and what it loads (learner.py): checkpoint n is complete when
-every rank has written it, and only then does a rank prune its files beyond the newest `kept`; a
-restarted world loads the newest n that every rank holds.
+The world agrees on what it writes and what it loads, with a collective each time: checkpoint n is
+complete when every rank has written it, and only then does a rank prune its files beyond the
+newest `kept` (`write_everywhere`); a starting world loads the newest n that every rank holds
+(`newest_everywhere`).
 """
 
 from __future__ import annotations
