@@ -11,7 +11,6 @@ Redis is its only state: a restarted coordinator reloads config, weights, learne
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from rlmq.common.service import (
     StopFlag,
     announce,
 )
-from rlmq.coordinator import stragglers
+from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import EXIT_FAILPOINT, Population
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
 
@@ -71,12 +70,7 @@ class Coordinator:
             if weights is not None:
                 self.latest_weights[member] = weights
         learners = store.learners()
-        self.learner_endpoints = {rank: rec["endpoint"] for rank, rec in learners.items()}
-        # The learner world's ranks, by the socket identity each registered with: a rank that
-        # registers from another process means a new world, whose ranks must all register (and
-        # beat) before actors are handed their endpoints again.
-        self.world = {rank: str(rec["identity"]).encode() for rank, rec in learners.items()}
-        self.learner_heard: dict[int, float] = {}  # rank → when it last registered or beat (monotonic)
+        self.learners = LearnerWorld(self.run_config.num_learners, learners)
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
         self.publisher = learners[0]["identity"].encode() if 0 in learners else None
         self.fresh_from: dict[int, int] = {}  # member → first weights version after its last PBT copy
@@ -84,9 +78,6 @@ class Coordinator:
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
         self.log_reject = RejectLog(log)
-        self.pulses: dict[int, stragglers.Pulse] = {}  # learner rank → its latest heartbeat
-        self.behind: dict[int, str] = {}  # learner rank → why it holds the world up
-        self.checked_at = time.monotonic()  # the last check_learners
         self.finished_at: float | None = None
         self.final_weights = False
         self.first_step_at = store.status().first_step_at or float("inf")
@@ -107,12 +98,7 @@ class Coordinator:
         if hello.role == "learner":
             if not 0 <= hello.rank < self.run_config.num_learners:
                 raise wire.WireError("bad_value", f"learner rank {hello.rank} outside the world")
-            if self.world.get(hello.rank, identity) != identity:
-                log.info("learner rank %d registered from a new process: a new learner world", hello.rank)
-                self.world = {}
-            self.world[hello.rank] = identity
-            self.learner_heard[hello.rank] = time.monotonic()
-            self.learner_endpoints[hello.rank] = hello.experience_endpoint
+            self.learners.register(hello.rank, identity, hello.experience_endpoint)
             if hello.rank == 0:
                 self.publisher = identity
             self.store.put_learner(hello.rank, {
@@ -121,22 +107,15 @@ class Coordinator:
             })  # fmt: skip
             self.reply_assign(identity, actor_index=-1)
             self.assign_waiting_actors()
-        elif self.live_learners() < self.run_config.num_learners:
+        elif not self.learners.complete():
             self.waiting_actors[identity] = hello
             if len(self.waiting_actors) > MAX_WAITING_ACTORS:  # a flood of Hellos: the oldest go
                 del self.waiting_actors[next(iter(self.waiting_actors))]
         else:
             self.assign_actor(identity, hello)
 
-    def live_learners(self) -> int:
-        """Ranks of the current learner world heard from lately (a registration or a heartbeat):
-        actors are handed the learners' endpoints only while all are, never those of a world
-        that is gone or only half back."""
-        now = time.monotonic()
-        return sum(now - self.learner_heard.get(rank, -math.inf) <= stragglers.SILENT_S for rank in self.world)
-
     def assign_waiting_actors(self) -> None:
-        if self.waiting_actors and self.live_learners() == self.run_config.num_learners:
+        if self.waiting_actors and self.learners.complete():
             for waiting, actor_hello in self.waiting_actors.items():
                 self.assign_actor(waiting, actor_hello)
             self.waiting_actors.clear()
@@ -153,7 +132,7 @@ class Coordinator:
         assign = wire.Assign(
             run=self.cfg.run, member=member, actor_index=actor_index, config=self.run_config,
             env_spec=self.spec,
-            learner_endpoints=tuple(self.learner_endpoints[r] for r in sorted(self.learner_endpoints)),
+            learner_endpoints=self.learners.endpoint_list(),
             weights=None if learner else self.latest_weights.get(member),
             hyperparams=self.population.hyperparams() if learner else (),
             member_weights=tuple(self.latest_weights[m] for m in sorted(self.latest_weights)) if learner else (),
@@ -212,28 +191,22 @@ class Coordinator:
     def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, frame: bytes) -> None:
         if not 0 <= beat.rank < self.run_config.num_learners:
             raise wire.WireError("bad_value", f"learner rank {beat.rank} outside the world")
-        self.pulses[beat.rank] = stragglers.Pulse(time.monotonic(), beat.iteration, beat.waiting_s)
-        self.learner_heard[beat.rank] = time.monotonic()
+        self.learners.beat(beat.rank, beat.iteration, beat.waiting_s)
         self.assign_waiting_actors()
 
     def check_learners(self) -> None:
         """Name the learner ranks that hold the world up (log, metric, status), while the run lasts."""
-        now = time.monotonic()
-        away, self.checked_at = now - self.checked_at, now
-        if away > stragglers.SILENT_S:  # we were stalled (a Redis outage): their beats wait unread, not missing
-            self.pulses = {rank: p._replace(heard=p.heard + away) for rank, p in self.pulses.items()}
-        behind = stragglers.behind(self.pulses, self.run_config.num_learners, now) if self.pulses else {}
+        behind, before = self.learners.holding_up()
         for rank, why in behind.items():
-            if rank not in self.behind:
+            if rank not in before:
                 log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)
-        for rank in self.behind.keys() - behind.keys():
+        for rank in before.keys() - behind.keys():
             log.info("learner-%d (rank %d) caught up", rank, rank)
         for rank in range(self.run_config.num_learners):
             self.metrics.learner_behind.labels(str(rank)).set(rank in behind)
-        if behind.keys() != self.behind.keys():
+        if behind.keys() != before.keys():
             self.store.set_status(learners_behind="; ".join(
                 f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))  # fmt: skip
-        self.behind = behind
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
@@ -306,7 +279,7 @@ class Coordinator:
         self.last_steps = (now, steps)
         actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
-        self.metrics.connected_learners.set(self.live_learners())
+        self.metrics.connected_learners.set(self.learners.live())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         for member, value in member_means.items():
             if value is not None:
@@ -317,7 +290,7 @@ class Coordinator:
                 self.metrics.member_hyperparameter.labels(str(m), name).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
-                              learners=self.live_learners(), policy_lag=lag, updated_at=time.time(),
+                              learners=self.learners.live(), policy_lag=lag, updated_at=time.time(),
                               pbt_decisions=self.population.applied)  # fmt: skip
         self.store.append_progress({"time": time.time(), "env_steps": steps,
                                     "episodes": status.episodes,

@@ -101,7 +101,7 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
         assert assigned(first) == ("tcp://old:0", "tcp://old:1")
         learner(1, "new")  # rank 1 from a new process: the world restarted
         second = say(b"actor-1-1", wire.Hello(role="actor", name="actor-1", pid=1))
-        assert assigned(second) is None and coordinator.live_learners() == 1
+        assert assigned(second) is None and coordinator.learners.live() == 1
         learner(0, "new")
         assert assigned(second) == ("tcp://new:0", "tcp://new:1")
     finally:

@@ -1,0 +1,65 @@
+"""The coordinator's view of the learner world: which process holds each rank, where actors send
+it experience, when each rank was last heard from, and which ranks hold the world up
+(stragglers.py names them from the heartbeats).
+
+A rank registering from another process (another socket identity) means its world restarted: the
+ranks of the new world must all register again before the world counts as complete, and actors
+are handed the learners' endpoints only while every rank of the current world is live (registered
+or beating within `stragglers.SILENT_S`), never those of a world that is gone or only half back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from rlmq.coordinator import stragglers
+
+log = logging.getLogger("rlmq.coordinator")
+
+
+class LearnerWorld:
+    def __init__(self, size: int, registered: dict[int, dict[str, Any]]) -> None:
+        """`registered`: the learners' records in Redis (a restarted coordinator's starting view)."""
+        self.size = size
+        self.endpoints = {rank: str(rec["endpoint"]) for rank, rec in registered.items()}
+        self.identities = {rank: str(rec["identity"]).encode() for rank, rec in registered.items()}
+        self.heard: dict[int, float] = {}  # rank → when it last registered or beat (monotonic)
+        self.pulses: dict[int, stragglers.Pulse] = {}  # rank → its latest heartbeat
+        self.behind: dict[int, str] = {}  # rank → why it holds the world up
+        self.checked_at = time.monotonic()  # the last `holding_up`
+
+    def register(self, rank: int, identity: bytes, endpoint: str) -> None:
+        if self.identities.get(rank, identity) != identity:
+            log.info("learner rank %d registered from a new process: a new learner world", rank)
+            self.identities = {}
+        self.identities[rank] = identity
+        self.heard[rank] = time.monotonic()
+        self.endpoints[rank] = endpoint
+
+    def beat(self, rank: int, iteration: int, waiting_s: float) -> None:
+        now = time.monotonic()
+        self.pulses[rank] = stragglers.Pulse(now, iteration, waiting_s)
+        self.heard[rank] = now
+
+    def live(self) -> int:
+        """Ranks of the current world heard from lately."""
+        now = time.monotonic()
+        return sum(now - self.heard.get(rank, -math.inf) <= stragglers.SILENT_S for rank in self.identities)
+
+    def complete(self) -> bool:
+        return self.live() == self.size
+
+    def endpoint_list(self) -> tuple[str, ...]:
+        return tuple(self.endpoints[rank] for rank in sorted(self.endpoints))
+
+    def holding_up(self) -> tuple[dict[int, str], dict[int, str]]:
+        """(the ranks that hold the world up now, and why; those that did at the last call)."""
+        now = time.monotonic()
+        away, self.checked_at = now - self.checked_at, now
+        if away > stragglers.SILENT_S:  # we were stalled (a Redis outage): their beats wait unread, not missing
+            self.pulses = {rank: p._replace(heard=p.heard + away) for rank, p in self.pulses.items()}
+        before, self.behind = self.behind, stragglers.behind(self.pulses, self.size, now) if self.pulses else {}
+        return self.behind, before
