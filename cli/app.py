@@ -222,7 +222,8 @@ def up(
                                     redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
                                     bind_host=bind_host, collective_timeout_s=collective_timeout)  # fmt: skip
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
-        typer.echo(f"error: {exc}. Fix the flag or the --config file (fields: common/config.py).", err=True)
+        fix = "" if resume is not None else ". Fix the flag or the --config file (fields: common/config.py)."
+        typer.echo(f"error: {exc}{fix}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     try:
         probe_run_dir(up_cfg.run_dir)
