@@ -117,3 +117,20 @@ def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], wo
     output, _ = up.communicate(timeout=60)
     assert up.returncode == 2, output
     assert words in output and "Traceback" not in output
+
+
+def test_resume_and_a_used_run_directory_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    def up(*args: str) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", *args], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = up("--resume", str(tmp_path / "nothing"))
+    assert code == 2 and "not a run directory of rlmq up" in out and "Traceback" not in out, out
+    used = tmp_path / "used"
+    (used / "checkpoints" / "rank0").mkdir(parents=True)
+    (used / "checkpoints" / "rank0" / "00000001.pt").write_bytes(b"")
+    code, out = up("--run-dir", str(used))
+    assert code == 2 and f"continue it with --resume {used}" in out, out
+    code, out = up("--resume", str(used), "--run-dir", str(used))
+    assert code == 2 and "drop --config and --run-dir" in out, out
