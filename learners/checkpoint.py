@@ -177,11 +177,13 @@ def newest_everywhere(files: Checkpoints | None, device: torch.device) -> tuple[
 
 def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, Any], device: torch.device) -> bool:
     """Every rank writes checkpoint `number`; once all have (a collective says so), each prunes its
-    oldest. False (logged) if some rank could not write it: the last complete one stands."""
+    oldest. False if some rank did not write it (logged, unless no rank keeps checkpoints): the last
+    complete one stands."""
     written = files is not None and files.write(number, state)
-    everywhere, _ = distributed.extremes(int(written), device)
+    everywhere, somewhere = distributed.extremes(int(written), device)
     if not everywhere:
-        log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
+        if somewhere:
+            log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
         return False
     assert files is not None
     files.prune(number)

@@ -305,7 +305,8 @@ class Learner:
             self.heartbeat.enter()
             agreed = distributed.agree(ready, self.members.overdue(), self.stop.is_set() or limit_hit,
                                        self.members.batch_samples(), len(offer),
-                                       self.cfg.rank == 0 and checkpoint_due.due(), device)  # fmt: skip
+                                       self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
+                                       device)  # fmt: skip
             if agreed.decision_bytes:
                 replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
