@@ -71,14 +71,15 @@ def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, r
 
     if best not in published:  # no weights of its own in Redis yet: still keep a policy
         best = min(published)
+    unknown = MemberRecord(hyperparams={})  # a member Redis has no record of (yet)
     members = {
         member: {
             "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
             "version": weights.version,
             "trained_steps": weights.trained_steps,
-            "hyperparams": {k: float(v) for k, v in records[member].hyperparams.items()} if member in records else {},
-            "generation": records[member].generation if member in records else 0,
-            "parent": records[member].parent if member in records else -1,
+            "hyperparams": {k: float(v) for k, v in records.get(member, unknown).hyperparams.items()},
+            "generation": records.get(member, unknown).generation,
+            "parent": records.get(member, unknown).parent,
         }
         for member, weights in published.items()
     }
