@@ -2,7 +2,7 @@
 `NumpyEncoder`) against torch's (`ActorCritic`, no_grad), on one thread, at an actor's batch.
 
 For each case (MinAtar's 10×10×4 frames through its convolution, Atari's 4×84×84 stacks through
-the Nature CNN), both sides take the same weights and the same observations in the env's dtype
+the Nature CNN, and each of them through IMPALA's ResNet), both sides take the same weights and the same observations in the env's dtype
 (torch's side converts them as the learners do: `obs_features`), and `--rounds` rounds alternate
 `--calls` timed calls of each side. Prints the median µs per call of each and the ratio
 torch / NumPy (> 1: NumPy is faster).
@@ -26,9 +26,13 @@ from rlmq.common.models import NumpyPolicy  # noqa: E402
 from rlmq.common.schema import EnvSpec, obs_features  # noqa: E402
 from rlmq.learners.networks import ActorCritic, to_numpy_params  # noqa: E402
 
-CASES = {
-    "minatar": (EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3), (256,), 16),
-    "nature": (EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6), (512,), 8),
+MINATAR = EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3)
+ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6)
+CASES = {  # name: (observations, encoder, hidden sizes of the heads, actor batch)
+    "minatar": (MINATAR, "minatar", (256,), 16),
+    "nature": (ATARI, "nature", (512,), 8),
+    "impala-minatar": (MINATAR, "impala", (256,), 16),
+    "impala-atari": (ATARI, "impala", (256,), 8),
 }
 
 
@@ -44,13 +48,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
     args = parser.parse_args()
     torch.set_num_threads(1)
     print("| case | batch | NumPy µs/call | torch µs/call | torch / NumPy |\n|:--|--:|--:|--:|--:|")
-    for name, (spec, hidden, batch) in CASES.items():
+    for name in args.cases:
+        spec, encoder, hidden, batch = CASES[name]
         torch.manual_seed(0)
-        net = ActorCritic(spec, hidden, encoder=name).eval()
-        policy = NumpyPolicy(to_numpy_params(net), spec, encoder=name)
+        net = ActorCritic(spec, hidden, encoder=encoder).eval()
+        policy = NumpyPolicy(to_numpy_params(net), spec, encoder=encoder)
         rng = np.random.default_rng(0)
         obs = (rng.random((batch, *spec.obs_shape)) < 0.3) if spec.obs_dtype == "bool" else \
             rng.integers(0, 256, (batch, *spec.obs_shape), dtype=np.uint8)  # fmt: skip

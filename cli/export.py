@@ -21,7 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from rlmq.cli.evaluate import Checkpoint, policy_of
+from rlmq.common.images import Layer
 from rlmq.common.models import NumpyPolicy
+from rlmq.learners.encoders import run_plan
 
 
 class ExportedPolicy(nn.Module):
@@ -31,14 +33,16 @@ class ExportedPolicy(nn.Module):
         super().__init__()
         spec = policy.spec
         self.categories, self.relu, self.head = spec.obs_categories, policy.activation_name == "relu", policy.head
-        self.convs = nn.ModuleList()  # the convolutional encoder, if the policy has one
+        self.convs = nn.ModuleList()  # the convolutional encoder's, if the policy has one
         encoder = policy.encoder
+        self.plan: tuple[Layer, ...] = ()
         self.image_shape, self.channels_last, self.pixel_scale = (1, 1, 1), False, 1.0
         if encoder is not None:
-            layout = encoder.layout
+            layout, self.plan = encoder.layout, encoder.plan
             self.image_shape, self.channels_last, self.pixel_scale = layout.shape, layout.channels_last, layout.scale
-            for columns, bias, conv in encoder.layers:  # columns [C·k·k, out], as NumpyEncoder multiplies
-                layer = nn.Conv2d(columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride)
+            for columns, bias, conv in encoder.convs:  # columns [C·k·k, out], as NumpyEncoder multiplies
+                layer = nn.Conv2d(columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride,
+                                  conv.padding)  # fmt: skip
                 layer.weight.data = torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(layer.weight.shape)
                 layer.bias = nn.Parameter(torch.from_numpy(bias))
                 self.convs.append(layer)
@@ -68,10 +72,7 @@ class ExportedPolicy(nn.Module):
             x = x.reshape(x.shape[0], self.image_shape[0], self.image_shape[1], self.image_shape[2])
             if self.channels_last:
                 x = x.permute(0, 3, 1, 2)
-            x = x * self.pixel_scale
-            for conv in self.convs:
-                x = torch.relu(conv(x))
-            x = x.flatten(1)
+            x = run_plan(self.plan, x * self.pixel_scale, lambda i, inputs, _conv: self.convs[i](inputs)).flatten(1)
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:

@@ -3,10 +3,13 @@ front of their heads, and the encoder's forward pass in NumPy, as the actors run
 
 An encoder reads an observation as the networks' features give it (`schema.obs_features`: the
 observation flattened to float32, normalized if the run normalizes observations), puts it back into
-an image [C, H, W], scales bytes to [0, 1] and runs ReLU convolutions without padding; its output,
-flattened channel-major as torch's `nn.Flatten` does, feeds the policy, value or Q heads. Learners
-train it in torch (`rlmq.learners.encoders`), the actors run it here: the state-dict names
-``encoder.{2i}.weight`` / ``encoder.{2i}.bias`` are the contract between the two.
+an image [C, H, W], scales bytes to [0, 1] and runs its layers in order; its output, flattened
+channel-major as torch's `nn.Flatten` does, feeds the policy, value or Q heads. The layers are
+declared once here, as a flat plan of a few kinds (`Layer`) that every forward pass walks: the
+actors' in NumPy (`NumpyEncoder`), the learners' in torch for one member or a population
+(`rlmq.learners.encoders`) and the exported policy's. The state-dict names ``encoder.{2i}.weight``
+/ ``encoder.{2i}.bias`` of the i-th convolution are the contract between them (i counts the
+plan's convolutions: a plain stack's names are those of an `nn.Sequential` of Conv2d and ReLU).
 
 An image is a Box of three dimensions: channels first ([C, H, W]: gymnasium's frame stack of
 Atari frames) or last ([H, W, C]: MinAtar, most renders), told apart by which end is the narrower.
@@ -24,18 +27,58 @@ from rlmq.common.schema import EnvSpec
 
 @dataclass(frozen=True)
 class Conv:
-    """One convolution: output channels, square kernel, stride (no padding)."""
+    """A convolution (output channels, square kernel, stride, zeros padded on each side), then a
+    ReLU unless `relu` is False."""
 
     channels: int
     kernel: int
     stride: int
+    padding: int = 0
+    relu: bool = True
 
 
-ENCODERS: dict[str, tuple[Conv, ...]] = {
+@dataclass(frozen=True)
+class MaxPool:
+    """Max over square windows; the padding counts as −∞ (torch's `max_pool2d`)."""
+
+    kernel: int
+    stride: int
+    padding: int
+
+
+@dataclass(frozen=True)
+class ReLU:
+    pass
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Remember the activations here for the next `AddSkip` (a residual connection's start)."""
+
+
+@dataclass(frozen=True)
+class AddSkip:
+    """Add the activations `Skip` remembered (shapes equal)."""
+
+
+Layer = Conv | MaxPool | ReLU | Skip | AddSkip
+
+
+def impala_stage(channels: int) -> tuple[Layer, ...]:
+    """One of the IMPALA ResNet's stages (Espeholt et al. 2018, fig. 3): a 3×3 convolution, a 3×3
+    max-pool of stride 2 and two residual blocks x + conv(relu(conv(relu(x))))."""
+    residual = (Skip(), ReLU(), Conv(channels, 3, 1, 1), Conv(channels, 3, 1, 1, relu=False), AddSkip())
+    return Conv(channels, 3, 1, 1, relu=False), MaxPool(3, 2, 1), *residual, *residual
+
+
+ENCODERS: dict[str, tuple[Layer, ...]] = {
     # Mnih et al. 2015 (the Nature DQN), for 84×84 frames: 3,136 features.
     "nature": (Conv(32, 8, 4), Conv(64, 4, 2), Conv(64, 3, 1)),
     # Young & Tian 2019 (MinAtar's DQN and actor-critic), for 10×10 frames: 1,024 features.
     "minatar": (Conv(16, 3, 1),),
+    # IMPALA's ResNet: three stages of 16, 32, 32 channels, then a ReLU; any image size (84×84:
+    # 3,872 features, 10×10: 128). Named only (encoder = "impala"), never picked by "auto".
+    "impala": (*impala_stage(16), *impala_stage(32), *impala_stage(32), ReLU()),
 }
 # What `RunConfig.encoder` may say: "auto" picks by the observation (`resolve_encoder`), "mlp" none.
 ENCODER_CHOICES = ("auto", "mlp", *ENCODERS)
@@ -73,12 +116,20 @@ def image_layout(spec: EnvSpec) -> ImageLayout | None:
     return ImageLayout(channels, height, width, False, scale)
 
 
-def conv_output(layout: ImageLayout, convs: tuple[Conv, ...]) -> tuple[int, int, int]:
-    """(channels, height, width) after `convs`; a side below 1 means the image is too small."""
+def convolutions(layers: tuple[Layer, ...]) -> list[Conv]:
+    """The plan's convolutions in order: the i-th holds ``encoder.{2i}.*``."""
+    return [layer for layer in layers if isinstance(layer, Conv)]
+
+
+def conv_output(layout: ImageLayout, layers: tuple[Layer, ...]) -> tuple[int, int, int]:
+    """(channels, height, width) after `layers`; a side below 1 means the image is too small."""
     channels, height, width = layout.channels, layout.height, layout.width
-    for conv in convs:
-        channels = conv.channels
-        height, width = (height - conv.kernel) // conv.stride + 1, (width - conv.kernel) // conv.stride + 1
+    for layer in layers:
+        if isinstance(layer, Conv | MaxPool):
+            height, width = (
+                (side + 2 * layer.padding - layer.kernel) // layer.stride + 1 for side in (height, width))
+        if isinstance(layer, Conv):
+            channels = layer.channels
     return channels, height, width
 
 
@@ -130,21 +181,22 @@ class NumpyEncoder:
     def __init__(self, params: dict[str, np.ndarray], spec: EnvSpec, encoder: str) -> None:
         layout = image_layout(spec)
         names = encoder_layer_names(params)
-        if layout is None or encoder not in ENCODERS or len(names) != len(ENCODERS[encoder]):
+        convs = convolutions(ENCODERS.get(encoder, ()))
+        if layout is None or encoder not in ENCODERS or len(names) != len(convs):
             raise ValueError(f"weights hold {len(names)} encoder convolutions, the run's encoder "
-                             f"{encoder!r} for observations {spec.obs_shape} needs {len(ENCODERS.get(encoder, ()))}")  # fmt: skip
-        self.layout, self.convs = layout, ENCODERS[encoder]
+                             f"{encoder!r} for observations {spec.obs_shape} needs {len(convs)}")  # fmt: skip
+        self.layout, self.plan = layout, ENCODERS[encoder]
         # (weight [C·k·k, out] in the windows' (C, kh, kw) order, bias [out], the convolution)
-        self.layers: list[tuple[np.ndarray, np.ndarray, Conv]] = []
+        self.convs: list[tuple[np.ndarray, np.ndarray, Conv]] = []
         channels = layout.channels
-        for conv, (w, b) in zip(self.convs, names, strict=True):
+        for conv, (w, b) in zip(convs, names, strict=True):
             weight, bias = params[w].astype(np.float32), params[b].astype(np.float32)
             if weight.shape != (conv.channels, channels, conv.kernel, conv.kernel) or bias.shape != (conv.channels,):
                 raise ValueError(f"{w} is {weight.shape}, the encoder needs "
                                  f"{(conv.channels, channels, conv.kernel, conv.kernel)}")  # fmt: skip
-            self.layers.append((np.ascontiguousarray(weight.reshape(conv.channels, -1).T), bias, conv))
+            self.convs.append((np.ascontiguousarray(weight.reshape(conv.channels, -1).T), bias, conv))
             channels = conv.channels
-        self.size = math.prod(conv_output(layout, self.convs))
+        self.size = math.prod(conv_output(layout, self.plan))
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         """[N, obs_size] float32 features → [N, size], channel-major as torch flattens."""
@@ -153,9 +205,29 @@ class NumpyEncoder:
             x = x.transpose(0, 2, 3, 1)
         if self.layout.scale != 1.0:
             x = x * np.float32(self.layout.scale)
-        for weight, bias, conv in self.layers:
-            windows = np.lib.stride_tricks.sliding_window_view(x, (conv.kernel, conv.kernel), axis=(1, 2))
-            windows = windows[:, :: conv.stride, :: conv.stride]  # [N, H', W', C, k, k]
-            columns = windows.reshape(*windows.shape[:3], -1)  # a copy: the im2col matrix
-            x = np.maximum(columns @ weight + bias, 0)  # [N, H', W', out]
+        convs, skip = iter(self.convs), x
+        for layer in self.plan:
+            if isinstance(layer, Conv):
+                weight, bias, _conv = next(convs)
+                x = windows(x, layer.kernel, layer.stride, layer.padding, 0.0)
+                x = x.reshape(*x.shape[:3], -1) @ weight + bias  # the reshape copies: the im2col matrix
+                if layer.relu:
+                    np.maximum(x, 0, out=x)
+            elif isinstance(layer, MaxPool):
+                x = windows(x, layer.kernel, layer.stride, layer.padding, -np.inf).max(axis=(4, 5))
+            elif isinstance(layer, ReLU):
+                x = np.maximum(x, 0)  # a new array: a `Skip` may hold the old one
+            elif isinstance(layer, Skip):
+                skip = x
+            else:
+                x = x + skip
         return x.transpose(0, 3, 1, 2).reshape(len(x), -1)
+
+
+def windows(x: np.ndarray, kernel: int, stride: int, padding: int, pad_value: float) -> np.ndarray:
+    """[N, H, W, C] → every (kernel × kernel) window at `stride`, [N, H', W', C, k, k] (a view
+    unless padded)."""
+    if padding:
+        x = np.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)), constant_values=pad_value)
+    view = np.lib.stride_tricks.sliding_window_view(x, (kernel, kernel), axis=(1, 2))
+    return view[:, ::stride, ::stride]

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from rlmq.common.config import DQNConfig
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.encoders import conv_stack, encode, image_encoder
+from rlmq.learners.encoders import ConvEncoder, encode, image_encoder
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import relu_mlp
 from rlmq.learners.optim import (
@@ -51,7 +51,7 @@ class QNetwork(nn.Module):
         super().__init__()
         image = image_encoder(spec, encoder)
         if image is not None:  # first: its parameters lead the state dict, as the actors read it
-            self.encoder = conv_stack(image)
+            self.encoder = ConvEncoder(image)
         self.image = image
         self.policy = relu_mlp([encoded_size(spec, encoder), *hidden, spec.action_dim])
 

@@ -1,36 +1,53 @@
 """The convolutional encoder in torch (declared in `rlmq.common.images`): one member's, and a whole
 population's as grouped convolutions, one kernel call per layer for every member.
 
-A member's encoder is an `nn.Sequential` of Conv2d and ReLU whose state-dict names
-(``encoder.{2i}.weight``) the actors' `NumpyEncoder` reads. P members stacked (`networks.Stacked`)
-keep their convolution weights as [P, out, in, k, k] views into their one flat parameter. On a GPU
-the population's images go through `conv2d(groups=P)` with the members side by side along the
-channel axis: each member's output channels see only its own input channels and kernels, so the
-result equals P separate convolutions, in one kernel launch per layer. On the CPU oneDNN's grouped
-kernels (4 or 32 channels a group) took twice as long as one ordinary convolution per member
-(benchmarks/RESULTS.md §10), so there each member's convolutions run in turn; the heads behind
-them stay one batched matmul for the population. Both ways are held to the loop over members
-(`tests/test_encoders.py`, `tests/test_population.py`).
+A member's encoder is a `ConvEncoder` whose i-th convolution is its submodule ``{2i}``, so that
+its state-dict names (``encoder.{2i}.weight``) are those the actors' `NumpyEncoder` reads (and, for
+a plain stack, those of an `nn.Sequential` of Conv2d and ReLU). P members stacked
+(`networks.Stacked`) keep their convolution weights as [P, out, in, k, k] views into their one flat
+parameter. On a GPU the population's images go through `conv2d(groups=P)` with the members side by
+side along the channel axis: each member's output channels see only its own input channels and
+kernels, so the result equals P separate convolutions, in one kernel launch per layer (pooling,
+ReLUs and residual sums act on each channel alone, so they need no change). On the CPU oneDNN's
+grouped kernels (4 or 32 channels a group) took twice as long as one ordinary convolution per member
+(benchmarks/RESULTS.md §10), so there each member's layers run in turn; the heads behind them stay
+one batched matmul for the population. All three ways walk the same plan (`run_plan`) and are held
+to one another (`tests/test_encoders.py`, `tests/test_population.py`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.images import ENCODERS, Conv, ImageLayout, image_layout
+from rlmq.common.images import (
+    ENCODERS,
+    Conv,
+    ImageLayout,
+    Layer,
+    MaxPool,
+    ReLU,
+    Skip,
+    convolutions,
+    image_layout,
+)
 from rlmq.common.schema import EnvSpec
 
 
 class ImageEncoder(NamedTuple):
-    """What a network needs to encode observations: their layout and the convolutions."""
+    """What a network needs to encode observations: their layout and the encoder's plan."""
 
     layout: ImageLayout
-    convs: tuple[Conv, ...]
+    plan: tuple[Layer, ...]
+
+    @property
+    def conv_names(self) -> list[str]:
+        """The state-dict prefix of each convolution, in the plan's order."""
+        return [f"encoder.{2 * i}" for i in range(len(convolutions(self.plan)))]
 
 
 def image_encoder(spec: EnvSpec, encoder: str) -> ImageEncoder | None:
@@ -41,17 +58,51 @@ def image_encoder(spec: EnvSpec, encoder: str) -> ImageEncoder | None:
     return ImageEncoder(layout, ENCODERS[encoder])
 
 
-def conv_stack(image: ImageEncoder) -> nn.Sequential:
-    """One member's convolutions and ReLUs, orthogonally initialised with gain √2 (as CleanRL)."""
-    layers: list[nn.Module] = []
-    channels = image.layout.channels
-    for conv in image.convs:
-        layer = nn.Conv2d(channels, conv.channels, conv.kernel, conv.stride)
-        nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
-        nn.init.zeros_(layer.bias)  # type: ignore[arg-type]  # Conv2d's bias is there (bias=True)
-        layers += [layer, nn.ReLU()]
-        channels = conv.channels
-    return nn.Sequential(*layers)
+ConvCall = Callable[[int, Tensor, Conv], Tensor]  # (convolution's index, input, its declaration) → output
+
+
+def run_plan(plan: tuple[Layer, ...], x: Tensor, conv: ConvCall) -> Tensor:
+    """[N, C, H, W] through `plan`, each convolution by `conv` (one member's weights, or the
+    population's grouped)."""
+    index, skip = 0, x
+    for layer in plan:
+        if isinstance(layer, Conv):
+            x = conv(index, x, layer)
+            index += 1
+            if layer.relu:
+                x = x.relu_()  # a fresh output: nothing else holds it
+        elif isinstance(layer, MaxPool):
+            x = nn.functional.max_pool2d(x, layer.kernel, layer.stride, layer.padding)
+        elif isinstance(layer, ReLU):
+            x = x.relu()  # not in place: a `Skip` may hold x
+        elif isinstance(layer, Skip):
+            skip = x
+        else:
+            x = x + skip
+    return x
+
+
+class ConvEncoder(nn.Module):
+    """One member's encoder: the plan's convolutions as submodules ``0``, ``2``, ``4``, …,
+    orthogonally initialised with gain √2 (as CleanRL)."""
+
+    def __init__(self, image: ImageEncoder) -> None:
+        super().__init__()
+        self.plan = image.plan
+        channels = image.layout.channels
+        for i, conv in enumerate(convolutions(self.plan)):
+            layer = nn.Conv2d(channels, conv.channels, conv.kernel, conv.stride, conv.padding)
+            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+            nn.init.zeros_(layer.bias)  # type: ignore[arg-type]  # Conv2d's bias is there (bias=True)
+            self.add_module(str(2 * i), layer)
+            channels = conv.channels
+
+    def conv(self, index: int) -> nn.Conv2d:
+        layer: nn.Conv2d = getattr(self, str(2 * index))
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return run_plan(self.plan, x, lambda i, inputs, _conv: self.conv(i)(inputs))
 
 
 def images(features: Tensor, layout: ImageLayout) -> Tensor:
@@ -62,31 +113,33 @@ def images(features: Tensor, layout: ImageLayout) -> Tensor:
     return x * layout.scale if layout.scale != 1.0 else x
 
 
-def encode(convs: nn.Sequential, layout: ImageLayout, features: Tensor) -> Tensor:
+def encode(encoder: ConvEncoder, layout: ImageLayout, features: Tensor) -> Tensor:
     """One member: [..., obs_size] features → [..., encoded size], flattened channel-major."""
     lead = features.shape[:-1]
-    out: Tensor = convs(images(features.reshape(-1, features.shape[-1]), layout))
+    out: Tensor = encoder(images(features.reshape(-1, features.shape[-1]), layout))
     return out.reshape(*lead, -1)
 
 
 def stacked_encode(features: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], image: ImageEncoder,
                    grouped: bool | None = None) -> Tensor:  # fmt: skip
-    """P members: [P, N, obs_size] features, each layer's weights [P, out, in, k, k] and biases
-    [P, out] → [P, N, encoded size]; through one grouped convolution per layer if `grouped`
-    (None: on a GPU), else through each member's convolutions in turn."""
+    """P members: [P, N, obs_size] features, each convolution's weights [P, out, in, k, k] and
+    biases [P, out] → [P, N, encoded size]; through one grouped convolution per layer if `grouped`
+    (None: on a GPU), else through each member's layers in turn."""
     if not (features.is_cuda if grouped is None else grouped):
         members = []
         for m, member_features in enumerate(features):
-            x = images(member_features, image.layout)
-            for weight, bias, conv in zip(weights, biases, image.convs, strict=True):
-                x = nn.functional.conv2d(x, weight[m], bias[m], stride=conv.stride).relu_()
-            members.append(x.flatten(1))
+            def member_conv(i: int, x: Tensor, conv: Conv, m: int = m) -> Tensor:
+                return nn.functional.conv2d(x, weights[i][m], biases[i][m], conv.stride, conv.padding)
+
+            members.append(run_plan(image.plan, images(member_features, image.layout), member_conv).flatten(1))
         return torch.stack(members)
     population, samples = features.shape[:2]
+
+    def grouped_conv(i: int, x: Tensor, conv: Conv) -> Tensor:
+        return nn.functional.conv2d(x, weights[i].reshape(-1, *weights[i].shape[2:]), biases[i].reshape(-1),
+                                    conv.stride, conv.padding, groups=population)  # fmt: skip
+
     x = images(features.reshape(population * samples, -1), image.layout)  # [P·N, C, H, W]
     x = x.reshape(population, samples, *x.shape[1:]).transpose(0, 1)  # [N, P, C, H, W]
-    x = x.reshape(samples, -1, *x.shape[3:])  # members side by side along the channels
-    for weight, bias, conv in zip(weights, biases, image.convs, strict=True):
-        x = nn.functional.conv2d(x, weight.reshape(-1, *weight.shape[2:]), bias.reshape(-1), stride=conv.stride,
-                                 groups=population).relu_()  # fmt: skip
+    x = run_plan(image.plan, x.reshape(samples, -1, *x.shape[3:]), grouped_conv)  # members side by side along the channels
     return x.reshape(samples, population, -1).transpose(0, 1).contiguous()

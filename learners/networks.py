@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.encoders import ImageEncoder, conv_stack, encode, image_encoder, stacked_encode
+from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
 from rlmq.learners.stacked_mlp import Activation, Tower, fast_tanh, stacked_mlp, stacked_towers
 
 
@@ -46,7 +46,7 @@ class ActorCritic(nn.Module):
         self.discrete = spec.action_kind == "discrete"
         self.image = image_encoder(spec, encoder)
         if self.image is not None:  # first: its parameters lead the state dict, as the actors read it
-            self.encoder = conv_stack(self.image)
+            self.encoder = ConvEncoder(self.image)
         width = encoded_size(spec, encoder)
         self.policy = mlp([width, *hidden_sizes, spec.action_dim], out_gain=0.01)
         self.value = mlp([width, *hidden_sizes, 1], out_gain=1.0)
@@ -126,7 +126,7 @@ class Stacked(nn.Module):
         """[P, N, obs_size] features → [P, N, width] the heads take: through the encoder, if any."""
         if self.image is None:
             return obs
-        convs = [f"encoder.{2 * i}" for i in range(len(self.image.convs))]
+        convs = self.image.conv_names
         return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs], [self.tensor(f"{c}.bias") for c in convs],
                               self.image)  # fmt: skip
 

@@ -23,6 +23,8 @@ CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, act
 # Images ([H, W, C] bytes, and [C, H, W] floats) through MinAtar's convolution (common/images.py).
 IMAGE = EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=3)
 IMAGE_CONTINUOUS = EnvSpec(obs_shape=(2, 6, 5), action_kind="continuous", action_dim=2)
+# Through IMPALA's ResNet: padded convolutions, max-pools and residual sums.
+IMAGE_RESNET = EnvSpec(obs_shape=(6, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=3)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CI has none)")
 
 
@@ -45,6 +47,8 @@ def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: i
 
 
 def encoder_of(spec: EnvSpec) -> str:
+    if spec is IMAGE_RESNET:
+        return "impala"
     return "minatar" if len(spec.obs_shape) == 3 else "mlp"
 
 
@@ -96,10 +100,11 @@ def cpu_matmul(request: pytest.FixtureRequest) -> str:
 
 @pytest.mark.parametrize("spec,minibatches,device,normalize", [
     (DISCRETE, 2, "cpu", True), (CONTINUOUS, 1, "cpu", True), (CONTINUOUS, 2, "cpu", False), (IMAGE, 2, "cpu", True),
-    (IMAGE_CONTINUOUS, 1, "cpu", True),
+    (IMAGE_CONTINUOUS, 1, "cpu", True), (IMAGE_RESNET, 2, "cpu", True),
     pytest.param(DISCRETE, 2, "cuda", True, marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", True, marks=CUDA),
     pytest.param(IMAGE, 2, "cuda", True, marks=CUDA),
-], ids=["discrete-2mb", "continuous", "continuous-raw-advantages", "image-2mb", "image-continuous", "discrete-2mb-cuda",
+], ids=["discrete-2mb", "continuous", "continuous-raw-advantages", "image-2mb", "image-continuous", "resnet-2mb",
+        "discrete-2mb-cuda",
         "continuous-cuda", "image-2mb-cuda"])  # fmt: skip
 def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str, normalize: bool,
                                                         cpu_matmul: str) -> None:  # fmt: skip
@@ -121,9 +126,13 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
                 "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
                for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
     hp = per_member(ppo.MemberHyperparams, members, torch.device(device))
-    cfg = PPOConfig(epochs=3, minibatches=minibatches, normalize_advantage=normalize)
+    # Through IMPALA's max-pools one update of one epoch: which input of a window is the largest can
+    # flip with a float32 rounding, and then that window's gradient goes elsewhere, so each further
+    # step widens the gap (~1e-2 after 3 updates of 3 epochs; ~1e-6 after the first 2 steps).
+    resnet = encoder_of(spec) == "impala"
+    cfg = PPOConfig(epochs=1 if resnet else 3, minibatches=minibatches, normalize_advantage=normalize)
     anneal = torch.tensor([1.0, 0.5, 0.8, 1.0], device=device)
-    for step in range(3):
+    for step in range(1 if resnet else 3):
         batch = ppo.Batch(*(t.to(device) for t in random_batch(spec, population, 6, 5, seed=10 + step)))
         if step > 0:  # member 3 trains once, then has no data anywhere: inactive, with momentum
             batch.valid[3] = False
