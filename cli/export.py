@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from rlmq.cli.evaluate import Checkpoint, policy_of
 from rlmq.common.images import Layer
 from rlmq.common.models import NumpyPolicy
-from rlmq.learners.encoders import run_plan
+from rlmq.common.torch_images import run_plan
 
 
 class ExportedPolicy(nn.Module):

@@ -80,6 +80,10 @@ ENCODERS: dict[str, tuple[Layer, ...]] = {
     # 3,872 features, 10×10: 128). Named only (encoder = "impala"), never picked by "auto".
     "impala": (*impala_stage(16), *impala_stage(32), *impala_stage(32), ReLU()),
 }
+# The encoders whose forward pass actors run in torch (`common/torch_images.py`, imported only
+# then): at an actor's batch, torch's convolutions are faster than NumPy's im2col matmuls for these
+# and slower for MinAtar's one small convolution (RESULTS.md §10, `bench_encoder_forward.py`).
+TORCH_IN_ACTORS = frozenset({"nature", "impala"})
 # What `RunConfig.encoder` may say: "auto" picks by the observation (`resolve_encoder`), "mlp" none.
 ENCODER_CHOICES = ("auto", "mlp", *ENCODERS)
 NATURE_MIN_SIDE = 36  # the Nature CNN's three layers need a side of at least 36 pixels

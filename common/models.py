@@ -3,8 +3,9 @@
 Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict names are the contract
 read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of a tanh MLP,
 ``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
-policy (run by `rlmq.common.images.NumpyEncoder`). NumPy keeps torch out of actor processes (64 actors would
-otherwise import it 64 times) and, at these sizes, is cheaper per call than torch (~65 µs).
+policy (run by `rlmq.common.images.NumpyEncoder`, or by torch for the large encoders:
+`images.TORCH_IN_ACTORS`). NumPy keeps torch out of actor processes (64 actors would otherwise
+import it 64 times) and, at these sizes, is cheaper per call than torch (~65 µs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlmq.common.config import RunConfig
-from rlmq.common.images import NumpyEncoder, encoder_layer_names
+from rlmq.common.images import TORCH_IN_ACTORS, NumpyEncoder, encoder_layer_names
 from rlmq.common.schema import OBS_NORM_KEYS, EnvSpec, obs_features, obs_normalizer
 from rlmq.common.wire import Params
 
@@ -42,7 +43,7 @@ class NumpyPolicy:
     """Samples actions and their log-probabilities from a tanh MLP policy (PPO's)."""
 
     def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
-                 encoder: str = "mlp") -> None:  # fmt: skip
+                 encoder: str = "mlp", torch_encoder: bool | None = None) -> None:  # fmt: skip
         self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
@@ -58,6 +59,12 @@ class NumpyPolicy:
         self.encoder = None if encoder == "mlp" else NumpyEncoder(params, spec, encoder)
         if self.encoder is None and encoder_layer_names(params):
             raise ValueError("weights hold encoder.* convolutions, and the run's encoder is \"mlp\"")
+        # What runs it: torch for the large encoders (`torch_encoder` None), imported only here.
+        self._encode: Callable[[np.ndarray], np.ndarray] | None = self.encoder
+        if self.encoder is not None and (encoder in TORCH_IN_ACTORS if torch_encoder is None else torch_encoder):
+            from rlmq.common.torch_images import TorchEncoder
+
+            self._encode = TorchEncoder(self.encoder)
         width = spec.obs_size if self.encoder is None else self.encoder.size  # each layer takes what the one before gives
         for weight, bias in self.layers:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
@@ -79,8 +86,8 @@ class NumpyPolicy:
         x = obs_features(obs, self.spec)
         if self.norm is not None:
             x = self.norm(x)
-        if self.encoder is not None:
-            x = self.encoder(x)
+        if self._encode is not None:
+            x = self._encode(x)
         for weight, bias in self.layers[:-1]:
             x = self.activation(x @ weight + bias)
         weight, bias = self.layers[-1]

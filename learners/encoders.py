@@ -11,31 +11,22 @@ kernels, so the result equals P separate convolutions, in one kernel launch per 
 ReLUs and residual sums act on each channel alone, so they need no change). On the CPU oneDNN's
 grouped kernels (4 or 32 channels a group) took twice as long as one ordinary convolution per member
 (benchmarks/RESULTS.md §10), so there each member's layers run in turn; the heads behind them stay
-one batched matmul for the population. All three ways walk the same plan (`run_plan`) and are held
+one batched matmul for the population. All three ways walk the same plan (`torch_images.run_plan`) and are held
 to one another (`tests/test_encoders.py`, `tests/test_population.py`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.images import (
-    ENCODERS,
-    Conv,
-    ImageLayout,
-    Layer,
-    MaxPool,
-    ReLU,
-    Skip,
-    convolutions,
-    image_layout,
-)
+from rlmq.common.images import ENCODERS, Conv, ImageLayout, Layer, convolutions, image_layout
 from rlmq.common.schema import EnvSpec
+from rlmq.common.torch_images import images, run_plan
 
 
 class ImageEncoder(NamedTuple):
@@ -56,30 +47,6 @@ def image_encoder(spec: EnvSpec, encoder: str) -> ImageEncoder | None:
     if encoder == "mlp" or layout is None:
         return None
     return ImageEncoder(layout, ENCODERS[encoder])
-
-
-ConvCall = Callable[[int, Tensor, Conv], Tensor]  # (convolution's index, input, its declaration) → output
-
-
-def run_plan(plan: tuple[Layer, ...], x: Tensor, conv: ConvCall) -> Tensor:
-    """[N, C, H, W] through `plan`, each convolution by `conv` (one member's weights, or the
-    population's grouped)."""
-    index, skip = 0, x
-    for layer in plan:
-        if isinstance(layer, Conv):
-            x = conv(index, x, layer)
-            index += 1
-            if layer.relu:
-                x = x.relu_()  # a fresh output: nothing else holds it
-        elif isinstance(layer, MaxPool):
-            x = nn.functional.max_pool2d(x, layer.kernel, layer.stride, layer.padding)
-        elif isinstance(layer, ReLU):
-            x = x.relu()  # not in place: a `Skip` may hold x
-        elif isinstance(layer, Skip):
-            skip = x
-        else:
-            x = x + skip
-    return x
 
 
 class ConvEncoder(nn.Module):
@@ -103,14 +70,6 @@ class ConvEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return run_plan(self.plan, x, lambda i, inputs, _conv: self.conv(i)(inputs))
-
-
-def images(features: Tensor, layout: ImageLayout) -> Tensor:
-    """[N, obs_size] features → [N, C, H, W] images, bytes scaled to [0, 1]."""
-    x = features.reshape(len(features), *layout.shape)
-    if layout.channels_last:
-        x = x.permute(0, 3, 1, 2)
-    return x * layout.scale if layout.scale != 1.0 else x
 
 
 def encode(encoder: ConvEncoder, layout: ImageLayout, features: Tensor) -> Tensor:

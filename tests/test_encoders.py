@@ -19,6 +19,7 @@ from rlmq.common.config import RunConfig
 from rlmq.common.images import NumpyEncoder, encoded_size, image_layout, resolve_encoder
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec, obs_features
+from rlmq.common.torch_images import TorchEncoder
 from rlmq.learners.encoders import image_encoder, stacked_encode
 from rlmq.learners.networks import ActorCritic, to_numpy_params
 
@@ -79,10 +80,36 @@ def test_the_actors_numpy_encoder_equals_torchs(spec: EnvSpec, encoder: str) -> 
     features = obs_features(obs, spec)
     with torch.no_grad():
         want = net.features(torch.from_numpy(features)).numpy()
-    got = NumpyEncoder(to_numpy_params(net), spec, encoder)(features)
-    assert got.shape == (7, encoded_size(spec, encoder)) and want.std() > 0
-    # float32 sums in another order: errors grow with the depth (15 convolutions for IMPALA's) and the scale
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    actors = NumpyEncoder(to_numpy_params(net), spec, encoder)
+    assert want.std() > 0
+    for got in (actors(features), TorchEncoder(actors)(features)):  # the actors' two runners
+        assert got.shape == (7, encoded_size(spec, encoder)) and got.dtype == np.float32
+        # float32 sums in another order: errors grow with the depth (15 convolutions for IMPALA's) and the scale
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_only_actors_of_the_large_encoders_import_torch(tmp_path: Path) -> None:
+    """An actor's policy imports torch for the Nature CNN and IMPALA's ResNet, where torch's
+    convolutions are faster, and never for MinAtar's network or a flat observation."""
+    for name, spec, encoder in (("minatar", MINATAR, "minatar"), ("atari", ATARI, "nature")):
+        params = to_numpy_params(ActorCritic(spec, (8,), encoder=encoder))
+        np.savez(tmp_path / f"{name}.npz", **params)
+    probe = f"""
+import sys, numpy as np
+from rlmq.common.models import NumpyPolicy
+from rlmq.common.schema import EnvSpec
+def policy(name, spec, encoder):
+    with np.load("{tmp_path}/" + name + ".npz") as saved:
+        return NumpyPolicy(dict(saved), spec, encoder=encoder)
+minatar = policy("minatar", {MINATAR!r}, "minatar")
+minatar.forward(np.zeros((2, 10, 10, 4), bool))
+print("torch" in sys.modules, type(minatar._encode).__name__)
+atari = policy("atari", {ATARI!r}, "nature")
+atari.forward(np.zeros((2, 4, 84, 84), np.uint8))
+print("torch" in sys.modules, type(atari._encode).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "NumpyEncoder", "True", "TorchEncoder"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("spec,encoder", [(MINATAR, "auto"), (SMALL, "auto"), (MINATAR, "impala")],
