@@ -117,6 +117,8 @@ def learner(
     advertise_host: Annotated[str, _opt("Host actors use to reach this learner.", "ADVERTISE_HOST")] = "127.0.0.1",
     experience_port: Annotated[int, _opt("Experience ROUTER port (0: any).", "EXPERIENCE_PORT")] = 0,
     experience_fd: Fd = -1,
+    experience_ipc: Annotated[str, _opt("Serve experience on this Unix socket path (ipc://) instead of TCP: for "
+                                        "actors on this host.", "EXPERIENCE_IPC")] = "",
     metrics_port: MetricsPort = 0,
     device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
     torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS", min=1)] = 1,
@@ -145,7 +147,7 @@ def learner(
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
                             credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
                             checkpoint_dir=checkpoint_dir, experience_fd=experience_fd,
-                            failpoint=failpoint)  # fmt: skip
+                            experience_ipc=experience_ipc, failpoint=failpoint)  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -197,6 +199,8 @@ def up(
     bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
     collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
                                               min=1.0)] = 30.0,
+    transport: Annotated[str, _opt("How experience goes from actors to learners: ipc (Unix sockets) or tcp "
+                                   "(loopback).")] = "ipc",
     resume: Annotated[Path | None, _opt("Continue the run in this run directory where it was (stopped, finished or "
                                         "crashed), with a new --total-steps or --target-return if given.")] = None,
 ) -> None:
@@ -215,12 +219,14 @@ def up(
                 raise ValueError("--resume takes the run's config and directory: drop --config and --run-dir")
             up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
                                          redis_url=redis_url, torch_threads=torch_threads, device=device,
-                                         bind_host=bind_host, collective_timeout_s=collective_timeout)  # fmt: skip
+                                         bind_host=bind_host, collective_timeout_s=collective_timeout,
+                                         transport=transport)  # fmt: skip
         else:
             overrides["num_learners"] = learners or 1
             up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
                                     redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
-                                    bind_host=bind_host, collective_timeout_s=collective_timeout)  # fmt: skip
+                                    bind_host=bind_host, collective_timeout_s=collective_timeout,
+                                    transport=transport)  # fmt: skip
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         fix = "" if resume is not None else ". Fix the flag or the --config file (fields: common/config.py)."
         typer.echo(f"error: {exc}{fix}", err=True)

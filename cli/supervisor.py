@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,10 +52,12 @@ PROGRESS_EVERY_S = 2.0
 
 @dataclass(frozen=True)
 class Listener:
-    """A listening socket `rlmq up` binds for a child and hands down to it."""
+    """A listening socket `rlmq up` binds for a child and hands down to it: TCP at `port`, or Unix
+    at `path`."""
 
     sock: socket.socket
-    port: int
+    port: int = 0
+    path: str = ""
 
     @property
     def fd(self) -> int:
@@ -83,6 +87,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.world_restarts = 0
         self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
+        self.socket_dir: Path | None = None  # the learners' Unix sockets, with --transport ipc
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -116,11 +121,16 @@ class Supervisor:
             "--broadcast-bind", f"tcp://{host}:{broadcast.port}", "--broadcast-fd", str(broadcast.fd)],
             listeners=[control, broadcast]))
         for rank in range(self.cfg.learners):
-            experience = self.listen(host)
+            if self.cfg.transport == "ipc":
+                experience = self.listen_unix(f"learner-{rank}.sock")
+                served = ["--experience-ipc", experience.path]
+            else:
+                experience = self.listen(host)
+                served = ["--experience-port", str(experience.port)]
             self.children.append(Child(f"learner-{rank}", "learner", [
                 *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
                 "--world-size", str(self.cfg.learners), "--master-addr", reach, "--advertise-host", reach,
-                "--experience-port", str(experience.port), "--experience-fd", str(experience.fd),
+                *served, "--experience-fd", str(experience.fd),
                 "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
                 "--collective-timeout", str(self.cfg.collective_timeout_s),
                 "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
@@ -138,7 +148,23 @@ class Supervisor:
 
     def listen(self, host: str) -> Listener:
         sock = socket.create_server(("" if host == "*" else host, 0), backlog=128)
-        return Listener(sock, int(sock.getsockname()[1]))
+        return Listener(sock, port=int(sock.getsockname()[1]))
+
+    def listen_unix(self, name: str) -> Listener:
+        """A Unix socket in a directory of this run's own under the system's temporary one (mode
+        0700; a run directory's path may pass the 107 bytes a socket's path may have), removed by
+        `remove_sockets`."""
+        if self.socket_dir is None:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="rlmq-"))
+        path = str(self.socket_dir / name)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        sock.listen(128)
+        return Listener(sock, path=path)
+
+    def remove_sockets(self) -> None:
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def write_scrape_targets(self) -> None:
         write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children, self.reach)
@@ -374,6 +400,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         status = supervisor.redis.save_results(spec, launched, outcome)
     finally:
         supervisor.kill_all(signal.SIGKILL)
+        supervisor.remove_sockets()
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)

@@ -35,29 +35,30 @@ class UpConfig:
     device: str = "auto"  # the learners' (distributed.choose_device)
     bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
     collective_timeout_s: float = 30.0
+    transport: str = "ipc"  # experience from actors to learners: over Unix sockets, or loopback TCP
     config_file: Path | None = None  # what the run config was read from (None: the library defaults)
     resume: bool = False  # continue the run in run_dir: its Redis state, its learners' checkpoints
 
     @classmethod
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
-              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0) -> UpConfig:
+              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0, transport: str = "ipc") -> UpConfig:
         if config_file is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
             config_file = found.path if found else None
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
-        check_flags(actors, run_config, bind_host, device)
+        check_flags(actors, run_config, bind_host, device, transport)
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
                    run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
                    device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   config_file=config_file)
+                   transport=transport, config_file=config_file)
 
     @classmethod
     def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
                    redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
-                   collective_timeout_s: float = 30.0) -> UpConfig:  # fmt: skip
+                   collective_timeout_s: float = 30.0, transport: str = "ipc") -> UpConfig:  # fmt: skip
         """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
         interval if given) and its Redis: the private server's data under `redis/`, else the URL
         it used (or `redis_url`, if the same Redis is reached another way now)."""
@@ -75,14 +76,15 @@ class UpConfig:
             raise ValueError(f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
                              f"use --learners {saved.num_learners}")  # fmt: skip
         run_config = dataclasses.replace(saved, **overrides)
-        check_flags(actors, run_config, bind_host, device)
+        check_flags(actors, run_config, bind_host, device, transport)
         private = info.get("private_redis", (run_dir / "redis").is_dir())
         return cls(actors=actors, learners=saved.num_learners, run_config=run_config, run=run, run_dir=run_dir,
                    redis_url=redis_url or (None if private else used_url), torch_threads=torch_threads,
-                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s, resume=True)  # fmt: skip
+                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
+                   transport=transport, resume=True)  # fmt: skip
 
 
-def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str) -> None:
+def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str) -> None:
     if actors < run_config.population:  # a member without an actor would never train
         raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
                          f"use --actors {run_config.population} or more")
@@ -90,6 +92,8 @@ def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str)
         raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+    if transport not in ("ipc", "tcp"):
+        raise ValueError(f"--transport {transport}: use ipc or tcp")
 
 
 def probe_run_dir(path: Path) -> None:

@@ -468,6 +468,9 @@ class LearnerConfig:
     advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
     experience_port: int = 0  # 0 picks a free port
     experience_fd: int = -1  # a socket listening at experience_port that `rlmq up` bound (-1: bind here)
+    # A Unix socket path: experience over ipc:// there instead of TCP, for actors on this host
+    # (`rlmq up --transport ipc`); experience_fd is then a socket listening at that path.
+    experience_ipc: str = ""
     # A credit not used within a few times the slowest recent rollout turnaround, kept within these
     # bounds, is taken back: its actor died (learners/credits.py; the floor: benchmarks/RESULTS.md §8).
     credit_timeout_min_s: float = 0.5

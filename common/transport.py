@@ -36,9 +36,10 @@ def make_socket(
 
 
 def bind(sock: zmq.Socket, endpoint: str, fd: int = -1) -> str:
-    """Bind; a tcp port of 0 picks a free one. Returns the endpoint actually bound. `fd`: a TCP
-    socket already listening at `endpoint`, handed down by a parent that holds the port for us
-    (`rlmq up`), so that no other socket can take it between its choice and our bind."""
+    """Bind; a tcp port of 0 picks a free one. Returns the endpoint actually bound. `fd`: a TCP (or
+    Unix, for ipc://) socket already listening at `endpoint`, handed down by a parent that holds
+    the address for us (`rlmq up`), so that no other socket can take it between its choice and our
+    bind, and what connects while we restart waits in its backlog."""
     if fd >= 0:
         sock.setsockopt(zmq.USE_FD, fd)
     elif endpoint.startswith("tcp://") and endpoint.endswith(":0"):

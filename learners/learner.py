@@ -64,9 +64,12 @@ class Learner:
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
         self.control.connect(cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
-        port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
-                              cfg.experience_fd).rsplit(":", 1)[1]
-        self.endpoint = f"tcp://{cfg.advertise_host}:{port}"
+        if cfg.experience_ipc:  # actors on this host only
+            self.endpoint = transport.bind(self.experience, f"ipc://{cfg.experience_ipc}", cfg.experience_fd)
+        else:
+            port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
+                                  cfg.experience_fd).rsplit(":", 1)[1]
+            self.endpoint = f"tcp://{cfg.advertise_host}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
         if cfg.rank == 0:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)

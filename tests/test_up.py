@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,23 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     assert summary["reason"] == "budget" and not summary["success"] and summary["env_steps"] >= 3000
 
 
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_experience_goes_over_unix_sockets_or_loopback_tcp(tmp_path: Path, transport: str) -> None:
+    """Either way the learners' experience sockets carry the run (actors collect only on the credits
+    those sockets bring them); a Unix socket's directory goes when the run does."""
+    up = start_up(tmp_path / "run", "--actors", "2", "--learners", "2", "--total-steps", "20000",
+                  "--transport", transport)
+    output, _ = up.communicate(timeout=180)
+    assert up.returncode == 0, output
+    logs = "".join((tmp_path / "run" / "logs" / f"learner-{rank}.log").read_text() for rank in range(2))
+    endpoints = re.findall(r"experience at (\S+)", logs)
+    assert len(endpoints) == 2 and all(e.startswith(f"{transport}://") for e in endpoints), endpoints
+    if transport == "ipc":
+        assert not any(Path(e.removeprefix("ipc://")).parent.exists() for e in endpoints)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env_steps"] >= 20000 and summary["episodes"] > 0, summary
+
+
 @pytest.mark.parametrize("args, words", [
     (["--env", "NoSuchEnv-v0"], "unknown env"),
     (["--env", "Blackjack-v1"], "not a Box"),
@@ -111,6 +129,7 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
     (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete
     (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
+    (["--transport", "udp"], "use ipc or tcp"),
 ])  # fmt: skip
 def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
     up = start_up(tmp_path / "run", *args)
