@@ -13,6 +13,8 @@ and the last one before the end, so start-up and shutdown stay out of them:
     learner busy      the fraction of wall time the learners spent in updates (`update_seconds`)
     credit wait       the fraction of an actor's time spent waiting for a learner's credit
     queue             rollouts waiting at the learners, mean over the scrapes
+    batch             env steps a learner trains on per update (grows with the fleet when the config
+                      lets the batch grow: `ppo.max_rollouts_per_batch`)
     lag               mean policy lag of the rollouts trained on (updates)
     to target         `summary.json`'s train_wall_s when the run reached `--target-return`
 
@@ -123,6 +125,7 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
 
     actors, learners = len(actor_scrapes[last][1]), len(learner_scrapes[last][1])
     lag_count = per_s("learner", "rlmq_learner_policy_lag_count")
+    updates = per_s("learner", "rlmq_learner_updates_total")
     return {
         "env_steps_per_s": per_s("actor", "rlmq_actor_env_steps_total"),
         "learner_busy": per_s("learner", "rlmq_learner_update_seconds_sum") / learners,
@@ -130,6 +133,7 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
         "queue": statistics.mean(scrapes.total("learner", "rlmq_learner_queue_depth", i)[1]
                                  for i in range(first, last + 1)),  # fmt: skip
         "lag": per_s("learner", "rlmq_learner_policy_lag_sum") / lag_count if lag_count else float("nan"),
+        "batch": per_s("learner", "rlmq_learner_samples_total") / updates if updates else float("nan"),
     }
 
 
@@ -178,8 +182,8 @@ def main() -> None:
             cells[actors, learners, device] = run_cell(args, actors, learners, device, run_dir)
             print(f"{actors}x{learners} {device}: {cells[actors, learners, device]}", flush=True)
     print(f"\n{args.env}, {args.algo}, target {args.target_return}, budget {args.total_steps:,} env steps\n")
-    print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | queue | lag | "
-          "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|:--|")  # fmt: skip
+    print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | queue | batch | lag | "
+          "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|")  # fmt: skip
     for (actors, learners, device), cell in cells.items():
         rate = cell.get("env_steps_per_s")
         one = cells.get((1, learners, device), {}).get("env_steps_per_s")
@@ -192,6 +196,7 @@ def main() -> None:
 
         print(f"| {actors} × {learners} | {device} | {show('env_steps_per_s', ',.0f')} | {efficiency} | "
               f"{show('learner_busy', '.2f')} | {show('credit_wait', '.2f')} | {show('queue', '.1f')} | "
+              f"{show('batch', ',.0f')} | "
               f"{show('lag', '.1f')} | {to_target} | {show('return', '.1f')} | {bottleneck(cell)} |")
     if args.json:
         args.json.write_text(json.dumps({f"{a}x{n}-{d}": c for (a, n, d), c in cells.items()}, indent=1))

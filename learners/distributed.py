@@ -116,20 +116,26 @@ class Agreement(NamedTuple):
     member_samples: list[int]  # env steps in each member's batches this iteration, summed over ranks
     decision_bytes: int  # length of the PBT decision rank 0 hands out this iteration; 0: none
     checkpoint: bool  # every rank writes a checkpoint now (rank 0's clock says when)
+    batch_rollouts: int  # rollouts per member in this update's batch: the most any rank takes
 
 
 def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-          checkpoint: bool, device: torch.device) -> Agreement:  # fmt: skip
+          checkpoint: bool, device: torch.device, batch_rollouts: int, varying: bool = False) -> Agreement:  # fmt: skip
     """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length.
-    `member_samples`: what this rank would train on if the world updates now."""
+    `member_samples`: what this rank would train on if the world updates now; `batch_rollouts`:
+    the most rollouts of one member it would take. Where that `varying` from one update to the
+    next (learner batching), a second all-reduce takes the largest over the ranks, which every
+    rank's batch is shaped by (the minibatches, and so the backward passes, must match)."""
     if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
-        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint)
+        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint, batch_rollouts)
     flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), *member_samples],
                          dtype=torch.int64, device=device)  # fmt: skip
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
     ready_ranks, overdue_ranks, stops, length, checkpoints, *samples = (int(v) for v in flags.tolist())
+    if varying:
+        batch_rollouts = extremes(batch_rollouts, device)[1]
     return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length,
-                     checkpoints > 0)  # fmt: skip
+                     checkpoints > 0, batch_rollouts)  # fmt: skip
 
 
 def extremes(value: int, device: torch.device) -> tuple[int, int]:

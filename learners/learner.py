@@ -198,7 +198,7 @@ class Learner:
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
                                     self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,
-                                    self.run_cfg.rank_wait_s)  # fmt: skip
+                                    self.run_cfg.rank_wait_s, self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)  # fmt: skip
         base = self.run_cfg.base_hyperparams()
         self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
         self.applied = assign.applied_decision
@@ -309,7 +309,8 @@ class Learner:
             agreed = distributed.agree(ready, self.members.overdue(), self.stop.is_set() or limit_hit,
                                        self.members.batch_samples(), len(offer),
                                        self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
-                                       device)  # fmt: skip
+                                       device, max(self.members.batch_sizes() + [self.members.need]),
+                                       self.members.most > self.members.need)  # fmt: skip
             if agreed.decision_bytes:
                 replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
@@ -334,7 +335,7 @@ class Learner:
                 log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
                           self.checkpoint_number)  # fmt: skip
                 os._exit(EXIT_FAILPOINT)
-            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples)
+            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
             self.heartbeat.leave()
             self.metrics.update_seconds.observe(time.perf_counter() - started)
             for term, value in stats.items():

@@ -3,7 +3,9 @@
 Each member has its own credit ledger (credits.py), so one member's actors cannot crowd out
 another's, and its own version, which counts the updates it took part in. A rank is *ready* to
 update when every member has a batch queued, or when some member has one that has waited
-`wait_s` (members without actors, or slower ones, must not stall the rest). A batch that has
+`wait_s` (members without actors, or slower ones, must not stall the rest). A batch is at least
+`rollouts_per_batch` rollouts and takes every one queued up to `most_per_batch` (learner batching:
+more actors, larger batches). A batch that has
 waited `rank_wait_s` makes the rank *overdue*: the world then updates at once, the ranks without
 data on an empty batch (learner.py).
 """
@@ -26,8 +28,9 @@ class Taken(NamedTuple):
 
 class MemberQueues:
     def __init__(self, population: int, budget: int, timeouts: CreditTimeouts, rollouts_per_batch: int,
-                 max_policy_lag: int, wait_s: float, rank_wait_s: float) -> None:  # fmt: skip
+                 max_policy_lag: int, wait_s: float, rank_wait_s: float, most_per_batch: int = 0) -> None:  # fmt: skip
         self.population, self.need, self.max_lag = population, rollouts_per_batch, max_policy_lag
+        self.most = max(most_per_batch, rollouts_per_batch)
         self.wait_s, self.rank_wait_s = wait_s, rank_wait_s
         self.queues: list[collections.deque[tuple[float, wire.Rollout]]] = [
             collections.deque() for _ in range(population)]  # fmt: skip
@@ -83,11 +86,16 @@ class MemberQueues:
                 dropped += 1
         return dropped
 
+    def batch_sizes(self) -> list[int]:
+        """Rollouts in each member's next batch: every one queued, up to `most`; 0 for a member
+        with fewer than a batch."""
+        return [min(len(q), self.most) if len(q) >= self.need else 0 for q in self.queues]
+
     def batch_samples(self) -> list[int]:
         """Valid env steps in each member's next batch (what its loss is averaged over); 0 for a
         member without one."""
-        return [sum(int(q[i][1].valid.sum()) for i in range(self.need)) if len(q) >= self.need else 0
-                for q in self.queues]  # fmt: skip
+        return [sum(int(q[i][1].valid.sum()) for i in range(size))
+                for q, size in zip(self.queues, self.batch_sizes(), strict=True)]  # fmt: skip
 
     def ready(self) -> bool:
         with_batch = sum(len(q) >= self.need for q in self.queues)
@@ -103,8 +111,8 @@ class MemberQueues:
 
     def take(self) -> Taken:
         rollouts, lags = [], []
-        for member, queue in enumerate(self.queues):
-            batch = [queue.popleft()[1] for _ in range(self.need)] if len(queue) >= self.need else []
+        for member, (queue, size) in enumerate(zip(self.queues, self.batch_sizes(), strict=True)):
+            batch = [queue.popleft()[1] for _ in range(size)]
             # negative lag: data collected before a restart, with the weights the world resumed from
             lags += [max(self.versions[member] - r.policy_version, 0) for r in batch]
             rollouts.append(batch)

@@ -140,7 +140,8 @@ class OffPolicyTrainer:
     def nonfinite_skipped(self) -> int:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
 
-    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
+    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
         for member, member_rollouts in enumerate(rollouts):
             for rollout in member_rollouts:
                 self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))

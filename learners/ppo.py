@@ -13,6 +13,7 @@ n = T·B and a validity mask. A member with no data this update has an all-False
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -154,6 +155,13 @@ def annealed(cfg: PPOConfig, trained_steps: int, horizon_steps: int) -> float:
 def pick(x: Tensor, idx: Tensor | None) -> Tensor:
     """A minibatch's samples of a [P, n, ...] tensor (None: all of them)."""
     return x if idx is None else x[:, idx]
+
+
+def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
+    """The update's config for a batch of `rollouts` per member (learner batching, at most
+    `cfg.max_rollouts_per_batch`): minibatches of the size `rollouts_per_batch` rollouts give,
+    so as many more of them as the batch holds more rollouts (at least `cfg.minibatches`)."""
+    return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch, cfg.minibatches))
 
 
 def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:

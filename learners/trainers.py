@@ -43,8 +43,10 @@ class Trainer(Protocol):
 
     def copy_member(self, decision: wire.Decision) -> None: ...
 
-    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
-        """One iteration on this rank's share; (stats, the members whose policy changed)."""
+    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
+        """One iteration on this rank's share; (stats, the members whose policy changed).
+        `batch_rollouts`: the most rollouts of one member any rank trains on now."""
         ...
 
     def nonfinite_skipped(self) -> int:
@@ -112,9 +114,10 @@ class PPOTrainer:
     def nonfinite_skipped(self) -> int:
         return int(self.optimizer.nonfinite)
 
-    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int]) -> tuple[dict[str, float], list[int]]:
-        cfg, steps = self.cfg, self.run_cfg.rollout_length
-        slots = cfg.rollouts_per_batch * self.run_cfg.num_envs
+    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
+        cfg, steps = ppo.for_batch(self.cfg, batch_rollouts), self.run_cfg.rollout_length
+        slots = batch_rollouts * self.run_cfg.num_envs
         samples = torch.tensor(member_samples, device=self.device)
         active = samples > 0
         anneal = torch.tensor([ppo.annealed(cfg, t, self.horizon) for t in self.trained], device=self.device)

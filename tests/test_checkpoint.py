@@ -57,7 +57,7 @@ def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
 
 def train(trainer: Trainer, spec: EnvSpec, rng: np.random.Generator, sequence: int) -> None:
     rollouts = [[rollout(spec, rng, m, sequence)] for m in range(POPULATION)]
-    trainer.train(rollouts, [STEPS * SLOTS] * POPULATION)
+    trainer.train(rollouts, [STEPS * SLOTS] * POPULATION, 1)
 
 
 @pytest.mark.parametrize("algo", sorted(CONFIGS))

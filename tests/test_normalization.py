@@ -57,7 +57,7 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
-    trainer.train([rollouts[0][:1], []], [int(rollouts[0][0].valid.sum()), 0])
+    trainer.train([rollouts[0][:1], []], [int(rollouts[0][0].valid.sum()), 0], 1)
     params = trainer.member_params(0)
     data = rollouts[0][0].obs[:-1][rollouts[0][0].valid].reshape(-1, spec.obs_size).astype(np.float64)
     np.testing.assert_allclose(params["obs_norm.mean"], data.mean(0), rtol=1e-5)
@@ -115,7 +115,7 @@ def test_off_policy_statistics_move_the_version_before_the_member_trains() -> No
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
     samples = [sum(int(r.valid.sum()) for r in member) for member in rollouts]
-    _, updated = trainer.train(rollouts, samples)
+    _, updated = trainer.train(rollouts, samples, max(len(member) for member in rollouts))
     assert updated == [0, 1]
     data = np.concatenate([r.obs[:-1][r.valid].reshape(-1, spec.obs_size) for r in rollouts[1]]).astype(np.float64)
     np.testing.assert_allclose(trainer.member_params(1)["obs_norm.mean"], data.mean(0), rtol=1e-5)

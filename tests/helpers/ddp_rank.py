@@ -47,17 +47,23 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
 
 def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
           rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator, ready: bool = True,
-          overdue: bool = False) -> None:  # fmt: skip
+          overdue: bool = False) -> int:  # fmt: skip
+    """One update as a learner makes it, the batch as wide as the most rollouts of a member any
+    rank holds (learner batching), its minibatches as many more (`ppo.for_batch`)."""
     device = torch.device("cpu")
     local = [sum(r.num_steps for r in rs) for rs in rollouts]
-    agreed = distributed.agree(ready, overdue, False, local, 0, False, device)
+    agreed = distributed.agree(ready, overdue, False, local, 0, False, device, max(len(rs) for rs in rollouts),
+                               varying=True)  # fmt: skip
     assert agreed.update and not agreed.stop
+    width = agreed.batch_rollouts
+    cfg = ppo.for_batch(cfg, width)
     samples = torch.tensor(agreed.member_samples)
     hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
                                        "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
-    ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, 2 * SLOTS, device), hp, cfg,
-               ppo.minibatch_plan(STEPS * 2 * SLOTS, cfg, generator), torch.ones(POPULATION),
+    ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device), hp, cfg,
+               ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator), torch.ones(POPULATION),
                ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0)  # fmt: skip
+    return width
 
 
 def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str) -> None:
@@ -76,12 +82,14 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     generator = torch.Generator().manual_seed(rank)
     before = core.flat.detach().clone()
     for i in range(updates):
-        # Uneven: rank 1 holds two rollouts of member 0 and none of member 1; member 2 has data (on
-        # rank 0) in the first update only, then none anywhere: inactive, it must not move at all,
-        # though its Adam state has momentum.
-        train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
-                                       [rollout(rng, 1)] if rank == 0 else [],
-                                       [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)  # fmt: skip
+        # Uneven: rank 1 holds two rollouts of member 0 and none of member 1, so both ranks take
+        # batches two rollouts wide (6 minibatches); member 2 has data (on rank 0) in the first
+        # update only, then none anywhere: inactive, it must not move at all, though its Adam
+        # state has momentum.
+        width = train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
+                                               [rollout(rng, 1)] if rank == 0 else [],
+                                               [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)  # fmt: skip
+        assert width == 2, width
         if i == 0:
             after_first = core.flat.detach()[2].clone()
     # Rank 1 keeps 2 valid samples of member 0 for 3 minibatches: one of its minibatches is empty,
@@ -90,7 +98,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     if rank == 1:
         sparse.valid[:] = False
         sparse.valid[0, :2] = True
-    train(model, core, optimizer, [[sparse], [rollout(rng, 1)], []], cfg, generator)
+    assert train(model, core, optimizer, [[sparse], [rollout(rng, 1)], []], cfg, generator) == 1
     # Rank 1 has no data at all and is not ready; rank 0 has waited too long for it (overdue):
     # both update, rank 1 on an empty batch, and the replicas stay equal.
     empty_handed = [[rollout(rng, 0)], [], []] if rank == 0 else [[], [], []]
@@ -98,7 +106,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     inactive_unmoved = bool(torch.equal(core.flat.detach()[2], after_first)) and not torch.equal(after_first, before[2])
     # A PBT decision only rank 0 received reaches every rank through the agreement.
     frame = wire.encode(DECISION) if rank == 0 else b""
-    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), False, device)
+    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), False, device, 1)
     decision = wire.decode(distributed.share(frame, agreed.decision_bytes, device))
     assert isinstance(decision, wire.Decision) and decision == DECISION
     copy_member(core, optimizer, decision)
@@ -107,9 +115,9 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     train(model, core, optimizer, [[rollout(rng, 0)], [rollout(rng, 1)], [rollout(rng, 2)]], cfg, generator)
     # One rank not ready: nobody updates, until the ready one is overdue; one rank stopping:
     # everybody stops.
-    assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, False, device).update
-    assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, False, device).update
-    assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, False, device).stop
+    assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, False, device, 1).update
+    assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, False, device, 1).update
+    assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, False, device, 1).stop
     torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
                 "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
                 "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),

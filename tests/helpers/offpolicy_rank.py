@@ -46,9 +46,9 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
 
 def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
     local = [sum(r.num_steps for r in rs) for rs in per_member]
-    agreed = distributed.agree(True, False, False, local, 0, False, torch.device("cpu"))
+    agreed = distributed.agree(True, False, False, local, 0, False, torch.device("cpu"), 1)
     assert agreed.update and not agreed.stop
-    _, updated = trainer.train(per_member, agreed.member_samples)
+    _, updated = trainer.train(per_member, agreed.member_samples, 1)
     return len(updated)
 
 
