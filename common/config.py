@@ -77,7 +77,8 @@ class PPOConfig:
     # IMPALA's learner batching: an update takes every rollout a member has queued, up to this
     # many (so more actors feed larger batches at the same policy lag), and its minibatches keep
     # their size: their number grows with the batch. The world takes the largest count any rank
-    # has. 0: exactly rollouts_per_batch. Credits bound it: rollouts_in_flight must allow as many.
+    # has. The credits follow the fleet: one per actor heard from, at least rollouts_in_flight and
+    # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
     max_rollouts_per_batch: int = 0
     rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
@@ -428,8 +429,8 @@ class RunConfig:
             problems.append("need checkpoint_interval_s >= 0 and checkpoints_kept >= 1")
         if not 0 <= self.batch_wait_s <= self.rank_wait_s:
             problems.append("need 0 <= batch_wait_s <= rank_wait_s")
-        if self.rollouts_in_flight < max(self.ppo.rollouts_per_batch, self.ppo.max_rollouts_per_batch):
-            problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch and ppo.max_rollouts_per_batch")
+        if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
+            problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             problems.append("hidden_sizes must be positive")
         if self.obs_clip <= 0:

@@ -4,7 +4,9 @@ An actor may send a rollout to a learner only when it holds a credit from it. Th
 credits, oldest request first, while (credits out) + (rollouts queued) < budget. So however
 many actors there are, at most `budget` rollouts exist for this learner at once, and the policy lag
 stays near budget / rollouts-per-update instead of growing with the actor count and the socket
-buffers. The learner drops a rollout from an actor that holds no credit, so the bound is enforced,
+buffers. With learner batching (`most` > budget) the budget follows the fleet: one credit per
+actor that holds one or was heard from within the request TTL, at least `budget` and at most
+`most`, so that N actors feed a batch N rollouts wide, one update old at most. The learner drops a rollout from an actor that holds no credit, so the bound is enforced,
 not hoped for. Pure bookkeeping.
 
 No peer can stall it, alive or dead:
@@ -37,8 +39,10 @@ class CreditTimeouts:
 
 
 class CreditLedger:
-    def __init__(self, budget: int, timeouts: CreditTimeouts) -> None:
-        self.budget, self.timeouts = budget, timeouts
+    def __init__(self, budget: int, timeouts: CreditTimeouts, most: int = 0) -> None:
+        self.budget, self.most, self.timeouts = budget, max(most, budget), timeouts
+        # actor → when last heard (a request or a rollout), oldest first: the fleet the budget follows
+        self.heard: OrderedDict[bytes, float] = OrderedDict()
         # actor → its latest request; in the order of first request (a renewal keeps the place)
         self.waiting: OrderedDict[bytes, float] = OrderedDict()
         self.granted: dict[bytes, float] = {}  # actor → when its one credit was granted
@@ -52,6 +56,23 @@ class CreditLedger:
     def holds(self, actor: bytes) -> bool:
         return actor in self.granted
 
+    def budget_at(self, seen: float) -> int:
+        """The credits (out and spent on queued rollouts) allowed now: `budget`, or one per actor
+        holding one or heard from within the request TTL, up to `most`."""
+        if self.most == self.budget:
+            return self.budget
+        while self.heard and seen - next(iter(self.heard.values())) > self.timeouts.request_ttl_s:
+            self.heard.popitem(last=False)
+        fleet = len(self.granted) + sum(actor not in self.granted for actor in self.heard)
+        return min(max(self.budget, fleet), self.most)
+
+    def hear(self, actor: bytes, now: float) -> None:
+        if self.most > self.budget:
+            self.heard[actor] = now
+            self.heard.move_to_end(actor)
+            if len(self.heard) > MAX_WAITING:
+                self.heard.popitem(last=False)
+
     def grant_timeout_s(self) -> float:
         if not self.turnarounds:
             return self.timeouts.max_s
@@ -60,6 +81,7 @@ class CreditLedger:
     def hello(self, actor: bytes, now: float) -> None:
         """The actor asks for credit, or renews its request. If our ledger says it holds one, that
         credit may still be on its way: leave it to arrive or to time out."""
+        self.hear(actor, now)
         if actor in self.granted:
             return
         self.waiting[actor] = now  # an existing key keeps its place
@@ -78,7 +100,8 @@ class CreditLedger:
             return False  # never granted one: no place in the queue either
         self.turnarounds.append(now - since)
         self.waiting[actor] = now
-        return not late or self.in_flight + queued < self.budget
+        self.hear(actor, now)
+        return not late or self.in_flight + queued < self.budget_at(now)
 
     def grant(self, now: float, queued: int, read_at: float | None = None) -> list[bytes]:
         """Actors to send one credit each, now. `queued`: rollouts received but not yet trained.
@@ -92,8 +115,8 @@ class CreditLedger:
                 self.revoked[actor] = since
                 if len(self.revoked) > MAX_REVOKED:
                     self.revoked.popitem(last=False)
-        granted = []
-        while self.waiting and self.in_flight + queued < self.budget:
+        granted, budget = [], self.budget_at(seen)
+        while self.waiting and self.in_flight + queued < budget:
             actor, asked = self.waiting.popitem(last=False)
             if seen - asked > self.timeouts.request_ttl_s:
                 continue  # not renewed: gone

@@ -34,7 +34,7 @@ class MemberQueues:
         self.wait_s, self.rank_wait_s = wait_s, rank_wait_s
         self.queues: list[collections.deque[tuple[float, wire.Rollout]]] = [
             collections.deque() for _ in range(population)]  # fmt: skip
-        self.ledgers = [CreditLedger(budget, timeouts) for _ in range(population)]
+        self.ledgers = [CreditLedger(budget, timeouts, most_per_batch) for _ in range(population)]
         self.versions = [0] * population
         self.oldest_allowed = [0] * population  # data from before a PBT copy is another policy's
         self.read_at = time.monotonic()

@@ -232,3 +232,35 @@ def test_a_stalled_learner_judges_credits_and_requests_by_when_it_last_read_its_
     assert ledger.grant(now=5.0, queued=0, read_at=0.5) == []  # stalled since 0.5: A's credit stands
     assert ledger.holds(A) and list(ledger.waiting) == [B]
     assert ledger.delivered(A, 5.0, queued=0)
+
+
+def test_with_learner_batching_the_budget_follows_the_fleet_within_its_bounds() -> None:
+    """One credit per actor heard from (holding one, or asking within the request TTL), never
+    fewer than the budget nor more than the most a batch takes; actors gone quiet stop counting."""
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=10.0, max_s=10.0), most=4)
+    ledger.hello(A, 0.0)
+    assert ledger.grant(now=0.0, queued=0) == [A]  # one actor: the floor
+    for actor in (B, C):
+        ledger.hello(actor, 0.1)
+    assert ledger.grant(now=0.1, queued=0) == [B, C]  # three actors: three credits
+    many = [f"actor-{i}".encode() for i in range(5)]
+    for actor in many:
+        ledger.hello(actor, 0.2)
+    assert ledger.grant(now=0.2, queued=0) == many[:1]  # eight actors, but a batch takes at most 4
+    assert ledger.in_flight == 4
+    # Each delivers; only A and B go on asking. The rollouts wait in the queue (4): no credit yet.
+    for actor in (A, B, C, many[0]):
+        assert ledger.delivered(actor, 0.3, queued=0)
+    assert ledger.grant(now=0.3, queued=4) == []
+    for t in (0.9, 1.5, 2.1):
+        ledger.hello(A, t)
+        ledger.hello(B, t)
+    # The queue was trained on; only A and B were heard from within the TTL: two credits.
+    assert ledger.grant(now=2.1, queued=0) == [A, B]
+
+
+def test_without_learner_batching_the_budget_stays_fixed_however_many_ask() -> None:
+    ledger = CreditLedger(2, CreditTimeouts(request_ttl_s=1.0, min_s=10.0, max_s=10.0))
+    for actor in (A, B, C, D):
+        ledger.hello(actor, 0.0)
+    assert ledger.grant(now=0.0, queued=0) == [A, B]
