@@ -300,6 +300,23 @@ def configs() -> None:
 
 
 @app.command()
+def keys(
+    directory: Annotated[Path, typer.Argument(help="Where the run's keys go (made mode 0700; each file 0600).")],
+    learners: Annotated[int, _opt("Learner ranks to make a client key for.", min=0)] = 1,
+    actors: Annotated[int, _opt("Actors to make a client key for.", min=0)] = 1,
+) -> None:
+    """Make a run's CURVE keys: the servers' pair, one pair per learner and actor, the allow-list."""
+    from rlmq.common.security import create_keys
+
+    if directory.exists() and any(directory.iterdir()):
+        typer.echo(f"error: {directory} is not empty: keys are made once per run; choose another directory "
+                   "(rotating keys: make a new set, then restart the run's processes with it)", err=True)  # fmt: skip
+        raise typer.Exit(EXIT_USAGE)
+    create_keys(directory, learners, actors)
+    typer.echo(f"wrote the keys of {learners} learner(s) and {actors} actor(s) to {directory}")
+
+
+@app.command()
 def status(
     run_dir: Annotated[Path, _opt("Run directory of an `rlmq up` run.")] = Path("runs/latest"),
     redis_url: Annotated[str | None, _opt("Redis URL (default: from the run directory).", "REDIS_URL")] = None,

@@ -1,0 +1,166 @@
+"""CURVE for a run's ZeroMQ sockets: its keys, who may connect, and as whom.
+
+A run's keys live in one directory (`rlmq keys DIR`), the directory mode 0700 and every file 0600,
+in pyzmq's certificate format (`zmq.auth`), so its own tools read them too:
+
+    server.key, server.key_secret      the key pair every server socket presents (the coordinator's
+                                       control and broadcast, each learner's experience socket)
+    <name>.key, <name>.key_secret      one pair per client: learner-<rank>, actor-<i>
+    allowed.json                       each client's public key (Z85) → its role and name
+
+A server socket asks its process's `Gatekeeper` (pyzmq's ZAP handler thread) about each client
+that connects. A key on the allow-list is let in, and every message it sends carries the ZAP
+User-Id "role:name" (`peer_of`), by which a service decides what that message may do. Any other
+key never gets past the handshake, so no handler ever sees its messages: it is counted and logged
+once per key. A peer that speaks no CURVE at all fails the handshake before ZAP is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+log = logging.getLogger(__name__)
+
+ROLES = ("learner", "actor")
+SERVER = "server"
+ALLOWED_FILE = "allowed.json"
+MAX_LOGGED_KEYS = 4096  # refused keys remembered so that each is logged once
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who a client key belongs to: its role and its name (learner-<rank>, actor-<i>)."""
+
+    role: str
+    name: str
+
+    @property
+    def user_id(self) -> str:
+        return f"{self.role}:{self.name}"
+
+    @classmethod
+    def parse(cls, user_id: str) -> Peer | None:
+        role, _, name = user_id.partition(":")
+        return cls(role, name) if role in ROLES and name else None
+
+
+def client_names(learners: int, actors: int) -> list[Peer]:
+    return [Peer("learner", f"learner-{r}") for r in range(learners)] + [Peer("actor", f"actor-{i}") for i in range(actors)]
+
+
+def create_keys(directory: Path, learners: int, actors: int) -> None:
+    """The server's key pair, one per client and the allow-list, readable by this user only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(stat.S_IRWXU)
+    allowed = {}
+    for name in [SERVER, *(peer.name for peer in client_names(learners, actors))]:
+        public_file, secret_file = zmq.auth.create_certificates(directory, name)
+        for path in (public_file, secret_file):
+            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+        if name != SERVER:
+            public, _ = zmq.auth.load_certificate(public_file)
+            role = name.split("-", 1)[0]
+            allowed[public.decode("ascii")] = {"role": role, "name": name}
+    allowed_path = directory / ALLOWED_FILE
+    allowed_path.write_text(json.dumps(allowed, indent=1))
+    allowed_path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What one process holds: the servers' public key, its own pair (a client's), the servers'
+    secret if it serves, and the allow-list if it serves."""
+
+    server_public: bytes
+    public: bytes | None
+    secret: bytes | None
+    server_secret: bytes | None
+    allowed: dict[bytes, Peer]
+
+
+def load_keys(directory: Path, name: str | None, serves: bool) -> Keys:
+    """The keys process `name` (None: a server only, the coordinator) needs; OSError or ValueError
+    naming the file for a missing or unreadable one."""
+    server_public, server_secret = zmq.auth.load_certificate(directory / f"{SERVER}.key_secret" if serves
+                                                             else directory / f"{SERVER}.key")  # fmt: skip
+    public = secret = None
+    if name is not None:
+        public, secret = zmq.auth.load_certificate(directory / f"{name}.key_secret")
+        if secret is None:
+            raise ValueError(f"{directory / (name + '.key_secret')} holds no secret key")
+    allowed: dict[bytes, Peer] = {}
+    if serves:
+        for key, entry in json.loads((directory / ALLOWED_FILE).read_text()).items():
+            peer = Peer.parse(f"{entry['role']}:{entry['name']}")
+            if peer is None:
+                raise ValueError(f"{directory / ALLOWED_FILE}: {entry!r} is not a role and a name")
+            allowed[key.encode("ascii")] = peer
+    return Keys(server_public, public, secret, server_secret if serves else None, allowed)
+
+
+def serve_securely(sock: zmq.Socket, keys: Keys) -> None:
+    """Before bind: present the servers' key pair and have ZAP admit each client."""
+    assert keys.server_secret is not None, "this process holds no server key"
+    sock.curve_server = True
+    sock.curve_publickey, sock.curve_secretkey = keys.server_public, keys.server_secret
+
+
+def connect_securely(sock: zmq.Socket, keys: Keys) -> None:
+    """Before connect: this client's own pair, and the servers' public key to check them by."""
+    assert keys.public is not None and keys.secret is not None, "this process holds no client key"
+    sock.curve_serverkey = keys.server_public
+    sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
+
+
+def peer_of(frame: zmq.Frame) -> Peer | None:
+    """Who sent `frame` (received with copy=False on a CURVE server socket); None without a
+    User-Id the allow-list gave."""
+    try:
+        user_id = frame.get("User-Id")
+    except zmq.ZMQError:  # no metadata: not from a CURVE connection
+        return None
+    return Peer.parse(user_id) if isinstance(user_id, str) else None
+
+
+class Gatekeeper(ThreadAuthenticator):
+    """The process's ZAP handler: clients whose public key is on the allow-list get in, as their
+    role and name; `refused(key)` is called once per other key (then it is only counted)."""
+
+    def __init__(self, ctx: zmq.Context, allowed: dict[bytes, Peer], refused: Callable[[str, bool], None]) -> None:
+        super().__init__(ctx)
+        self.allowed, self.refused = allowed, refused
+        self.logged: set[bytes] = set()
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve_callback("*", credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP asks about a connecting client's key (Z85); runs in the handler's thread."""
+        if key in self.allowed:
+            return True
+        first = key not in self.logged
+        if first and len(self.logged) < MAX_LOGGED_KEYS:
+            self.logged.add(key)
+        self.refused(key.decode("ascii", "replace"), first)
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.allowed[z85.encode(client_public_key)].user_id
+
+
+def log_refusal(key: str, first: bool) -> None:
+    """`Gatekeeper`'s default `refused`: a line for the first refusal of each key."""
+    if first:
+        log.warning("refused a client whose key is not on this run's allow-list: %s… (each key logged once)", key[:8])

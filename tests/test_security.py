@@ -1,0 +1,115 @@
+"""CURVE keys and the gatekeeper (common/security.py) over real ZeroMQ sockets: a key on the
+allow-list gets in as its role and name, any other key and a peer without CURVE never reach the
+server's handler, and the key files are this user's alone."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from rlmq.common import security, transport
+from rlmq.common.security import Gatekeeper, Peer
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("run") / "keys"
+    security.create_keys(directory, learners=1, actors=2)
+    return directory
+
+
+@pytest.fixture
+def server(keys: Path) -> Iterator[tuple[zmq.Socket, str, list[tuple[str, bool]]]]:
+    """A CURVE ROUTER behind a gatekeeper of the run's allow-list; the refusals it reported."""
+    ctx = zmq.Context()
+    held = security.load_keys(keys, None, serves=True)
+    refused: list[tuple[str, bool]] = []
+    gatekeeper = Gatekeeper(ctx, held.allowed, lambda key, first: refused.append((key, first)))
+    gatekeeper.start()
+    router = transport.make_socket(ctx, zmq.ROUTER)
+    security.serve_securely(router, held)
+    endpoint = transport.bind(router, "tcp://127.0.0.1:0")
+    yield router, endpoint, refused
+    router.close(0)
+    gatekeeper.stop()
+    ctx.term()
+
+
+def client(ctx: zmq.Context, endpoint: str, keys: security.Keys | None) -> zmq.Socket:
+    sock = transport.make_socket(ctx, zmq.DEALER)
+    if keys is not None:
+        security.connect_securely(sock, keys)
+    sock.connect(endpoint)
+    return sock
+
+
+def test_the_keys_are_readable_by_this_user_alone(keys: Path) -> None:
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    files = sorted(p.name for p in keys.iterdir())
+    assert files == sorted(["allowed.json", "server.key", "server.key_secret", "learner-0.key", "learner-0.key_secret",
+                            "actor-0.key", "actor-0.key_secret", "actor-1.key", "actor-1.key_secret"])  # fmt: skip
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.iterdir())
+    actor = security.load_keys(keys, "actor-1", serves=False)
+    assert actor.server_secret is None and not actor.allowed, "a client holds neither the servers' secret nor the list"
+
+
+def test_a_listed_key_gets_in_as_its_role_and_name(keys: Path, server: tuple[zmq.Socket, str, list]) -> None:
+    router, endpoint, refused = server
+    ctx = zmq.Context()
+    try:
+        for name, peer in (("actor-1", Peer("actor", "actor-1")), ("learner-0", Peer("learner", "learner-0"))):
+            sock = client(ctx, endpoint, security.load_keys(keys, name, serves=False))
+            sock.send(b"hello from " + name.encode())
+            assert router.poll(5000), f"{name} was not let in"
+            _identity, frame = router.recv_multipart(copy=False)
+            assert frame.bytes == b"hello from " + name.encode() and security.peer_of(frame) == peer
+            sock.close(0)
+        assert refused == []
+    finally:
+        ctx.term()
+
+
+def test_an_unlisted_key_and_a_plain_peer_never_reach_the_server(tmp_path: Path, keys: Path,
+                                                                 server: tuple[zmq.Socket, str, list]) -> None:  # fmt: skip
+    """A key pair of another run (its own servers' key known: the worst case) is refused at the
+    handshake however often it retries, and reported once as the first time; a peer without
+    CURVE gets nowhere. A listed key still gets in beside them."""
+    router, endpoint, refused = server
+    security.create_keys(tmp_path / "other", learners=0, actors=1)
+    stranger = security.load_keys(tmp_path / "other", "actor-0", serves=False)
+    stranger = security.Keys(security.load_keys(keys, None, serves=True).server_public, stranger.public,
+                             stranger.secret, None, {})  # fmt: skip
+    ctx = zmq.Context()
+    try:
+        socks = [client(ctx, endpoint, stranger) for _ in range(3)] + [client(ctx, endpoint, None)]
+        for sock in socks:
+            sock.send(b"let me in")
+        assert not router.poll(1500), "a message from an unlisted or plain peer reached the server"
+        # each connection refused (and a retry may be refused again), the key reported as new once
+        assert len(refused) >= 3 and [first for _key, first in refused] == [True] + [False] * (len(refused) - 1)
+        assert refused[0][0] == stranger.public.decode()  # type: ignore[union-attr]
+        friend = client(ctx, endpoint, security.load_keys(keys, "actor-0", serves=False))
+        friend.send(b"me")
+        assert router.poll(5000) and security.peer_of(router.recv_multipart(copy=False)[1]) == Peer("actor", "actor-0")
+        for sock in [*socks, friend]:
+            sock.close(0)
+    finally:
+        ctx.term()
+
+
+def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "rlmq.cli", "keys", str(tmp_path / "keys"), "--learners", "2", "--actors", "3"]
+    made = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    allowed = security.load_keys(tmp_path / "keys", None, serves=True).allowed
+    assert sorted(p.user_id for p in allowed.values()) == ["actor:actor-0", "actor:actor-1", "actor:actor-2",
+                                                            "learner:learner-0", "learner:learner-1"]  # fmt: skip
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "is not empty" in again.stderr and "choose another directory" in again.stderr
+    assert security.load_keys(tmp_path / "keys", None, serves=True).allowed == allowed, "the keys were overwritten"
