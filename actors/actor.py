@@ -29,6 +29,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
 from rlmq.common.models import NumpyPolicy, make_policy
+from rlmq.common.security import Credentials
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, StopFlag, announce
 
 log = logging.getLogger("rlmq.actor")
@@ -46,11 +47,14 @@ class Actor:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.credentials = Credentials.load(cfg.keys_dir, cfg.name, serves=False)
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
+        self.credentials.client(self.control)
         self.control.connect(cfg.coordinator)
         self.learners: list[zmq.Socket] = []  # one DEALER per learner rank
         self.credits: list[int] = []
         self.broadcast = transport.make_socket(self.ctx, zmq.SUB)
+        self.credentials.client(self.broadcast)
         self.rejected = 0
         self.log_reject = RejectLog(log)
         self.unreported_steps = 0
@@ -78,6 +82,7 @@ class Actor:
         self.member, run_cfg, spec = assign.member, assign.config, assign.env_spec
         for endpoint in assign.learner_endpoints:
             sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
+            self.credentials.client(sock)
             sock.connect(endpoint)
             self.learners.append(sock)
             self.credits.append(0)

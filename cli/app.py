@@ -36,6 +36,8 @@ MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none)
 Announce = Annotated[str, _opt("Write the ports this process bound to this JSON file.", "ANNOUNCE", hidden=True)]
 Fd = Annotated[int, _opt("A listening socket inherited from rlmq up (-1: bind here).", hidden=True)]
 BindHost = Annotated[str, _opt("Address this process's listeners bind (*: every interface).", "BIND_HOST")]
+KeysDir = Annotated[str, _opt("The run's CURVE keys (`rlmq keys`): every ZeroMQ socket authenticated and encrypted; "
+                              "empty: plain ZeroMQ.", "KEYS_DIR")]
 RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
                                     "REDIS_OUTAGE_S", min=0.0)]
 
@@ -84,6 +86,7 @@ def coordinator(
     control_fd: Fd = -1,
     broadcast_fd: Fd = -1,
     redis_outage_s: RedisOutage = 30.0,
+    keys: KeysDir = "",
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
     """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
@@ -101,7 +104,7 @@ def coordinator(
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
                             broadcast_bind=broadcast_bind, metrics_port=metrics_port, bind_host=bind_host,
                             announce_file=announce, control_fd=control_fd, broadcast_fd=broadcast_fd,
-                            redis_outage_s=redis_outage_s, failpoint=failpoint)
+                            redis_outage_s=redis_outage_s, keys_dir=keys, failpoint=failpoint)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -132,6 +135,7 @@ def learner(
                                               min=0.01)] = 0.5,
     checkpoint_dir: Annotated[str, _opt("Where learner checkpoints go (each rank under rank{r}/) and a restarted "
                                         "world resumes from; empty: none.", "CHECKPOINT_DIR")] = "",
+    keys: KeysDir = "",
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", hidden=True)] = "",
 ) -> None:
     """Run one learner rank."""
@@ -147,7 +151,7 @@ def learner(
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
                             credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
                             checkpoint_dir=checkpoint_dir, experience_fd=experience_fd,
-                            experience_ipc=experience_ipc, failpoint=failpoint)  # fmt: skip
+                            experience_ipc=experience_ipc, keys_dir=keys, failpoint=failpoint)  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -163,6 +167,7 @@ def actor(
     bind_host: BindHost = "*",
     announce: Announce = "",
     max_steps: Annotated[int | None, _opt("Stop after this many env steps.", "MAX_STEPS")] = None,
+    keys: KeysDir = "",
 ) -> None:
     """Run one actor."""
     stop = _start(name)
@@ -171,7 +176,7 @@ def actor(
 
     cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
                       metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
-                      max_steps=max_steps)
+                      max_steps=max_steps, keys_dir=keys)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -201,6 +206,8 @@ def up(
                                               min=1.0)] = 30.0,
     transport: Annotated[str, _opt("How experience goes from actors to learners: ipc (Unix sockets) or tcp "
                                    "(loopback).")] = "ipc",
+    secure: Annotated[bool, _opt("CURVE on every ZeroMQ socket, with keys made for the run in RUN_DIR/keys "
+                                 "(not yet the default: the services do not yet check roles).")] = False,
     resume: Annotated[Path | None, _opt("Continue the run in this run directory where it was (stopped, finished or "
                                         "crashed), with a new --total-steps or --target-return if given.")] = None,
 ) -> None:
@@ -220,13 +227,13 @@ def up(
             up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
                                          redis_url=redis_url, torch_threads=torch_threads, device=device,
                                          bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                         transport=transport)  # fmt: skip
+                                         transport=transport, secure=secure)  # fmt: skip
         else:
             overrides["num_learners"] = learners or 1
             up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
                                     redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
                                     bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                    transport=transport)  # fmt: skip
+                                    transport=transport, secure=secure)  # fmt: skip
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         fix = "" if resume is not None else ". Fix the flag or the --config file (fields: common/config.py)."
         typer.echo(f"error: {exc}{fix}", err=True)

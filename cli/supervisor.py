@@ -29,6 +29,7 @@ from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import to_json
+from rlmq.common.security import create_keys
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -136,6 +137,13 @@ class Supervisor:
                 "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
         for index in range(self.cfg.actors):
             self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
+        if self.cfg.secure:  # the keys' directory, never a key, on the command lines
+            keys = self.cfg.run_dir / "keys"
+            if not (keys / "server.key_secret").exists():  # a resumed run keeps its keys
+                shutil.rmtree(keys, ignore_errors=True)
+                create_keys(keys, self.cfg.learners, self.cfg.actors)
+            for child in self.children:
+                child.argv += ["--keys", str(keys)]
         (self.cfg.run_dir / "ports").mkdir(exist_ok=True)
         for child in self.children:
             # A planned port, for Prometheus to be told where to scrape; a child that finds it taken

@@ -458,6 +458,7 @@ class CoordinatorConfig:
     actor_timeout_s: float = 10.0  # an actor silent this long counts as gone
     shutdown_grace_s: float = 5.0  # after `stop`, wait this long for learners' final weights
     redis_outage_s: float = 30.0  # ride out a Redis outage this long (retrying), then exit 1
+    keys_dir: str = ""  # the run's CURVE keys (common/security.py); "": plain ZeroMQ
     failpoint: str = ""  # tests only: a named point at which to die (coordinator/population.py)
 
 
@@ -490,6 +491,7 @@ class LearnerConfig:
     # fails the rank. The rendezvous at start waits longer: ranks may start minutes apart.
     collective_timeout_s: float = 30.0
     checkpoint_dir: str = ""  # the root of the learner checkpoints (each rank: its rank{r}/); "": none
+    keys_dir: str = ""  # the run's CURVE keys (common/security.py); "": plain ZeroMQ
     failpoint: str = ""  # tests only: a named point at which to die (learners/learner.py)
 
     def __post_init__(self) -> None:
@@ -506,4 +508,5 @@ class ActorConfig:
     metrics_port: int = 0
     bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
     announce_file: str = ""  # write the ports bound here (`rlmq up`)
+    keys_dir: str = ""  # the run's CURVE keys (common/security.py; this actor's are `name`'s); "": plain ZeroMQ
     max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)

@@ -160,7 +160,46 @@ class Gatekeeper(ThreadAuthenticator):
         return self.allowed[z85.encode(client_public_key)].user_id
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What a service applies to its sockets: CURVE with `keys`, or nothing (None: a run without
+    keys, plain ZeroMQ)."""
+
+    keys: Keys | None = None
+
+    @classmethod
+    def load(cls, keys_dir: str, name: str | None, serves: bool) -> Credentials:
+        return cls(load_keys(Path(keys_dir), name, serves) if keys_dir else None)
+
+    def server(self, sock: zmq.Socket) -> None:
+        if self.keys is not None:
+            serve_securely(sock, self.keys)
+
+    def client(self, sock: zmq.Socket) -> None:
+        if self.keys is not None:
+            connect_securely(sock, self.keys)
+
+    def gatekeeper(self, ctx: zmq.Context, refused: Callable[[str, bool], None]) -> Gatekeeper | None:
+        """The process's ZAP handler, started (before its server sockets bind); None without keys."""
+        if self.keys is None:
+            return None
+        gatekeeper = Gatekeeper(ctx, self.keys.allowed, refused)
+        gatekeeper.start()
+        return gatekeeper
+
+
 def log_refusal(key: str, first: bool) -> None:
     """`Gatekeeper`'s default `refused`: a line for the first refusal of each key."""
     if first:
         log.warning("refused a client whose key is not on this run's allow-list: %s… (each key logged once)", key[:8])
+
+
+def counting_refusals(count: Callable[[], object]) -> Callable[[str, bool], None]:
+    """A service's `refused`: `count()` each refusal (its rejected-messages metric, reason "auth"),
+    and a log line for each key's first."""
+
+    def refused(key: str, first: bool) -> None:
+        count()
+        log_refusal(key, first)
+
+    return refused

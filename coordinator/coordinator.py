@@ -23,6 +23,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
+from rlmq.common.security import Credentials, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
@@ -49,9 +50,13 @@ class Coordinator:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        credentials = Credentials.load(cfg.keys_dir, None, serves=True)
+        self.gatekeeper = credentials.gatekeeper(ctx, counting_refusals(self.metrics.rejected.labels("auth").inc))
         self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
+        credentials.server(self.control)
         self.control_endpoint = transport.bind(self.control, cfg.control_bind, cfg.control_fd)
         self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
+        credentials.server(self.broadcast)
         self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind, cfg.broadcast_fd)
 
         saved = store.load_config()
@@ -332,6 +337,8 @@ class Coordinator:
     def close(self) -> None:
         self.control.close()
         self.broadcast.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
 
 
 def _actor_index(name: str, default: int) -> int:

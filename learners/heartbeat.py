@@ -14,11 +14,14 @@ import time
 import zmq
 
 from rlmq.common import transport, wire
+from rlmq.common.security import Credentials
 
 
 class HeartbeatThread:
-    def __init__(self, ctx: zmq.Context, coordinator: str, identity: bytes, name: str, rank: int) -> None:
+    def __init__(self, ctx: zmq.Context, coordinator: str, identity: bytes, name: str, rank: int,
+                 credentials: Credentials | None = None) -> None:  # fmt: skip
         self.ctx, self.coordinator, self.identity, self.name, self.rank = ctx, coordinator, identity, name, rank
+        self.credentials = credentials or Credentials()
         self.iteration = 0
         self.entered = 0.0  # monotonic time the synchronised part began; 0: not in it
         self._stop = threading.Event()
@@ -38,6 +41,7 @@ class HeartbeatThread:
     def _run(self) -> None:
         # Its own socket, made, used and closed in this thread: ZeroMQ sockets are not shared.
         sock = transport.make_socket(self.ctx, zmq.DEALER, identity=self.identity)
+        self.credentials.client(sock)
         sock.connect(self.coordinator)
         try:
             while True:

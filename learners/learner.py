@@ -27,6 +27,7 @@ from rlmq.common import transport, wire
 from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
+from rlmq.common.security import Credentials, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
@@ -61,9 +62,13 @@ class Learner:
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.name = f"learner-{cfg.rank}"
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        credentials = Credentials.load(cfg.keys_dir, self.name, serves=True)
+        self.gatekeeper = credentials.gatekeeper(self.ctx, counting_refusals(self.metrics.rejected.labels("auth").inc))
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
+        credentials.client(self.control)
         self.control.connect(cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
+        credentials.server(self.experience)
         if cfg.experience_ipc:  # actors on this host only
             self.endpoint = transport.bind(self.experience, f"ipc://{cfg.experience_ipc}", cfg.experience_fd)
         else:
@@ -71,12 +76,13 @@ class Learner:
                                   cfg.experience_fd).rsplit(":", 1)[1]
             self.endpoint = f"tcp://{cfg.advertise_host}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
+        credentials.client(self.directives)
         if cfg.rank == 0:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
             self.directives.connect(cfg.broadcast)
         self.heartbeat = HeartbeatThread(self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(),
-                                         self.name, cfg.rank)  # fmt: skip
+                                         self.name, cfg.rank, credentials)  # fmt: skip
         self.counts = collections.Counter[str]()
         self.log_reject = RejectLog(log)
         self.lags: list[int] = []
@@ -414,6 +420,8 @@ class Learner:
         self.heartbeat.close()
         for sock in (self.control, self.experience, self.directives):
             sock.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
 
 
 def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> int:

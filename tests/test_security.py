@@ -4,16 +4,20 @@ server's handler, and the key files are this user's alone."""
 
 from __future__ import annotations
 
+import json
+import re
 import stat
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
+from procs import descendants, start_up, wait_until_stepping
 
-from rlmq.common import security, transport
+from rlmq.common import security, transport, wire
 from rlmq.common.security import Gatekeeper, Peer
 
 
@@ -113,3 +117,36 @@ def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "is not empty" in again.stderr and "choose another directory" in again.stderr
     assert security.load_keys(tmp_path / "keys", None, serves=True).allowed == allowed, "the keys were overwritten"
+
+
+@pytest.mark.slow
+def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_path: Path) -> None:
+    """`rlmq up --secure`: every process on CURVE with the run's keys. A client without keys and
+    one with a key of another run each say Hello to the coordinator as an actor and get no
+    `Assign`; the wrongly keyed one is counted (reason "auth"); the run learns as usual."""
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--secure", "--target-return", "200",
+                  "--total-steps", "400000", "--seed", "1")  # fmt: skip
+    wait_until_stepping(run_dir, up)
+    (control,) = [cmd.split("--control-bind ")[1].split()[0] for cmd in descendants(up.pid).values()
+                  if "rlmq.cli coordinator" in cmd]  # fmt: skip
+    security.create_keys(tmp_path / "other", learners=0, actors=1)
+    theirs = security.load_keys(tmp_path / "other", "actor-0", serves=False)
+    server_public = security.load_keys(run_dir / "keys", "actor-0", serves=False).server_public
+    intruders = {"no keys": None, "another run's key": security.Keys(server_public, theirs.public, theirs.secret, None, {})}
+    ctx = zmq.Context()
+    try:
+        for what, keys in intruders.items():
+            sock = client(ctx, control, keys)
+            sock.send(wire.encode(wire.Hello(role="actor", name="actor-0", pid=1)))
+            assert not sock.poll(2000), f"the coordinator answered a client with {what}"
+            sock.close(0)
+    finally:
+        ctx.term()
+    groups = json.loads((run_dir / "prometheus_targets.json").read_text())
+    (target,) = [g["targets"][0] for g in groups if g["labels"]["role"] == "coordinator"]
+    metrics = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
+    assert re.search(r'rlmq_rejected_messages_total\{reason="auth"\} [1-9]', metrics), metrics
+    output, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, output
+    assert json.loads((run_dir / "summary.json").read_text())["success"]
