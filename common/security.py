@@ -30,6 +30,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from rlmq.common import wire
+
 log = logging.getLogger(__name__)
 
 ROLES = ("learner", "actor")
@@ -53,6 +55,43 @@ class Peer:
     def parse(cls, user_id: str) -> Peer | None:
         role, _, name = user_id.partition(":")
         return cls(role, name) if role in ROLES and name else None
+
+    def is_learner(self, rank: int) -> bool:
+        return self.role == "learner" and self.name == f"learner-{rank}"
+
+    def is_actor(self, name: str) -> bool:
+        return self.role == "actor" and self.name == name
+
+
+def check_sender(frame: zmq.Frame, message: wire.Message) -> None:
+    """On a secure run's server socket: `WireError` (reason "role") unless the key `frame` came
+    with may send `message`."""
+    peer = peer_of(frame)
+    problem = refusal(peer, message) if peer is not None else "a message without a listed key's identity"
+    if problem:
+        raise wire.WireError("role", problem)
+
+
+def refusal(peer: Peer | None, message: wire.Message) -> str:
+    """Why `peer` may not send `message` ("": it may); what each role may say, and as whom. On a
+    run without keys (`peer` None) anyone may say anything: that is the trusted network's place.
+    A learner's key speaks for its rank alone, an actor's for its name alone, and only rank 0
+    publishes weights; nobody sends the coordinator's own messages (Assign, Decision, ...)."""
+    if peer is None:
+        return ""
+    match message:
+        case wire.Hello(role="learner", rank=rank) | wire.LearnerReport(rank=rank) | wire.LearnerHeartbeat(rank=rank):
+            allowed = peer.is_learner(rank)
+        case wire.Hello(role="actor", name=name) | wire.ActorReport(name=name):
+            allowed = peer.is_actor(name)
+        case wire.Rollout():
+            allowed = peer.role == "actor"
+        case wire.Weights():
+            allowed = peer.is_learner(0)
+        case _:
+            allowed = False
+    return "" if allowed else f"{peer.user_id} may not send {type(message).__name__} " + (
+        f"as {message.role} {message.name!r}" if isinstance(message, wire.Hello) else "")
 
 
 def client_names(learners: int, actors: int) -> list[Peer]:

@@ -23,7 +23,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
-from rlmq.common.security import Credentials, counting_refusals
+from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
@@ -237,12 +237,15 @@ class Coordinator:
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def handle(self, identity: bytes, frame: bytes) -> None:
+    def handle(self, identity: bytes, frame: bytes, sender: zmq.Frame | None = None) -> None:
+        """One message; `sender` (a secure run's): the frame as received, whose key says who sent it."""
         try:
             message = wire.decode(frame)
             handler = self.handlers.get(type(message))
             if handler is None:
                 raise wire.WireError("unexpected_kind", type(message).__name__)
+            if self.gatekeeper is not None and sender is not None:  # a secure run: as whom may it speak
+                check_sender(sender, message)
             handler(identity, message, frame)
         except wire.WireError as exc:
             self.log_reject(exc.reason, str(exc), len(frame), identity)
@@ -256,9 +259,9 @@ class Coordinator:
         while not self.stop.is_set() and (until is None or time.monotonic() < until):
             self.metrics.heartbeat.beat()
             if self.control.poll(int(TICK_S * 1000), zmq.POLLIN):
-                parts = self.control.recv_multipart(copy=True)
+                parts = self.control.recv_multipart(copy=False)
                 if len(parts) == 2:
-                    self.handle(parts[0], parts[1])
+                    self.handle(parts[0].bytes, parts[1].bytes, parts[1])
                 else:
                     self.metrics.rejected.labels("garbage").inc()
             if tick.due() and self.on_tick():

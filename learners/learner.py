@@ -27,7 +27,7 @@ from rlmq.common import transport, wire
 from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
-from rlmq.common.security import Credentials, counting_refusals
+from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
@@ -108,6 +108,8 @@ class Learner:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts) - 1} frames after the identity")
                 actor, message = parts[0].bytes, wire.decode(parts[1].buffer)
+                if self.gatekeeper is not None:  # a secure run: only actors, each as itself
+                    check_sender(parts[1], message)
                 if isinstance(message, wire.Hello):
                     self.members.hello(actor, message.member)
                     continue

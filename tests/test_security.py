@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 from procs import descendants, start_up, wait_until_stepping
@@ -123,7 +124,8 @@ def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory
 def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_path: Path) -> None:
     """`rlmq up --secure`: every process on CURVE with the run's keys. A client without keys and
     one with a key of another run each say Hello to the coordinator as an actor and get no
-    `Assign`; the wrongly keyed one is counted (reason "auth"); the run learns as usual."""
+    `Assign`; the wrongly keyed one is counted (reason "auth"). The run's own actor key, saying
+    Hello as learner rank 0, is let in and refused its claim (reason "role"). The run learns."""
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "2", "--learners", "2", "--secure", "--target-return", "200",
                   "--total-steps", "400000", "--seed", "1")  # fmt: skip
@@ -133,12 +135,19 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
     security.create_keys(tmp_path / "other", learners=0, actors=1)
     theirs = security.load_keys(tmp_path / "other", "actor-0", serves=False)
     server_public = security.load_keys(run_dir / "keys", "actor-0", serves=False).server_public
-    intruders = {"no keys": None, "another run's key": security.Keys(server_public, theirs.public, theirs.secret, None, {})}
+    actor_hello = wire.Hello(role="actor", name="actor-0", pid=1)
+    intruders = {
+        "no keys": (None, actor_hello),
+        "another run's key": (security.Keys(server_public, theirs.public, theirs.secret, None, {}), actor_hello),
+        "an actor's key as learner 0": (security.load_keys(run_dir / "keys", "actor-1", serves=False),
+                                        wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
+                                                   experience_endpoint="tcp://127.0.0.1:9")),
+    }  # fmt: skip
     ctx = zmq.Context()
     try:
-        for what, keys in intruders.items():
+        for what, (keys, hello) in intruders.items():
             sock = client(ctx, control, keys)
-            sock.send(wire.encode(wire.Hello(role="actor", name="actor-0", pid=1)))
+            sock.send(wire.encode(hello))
             assert not sock.poll(2000), f"the coordinator answered a client with {what}"
             sock.close(0)
     finally:
@@ -146,7 +155,34 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
     groups = json.loads((run_dir / "prometheus_targets.json").read_text())
     (target,) = [g["targets"][0] for g in groups if g["labels"]["role"] == "coordinator"]
     metrics = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
-    assert re.search(r'rlmq_rejected_messages_total\{reason="auth"\} [1-9]', metrics), metrics
+    for reason in ("auth", "role"):
+        assert re.search(rf'rlmq_rejected_messages_total{{reason="{reason}"}} [1-9]', metrics), metrics
     output, _ = up.communicate(timeout=300)
     assert up.returncode == 0, output
     assert json.loads((run_dir / "summary.json").read_text())["success"]
+
+
+ACTOR, LEARNER_0, LEARNER_1 = Peer("actor", "actor-3"), Peer("learner", "learner-0"), Peer("learner", "learner-1")
+WEIGHTS = wire.Weights(member=0, version=1, params={"w": np.zeros(1, np.float32)})
+
+
+@pytest.mark.parametrize("peer,message,allowed", [
+    (ACTOR, wire.Hello(role="actor", name="actor-3", pid=1), True),
+    (ACTOR, wire.Hello(role="actor", name="actor-4", pid=1), False),  # another actor's name
+    (ACTOR, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # an actor as a learner
+    (ACTOR, wire.ActorReport(name="actor-3", member=0, env_steps=10), True),
+    (ACTOR, wire.ActorReport(name="actor-4", member=0, env_steps=10), False),
+    (ACTOR, wire.LearnerReport(name="learner-0", rank=0, updates=1, samples=1, policy_version=1, stale_dropped=0,
+                               mean_policy_lag=0.0), False),
+    (ACTOR, WEIGHTS, False),
+    (LEARNER_1, wire.Hello(role="learner", name="learner-1", pid=1, rank=1), True),
+    (LEARNER_1, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # another rank
+    (LEARNER_1, wire.LearnerHeartbeat(name="learner-1", rank=1, iteration=0, waiting_s=0.0), True),
+    (LEARNER_1, WEIGHTS, False),  # only rank 0 publishes
+    (LEARNER_0, WEIGHTS, True),
+    (LEARNER_0, wire.ActorReport(name="actor-3", member=0, env_steps=10), False),
+    (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),  # the coordinator's
+    (None, WEIGHTS, True),  # a run without keys trusts its network
+])  # fmt: skip
+def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message, allowed: bool) -> None:
+    assert (security.refusal(peer, message) == "") == allowed
