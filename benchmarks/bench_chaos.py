@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
 from procs import descendants  # noqa: E402  (the tests' helper, on the path above)
 
+from rlmq.cli.rundir import run_redis_of  # noqa: E402
 from rlmq.coordinator.store import RunStore  # noqa: E402
 
 POLL_S = 0.1
@@ -94,8 +95,7 @@ class Watch:
         self.longest_stall = 0.0
         self.actor_steps: dict[int, float] = {}  # actor pid → its counter, last polled
         self.faults: list[dict[str, Any]] = []
-        info = json.loads((run_dir / "run.json").read_text())
-        self.store = RunStore.connect(info["redis_url"], info["run"], outage_s=0, timeout_s=0.5, report=None)
+        self.store = RunStore.connect(*run_redis_of(run_dir), outage_s=0, timeout_s=0.5, report=None)
 
     def poll(self) -> None:
         now = time.monotonic()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from rlmq.cli.rundir import run_redis_of
 from rlmq.coordinator.store import RunStore
 
 CASES = {  # name → (env, algo, target, stop at env steps)
@@ -41,8 +42,7 @@ def up(run_dir: Path, *args: str) -> subprocess.Popen[bytes]:
 
 def env_steps(run_dir: Path) -> int:
     try:
-        info = json.loads((run_dir / "run.json").read_text())
-        return int(RunStore.connect(info["redis_url"], info["run"], timeout_s=0.5, report=None).status().env_steps)
+        return int(RunStore.connect(*run_redis_of(run_dir), timeout_s=0.5, report=None).status().env_steps)
     except Exception:  # not started, or between sessions
         return 0
 

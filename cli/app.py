@@ -36,6 +36,8 @@ MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none)
 Announce = Annotated[str, _opt("Write the ports this process bound to this JSON file.", "ANNOUNCE", hidden=True)]
 Fd = Annotated[int, _opt("A listening socket inherited from rlmq up (-1: bind here).", hidden=True)]
 BindHost = Annotated[str, _opt("Address this process's listeners bind (*: every interface).", "BIND_HOST")]
+RedisPasswordFile = Annotated[str, _opt("A file holding the Redis password (kept out of process listings; "
+                                        "`rlmq up` writes one for its private Redis).", "REDIS_PASSWORD_FILE")]
 KeysDir = Annotated[str, _opt("The run's CURVE keys (`rlmq keys`): every ZeroMQ socket authenticated and encrypted; "
                               "empty: plain ZeroMQ.", "KEYS_DIR")]
 RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
@@ -86,6 +88,7 @@ def coordinator(
     control_fd: Fd = -1,
     broadcast_fd: Fd = -1,
     redis_outage_s: RedisOutage = 30.0,
+    redis_password_file: RedisPasswordFile = "",
     keys: KeysDir = "",
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
@@ -94,12 +97,18 @@ def coordinator(
     stop = _start("coordinator")
     from rlmq.common.config import CoordinatorConfig, RunConfig
     from rlmq.common.loading import load_run_config
+    from rlmq.common.redis_urls import with_password
     from rlmq.coordinator.coordinator import main
 
     try:
         config = load_run_config(run_config, {}) if run_config else RunConfig()
     except (OSError, ValueError) as exc:
         typer.echo(f"error: run config {run_config}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    try:
+        redis_url = with_password(redis_url, redis_password_file)
+    except OSError as exc:
+        typer.echo(f"error: --redis-password-file {redis_password_file}: {exc.strerror or exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
                             broadcast_bind=broadcast_bind, metrics_port=metrics_port, bind_host=bind_host,
@@ -328,12 +337,13 @@ def status(
     run_dir: Annotated[Path, _opt("Run directory of an `rlmq up` run.")] = Path("runs/latest"),
     redis_url: Annotated[str | None, _opt("Redis URL (default: from the run directory).", "REDIS_URL")] = None,
     run: Annotated[str | None, _opt("Run id (default: from the run directory).", "RUN")] = None,
+    redis_password_file: RedisPasswordFile = "",
 ) -> None:
     """Print a run's live status from Redis."""
     from rlmq.cli.status import show_status
 
     _require_redis_url(redis_url)
-    raise typer.Exit(show_status(run_dir, redis_url, run))
+    raise typer.Exit(show_status(run_dir, redis_url, run, redis_password_file))
 
 
 @app.command()
@@ -342,9 +352,11 @@ def check(
     max_age: Annotated[float | None, _opt("Also fail when the service loop last ran longer ago (s).")] = None,
     redis_url: Annotated[str | None, _opt("Also fail when this Redis does not answer PING.")] = None,
     timeout: Annotated[float, _opt("Seconds to wait for each answer.")] = 2.0,
+    redis_password_file: RedisPasswordFile = "",
 ) -> None:
     """Probe a service in this container (readiness, liveness): exit 0, or 1 with what to fix."""
     from rlmq.cli.check import CheckFailed, run_check
+    from rlmq.common.redis_urls import with_password
 
     if metrics_port <= 0:
         typer.echo("error: rlmq check needs the service's fixed metrics port: pass --metrics-port "
@@ -352,7 +364,11 @@ def check(
         raise typer.Exit(EXIT_USAGE)
     _require_redis_url(redis_url)
     try:
+        redis_url = None if redis_url is None else with_password(redis_url, redis_password_file)
         typer.echo(run_check(metrics_port, max_age, redis_url, timeout))
+    except OSError as exc:
+        typer.echo(f"error: --redis-password-file {redis_password_file}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     except CheckFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlmq.common.redis_urls import shown_url
+
 HEARTBEAT = "rlmq_loop_heartbeat_timestamp_seconds"
 
 
@@ -80,8 +82,8 @@ def ping_redis(url: str, timeout_s: float) -> None:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
         client.ping()
     except (redis.RedisError, OSError, ValueError) as exc:
-        raise CheckFailed(f"Redis at {url} does not answer PING within {timeout_s:g} s ({exc}): "
-                          "start Redis or fix --redis-url") from None
+        raise CheckFailed(f"Redis at {shown_url(url)} does not answer PING within {timeout_s:g} s ({exc}): "
+                          "start Redis or fix --redis-url (and --redis-password-file)") from None
 
 
 def run_check(port: int, max_age_s: float | None, redis_url: str | None, timeout_s: float) -> str:

@@ -6,6 +6,7 @@ ships (a dependency of rlmq), so a fresh machine needs nothing else.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import time
@@ -40,12 +41,25 @@ class RedisServer:
     with the thread that started it (PR_SET_PDEATHSIG follows the parent thread, not the process).
     """
 
-    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, persist: bool = True, password: bool = False) -> None:
+        """With `password`, the server requires a random one, from a config file and never its
+        command line; it is in `password_file` (mode 0600) and in `url` (in memory only)."""
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.args = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+        config: list[str] = []
+        self.password_file = ""
+        if password:
+            secret = secrets.token_urlsafe(24)
+            conf, password_path = data_dir / "redis.conf", data_dir / "password"
+            for path, text in ((conf, f"requirepass {secret}\n"), (password_path, secret + "\n")):
+                path.touch(mode=0o600)
+                path.chmod(0o600)
+                path.write_text(text)
+            config, self.password_file = [str(conf)], str(password_path)
+            self.url = f"redis://:{secret}@127.0.0.1:{self.port}/0"
+        self.args = [server_binary(), *config, "--port", str(self.port), "--bind", "127.0.0.1",
                      "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
                      "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
         self._spawn()

@@ -21,9 +21,10 @@ from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
+from rlmq.common.redis_urls import shown_url
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import MemberRecord, RunStatus
-from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore, shown_url
+from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore
 
 MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at
 # The watch loop's Redis reads give up this soon (their budget and their socket timeouts).

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
+from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import LoggedDecision, MemberRecord, RunStatus
 from rlmq.coordinator.store import RunStore
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 CSV_FIELDS = ("time", "env_steps", "episodes", "mean_return", "steps_per_s", "policy_lag")
+
+
+def run_redis_of(run_dir: Path) -> tuple[str, str]:
+    """(the Redis URL of the run in `run_dir`, with its password if it has one; the run id), from
+    the run.json `rlmq up` writes. OSError, KeyError or ValueError when there is none to read."""
+    info = json.loads((run_dir / "run.json").read_text())
+    return with_password(info["redis_url"], info.get("redis_password_file", "")), str(info["run"])
 
 
 def point_latest(run_dir: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -10,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlmq.cli.rundir import run_redis_of
 from rlmq.common.config import ALGORITHMS, HyperRange, RunConfig
+from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rlmq.coordinator.records import LoggedDecision, MemberRecord
-from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
 PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
 
@@ -38,7 +39,7 @@ def describe_obs(spec: EnvSpec) -> str:
     return f"{spec.obs_dtype}{list(spec.obs_shape)}"
 
 
-def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
+def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_file: str = "") -> int:
     if redis_url is None or run is None:
         info_path = run_dir / "run.json"
         if not info_path.exists():
@@ -48,8 +49,9 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        info = json.loads(info_path.read_text())
-        redis_url, run = redis_url or info["redis_url"], run or info["run"]
+        own_url, own_run = run_redis_of(run_dir)  # with the password `rlmq up` keeps for its Redis
+        redis_url, run = redis_url or own_url, run or own_run
+    redis_url = with_password(redis_url, password_file)
     store = RunStore.connect(redis_url, run)
     try:
         status = store.status()

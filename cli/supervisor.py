@@ -29,6 +29,7 @@ from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import to_json
+from rlmq.common.redis_urls import shown_url, without_password
 from rlmq.common.security import create_keys
 from rlmq.common.service import (
     EXIT_FAILED,
@@ -42,7 +43,7 @@ from rlmq.common.service import (
 )  # fmt: skip
 from rlmq.common.transport import free_port
 from rlmq.coordinator.records import RunStatus
-from rlmq.coordinator.store import RunStore, shown_url
+from rlmq.coordinator.store import RunStore
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
@@ -84,6 +85,8 @@ class Supervisor:
     def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None,
                  redis_outage_s: float = 30.0) -> None:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
+        # The coordinator is told the URL without its password, and where to read the password.
+        self.redis_address, self.redis_password_file = redis_address(redis_url, redis_server, cfg.run_dir)
         self.redis = run_redis.RunRedis(redis_url, redis_server, redis_outage_s, cfg.run, cfg.run_dir, cfg.run_config)
         self.children: list[Child] = []
         self.world_restarts = 0
@@ -116,7 +119,8 @@ class Supervisor:
         reach = "127.0.0.1" if host == "*" else host  # where the children find each other
         endpoints = ["--coordinator", f"tcp://{reach}:{control.port}", "--broadcast", f"tcp://{reach}:{broadcast.port}"]
         self.children.append(Child("coordinator", "coordinator", [
-            *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_url,
+            *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_address,
+            "--redis-password-file", self.redis_password_file,
             "--run-config", str(self.cfg.run_dir / "config.json"),
             "--control-bind", f"tcp://{host}:{control.port}", "--control-fd", str(control.fd),
             "--broadcast-bind", f"tcp://{host}:{broadcast.port}", "--broadcast-fd", str(broadcast.fd)],
@@ -377,7 +381,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
     rundir.point_latest(cfg.run_dir)
     try:
-        redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis")
+        redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis", password=True)
     except RuntimeError as exc:  # no binary, or it would not start: the message says what to do
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -387,10 +391,11 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         if redis_server is not None:
             redis_server.stop()
         return EXIT_FAILED
-    with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
-        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": redis_url, "pid": os.getpid(),
-                                   "private_redis": redis_server is not None}))  # fmt: skip
     supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
+    with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
+        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": supervisor.redis_address, "pid": os.getpid(),
+                                   "redis_password_file": supervisor.redis_password_file,
+                                   "private_redis": redis_server is not None}))  # fmt: skip
     supervisor.install_signals()
     launched = time.time()
     try:
@@ -412,6 +417,21 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)
+
+
+def redis_address(url: str, server: RedisServer | None, run_dir: Path) -> tuple[str, str]:
+    """(`url` without its password, the file that holds it: "" for a Redis without one). The
+    private server keeps its own; a password in --redis-url goes to RUN_DIR/redis-password, 0600."""
+    address, password = without_password(url)
+    if not password:
+        return address, ""
+    if server is not None:
+        return address, server.password_file
+    path = run_dir / "redis-password"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(password + "\n")
+    return address, str(path)
 
 
 def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:

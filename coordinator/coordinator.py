@@ -23,6 +23,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
+from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
@@ -35,7 +36,7 @@ from rlmq.common.service import (
 )
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import EXIT_FAILPOINT, Population
-from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore, shown_url
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5

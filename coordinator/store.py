@@ -24,7 +24,6 @@ import json
 import logging
 import re
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from redis.retry import Retry
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
+from rlmq.common.redis_urls import shown_url
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import (
     STATUS_FIELDS,
@@ -62,15 +62,6 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.Timeo
 NOT_OUTAGES = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
 T = TypeVar("T")
 log = logging.getLogger("rlmq.store")
-
-
-def shown_url(url: str) -> str:
-    """`url` with its password masked, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 class OutageRetry(Retry):

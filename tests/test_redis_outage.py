@@ -27,9 +27,10 @@ from procs import start_up, wait_for, wait_until_stepping
 
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
+from rlmq.common.redis_urls import shown_url
 from rlmq.common.transport import free_port
 from rlmq.coordinator.records import RunStatus
-from rlmq.coordinator.store import RunStore, shown_url
+from rlmq.coordinator.store import RunStore
 
 
 @pytest.fixture

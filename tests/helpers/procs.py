@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from rlmq.cli.rundir import run_redis_of
 from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
 
@@ -41,8 +42,7 @@ def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float
     def stepping() -> RunStore | None:
         if not (run_dir / "run.json").exists():
             return None
-        info = json.loads((run_dir / "run.json").read_text())
-        store = RunStore.connect(info["redis_url"], info["run"])
+        store = RunStore.connect(*run_redis_of(run_dir))
         try:
             return store if store.status().env_steps > 0 else None
         except redis.ConnectionError:  # the run is over and its Redis gone: the next poll says why
