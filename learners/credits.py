@@ -6,8 +6,9 @@ many actors there are, at most `budget` rollouts exist for this learner at once,
 stays near budget / rollouts-per-update instead of growing with the actor count and the socket
 buffers. With learner batching (`most` > budget) the budget follows the fleet: one credit per
 actor that holds one or was heard from within the request TTL, at least `budget` and at most
-`most`, so that N actors feed a batch N rollouts wide, one update old at most. The learner drops a rollout from an actor that holds no credit, so the bound is enforced,
-not hoped for. Pure bookkeeping.
+`most`, so that N actors feed a batch N rollouts wide, one update old at most. The learner drops
+a rollout from an actor that holds no credit, so the bound is enforced, not hoped for. Pure
+bookkeeping.
 
 No peer can stall it, alive or dead:
 - A request for credit is a lease. An actor that waits repeats its request (a `Hello`) every

@@ -5,9 +5,8 @@ another's, and its own version, which counts the updates it took part in. A rank
 update when every member has a batch queued, or when some member has one that has waited
 `wait_s` (members without actors, or slower ones, must not stall the rest). A batch is at least
 `rollouts_per_batch` rollouts and takes every one queued up to `most_per_batch` (learner batching:
-more actors, larger batches). A batch that has
-waited `rank_wait_s` makes the rank *overdue*: the world then updates at once, the ranks without
-data on an empty batch (learner.py).
+more actors, larger batches). A batch that has waited `rank_wait_s` makes the rank *overdue*: the
+world then updates at once, the ranks without data on an empty batch (learner.py).
 """
 
 from __future__ import annotations
