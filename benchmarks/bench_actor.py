@@ -24,7 +24,9 @@ loops in the same phase of a host whose speed drifts by tens of per cent within 
 figure is the median of the pairs' ratios (with the ratio of the two sides' medians beside it).
 It also prints the actor's start-up: launch → its first rollout at the sink.
 Children run with OMP/OPENBLAS/MKL threads=1; `--cpu K` pins both measured loops to core K (the
-peers stay unpinned: give them another core). Target: actor / bare ≥ 0.9 (≥ 0.8 for pixels).
+peers stay unpinned: give them another core). With `--secure`, the peers serve on CURVE behind a
+gatekeeper and the actor connects with its key (`rlmq keys`; `common/security.py`), as in
+`rlmq up --secure`. Target: actor / bare ≥ 0.9 (≥ 0.8 for pixels).
 
     python benchmarks/bench_actor.py --num-envs 64 --pairs 15
     python benchmarks/bench_actor.py --env ALE/Pong-v5 --num-envs 8 --hidden 512 --pairs 7
@@ -33,14 +35,18 @@ peers stay unpinned: give them another core). Target: actor / bare ≥ 0.9 (≥ 
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -49,6 +55,7 @@ from rlmq.common import envs, transport, wire
 from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.schema import EnvSpec
+from rlmq.common.security import Credentials, create_keys, log_refusal
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -123,11 +130,15 @@ def pin(cpu: int | None) -> None:
 class Peers:
     """Coordinator stand-in, silent broadcast and a learner-like sink, on one ZeroMQ context."""
 
-    def __init__(self, assign: wire.Assign, credits: int) -> None:
+    def __init__(self, assign: wire.Assign, credits: int, keys_dir: str = "") -> None:
         ctx: zmq.Context = zmq.Context.instance()
+        credentials = Credentials.load(keys_dir, None, serves=True)
+        self.gatekeeper = credentials.gatekeeper(ctx, log_refusal)
         self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
         self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
         self.sink = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
+        for sock in (self.control, self.broadcast, self.sink):
+            credentials.server(sock)
         self.control_endpoint = transport.bind(self.control, "tcp://127.0.0.1:0")
         self.broadcast_endpoint = transport.bind(self.broadcast, "tcp://127.0.0.1:0")
         self.sink_endpoint = transport.bind(self.sink, "tcp://127.0.0.1:0")
@@ -205,15 +216,23 @@ class Peers:
     def close(self) -> None:
         for sock in (self.control, self.broadcast, self.sink):
             sock.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
 
 
 def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace,
               child_env: dict[str, str]) -> list[tuple[Rate, Rate]]:  # fmt: skip
     """Start both loops, warm both up, then `--pairs` × (bare turn, actor turn)."""
-    peers = Peers(assign, args.credits)
+    keys_dir = ""
+    if args.secure:  # a run's keys, for this one run of the script
+        scratch = tempfile.mkdtemp(prefix="rlmq-bench-keys-")
+        atexit.register(shutil.rmtree, scratch, True)
+        keys_dir = str(Path(scratch) / "keys")
+        create_keys(Path(keys_dir), learners=0, actors=1)
+    peers = Peers(assign, args.credits, keys_dir)
     argv = [sys.executable, "-m", "rlmq.cli", "actor", "--name", "actor-0",
             "--coordinator", peers.control_endpoint, "--broadcast", peers.broadcast_endpoint,
-            "--metrics-port", "-1"]  # fmt: skip
+            "--metrics-port", "-1", "--keys", keys_dir]  # fmt: skip
     launched = time.perf_counter()
     actor = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: pin(args.cpu))
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch loaded, same thread limits
@@ -277,6 +296,7 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=None, help="pin the bare loop and the actor to this core")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--startup-timeout-s", type=float, default=60.0)
+    parser.add_argument("--secure", action="store_true", help="CURVE between the actor and its peers")
     args = parser.parse_args()
 
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **dict.fromkeys(THREAD_VARS, "1")}
