@@ -215,8 +215,9 @@ def up(
                                               min=1.0)] = 30.0,
     transport: Annotated[str, _opt("How experience goes from actors to learners: ipc (Unix sockets) or tcp "
                                    "(loopback).")] = "ipc",
-    secure: Annotated[bool, _opt("CURVE on every ZeroMQ socket, with keys made for the run in RUN_DIR/keys "
-                                 "(not yet the default: the services do not yet check roles).")] = False,
+    secure: Annotated[bool, typer.Option("--secure/--insecure", help="CURVE on every ZeroMQ socket, with keys made "
+                                         "for the run in RUN_DIR/keys; --insecure: plain ZeroMQ, for a trusted "
+                                         "single host only.")] = True,
     resume: Annotated[Path | None, _opt("Continue the run in this run directory where it was (stopped, finished or "
                                         "crashed), with a new --total-steps or --target-return if given.")] = None,
 ) -> None:

@@ -403,6 +403,9 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
               f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
         print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library defaults "
               f"(no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` lists them)")  # fmt: skip
+        if not cfg.secure:
+            print("rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
+                  "this host can join the run. For a trusted single host only.", file=sys.stderr, flush=True)
         supervisor.plan()
         for child in supervisor.children:
             if child.role == "coordinator":  # the one child that talks to Redis

@@ -36,7 +36,7 @@ class UpConfig:
     bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
     collective_timeout_s: float = 30.0
     transport: str = "ipc"  # experience from actors to learners: over Unix sockets, or loopback TCP
-    secure: bool = False  # CURVE on every ZeroMQ socket, with keys made for the run (run_dir/keys)
+    secure: bool = True  # CURVE on every ZeroMQ socket, with keys made for the run (run_dir/keys)
     config_file: Path | None = None  # what the run config was read from (None: the library defaults)
     resume: bool = False  # continue the run in run_dir: its Redis state, its learners' checkpoints
 
@@ -44,7 +44,7 @@ class UpConfig:
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
               bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0, transport: str = "ipc",
-              secure: bool = False) -> UpConfig:  # fmt: skip
+              secure: bool = True) -> UpConfig:  # fmt: skip
         if config_file is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
@@ -60,7 +60,7 @@ class UpConfig:
     @classmethod
     def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
                    redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
-                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = False) -> UpConfig:  # fmt: skip
+                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True) -> UpConfig:  # fmt: skip
         """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
         interval if given) and its Redis: the private server's data under `redis/`, else the URL
         it used (or `redis_url`, if the same Redis is reached another way now)."""
