@@ -18,7 +18,7 @@ import pytest
 import zmq
 from procs import descendants, start_up, wait_for, wait_until_stepping
 
-from rlmq.common import wire
+from rlmq.common import security, wire
 from rlmq.coordinator.stragglers import SILENT_S
 
 pytestmark = pytest.mark.slow
@@ -105,7 +105,8 @@ def poisoned_rollout(version: int, steps: int = 32, slots: int = 8) -> wire.Roll
 def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learning(tmp_path: Path) -> None:
     """One run, everything a user's cluster throws at it: it still reaches 475.
     - only loopback listeners;
-    - 500 identities each say Hello to a learner once and never again (a script, or dead actors);
+    - 500 identities each say Hello to a learner once and never again (a script, or dead actors),
+      all with actor-0's key: what a stolen actor key can still do on a run secure by default;
     - a registered actor sends a rollout with rewards of 3e38;
     - an actor is SIGKILLed every 2 s (the supervisor restarts it under a new identity);
     and the learners never stand still for more than 2 s."""
@@ -122,16 +123,19 @@ def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learn
         assert held and all(address == "loopback" for address, _ in held), held
 
         endpoints = [record["endpoint"] for _, record in sorted(store.learners().items())]
+        stolen = security.load_keys(run_dir / "keys", "actor-0", serves=False)
         for i in range(500):
             sock = ctx.socket(zmq.DEALER)
+            security.connect_securely(sock, stolen)
             sock.connect(endpoints[i % len(endpoints)])
-            sock.send(wire.encode(wire.Hello(role="actor", name=f"stray-{i}", pid=1, member=0)))
+            sock.send(wire.encode(wire.Hello(role="actor", name="actor-0", pid=1, member=0)))
             socks.append(sock)
 
         liar = ctx.socket(zmq.DEALER)
         socks.append(liar)
+        security.connect_securely(liar, stolen)
         liar.connect(endpoints[0])
-        credit = credit_for(liar, wire.Hello(role="actor", name="liar", pid=1, member=0))
+        credit = credit_for(liar, wire.Hello(role="actor", name="actor-0", pid=1, member=0))
         liar.send(wire.encode(poisoned_rollout(credit.policy_version)))
 
         killed = 0
