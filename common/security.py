@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
 
 from rlmq.common import wire
 
@@ -38,6 +40,8 @@ ROLES = ("learner", "actor")
 SERVER = "server"
 ALLOWED_FILE = "allowed.json"
 MAX_LOGGED_KEYS = 4096  # refused keys remembered so that each is logged once
+# A peer without CURVE fails the handshake on the mechanism (ZMTP "mechanism mismatch"), or early.
+PLAIN_PEER_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 @dataclass(frozen=True)
@@ -174,16 +178,49 @@ def peer_of(frame: zmq.Frame) -> Peer | None:
 
 class Gatekeeper(ThreadAuthenticator):
     """The process's ZAP handler: clients whose public key is on the allow-list get in, as their
-    role and name; `refused(key)` is called once per other key (then it is only counted)."""
+    role and name; `refused(key, first)` is called for every other key (`first`: the first time
+    for that key), and, for the sockets it `watch`es, for every peer that speaks no CURVE at all
+    (key "": ZAP never hears of those; the sockets' monitors do)."""
 
     def __init__(self, ctx: zmq.Context, allowed: dict[bytes, Peer], refused: Callable[[str, bool], None]) -> None:
         super().__init__(ctx)
         self.allowed, self.refused = allowed, refused
         self.logged: set[bytes] = set()
+        self.monitors: list[zmq.Socket] = []
+        self.watching = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, name="gatekeeper-monitors", daemon=True)
 
     def start(self) -> None:
         super().start()
         self.configure_curve_callback("*", credentials_provider=self)
+
+    def watch(self, *socks: zmq.Socket) -> None:
+        """Count the peers without CURVE that `socks` (all the process's server sockets, once)
+        turn away."""
+        assert not self.monitors, "watch a process's server sockets in one call"
+        self.monitors = [sock.get_monitor_socket(PLAIN_PEER_EVENTS) for sock in socks]
+        self.watching.set()
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        poller = zmq.Poller()
+        for monitor in self.monitors:
+            poller.register(monitor, zmq.POLLIN)
+        first = True
+        while self.watching.is_set():
+            for monitor, _ in poller.poll(100):
+                event = recv_monitor_message(monitor)
+                if event["event"] & PLAIN_PEER_EVENTS:
+                    self.refused("", first)
+                    first = False
+        for monitor in self.monitors:
+            monitor.close(0)
+
+    def stop(self) -> None:
+        if self.watcher.is_alive():
+            self.watching.clear()
+            self.watcher.join(timeout=5)
+        super().stop()
 
     def callback(self, domain: str, key: bytes) -> bool:
         """ZAP asks about a connecting client's key (Z85); runs in the handler's thread."""
@@ -219,7 +256,8 @@ class Credentials:
             connect_securely(sock, self.keys)
 
     def gatekeeper(self, ctx: zmq.Context, refused: Callable[[str, bool], None]) -> Gatekeeper | None:
-        """The process's ZAP handler, started (before its server sockets bind); None without keys."""
+        """The process's ZAP handler, started (before its server sockets bind; `watch` them too);
+        None without keys."""
         if self.keys is None:
             return None
         gatekeeper = Gatekeeper(ctx, self.keys.allowed, refused)
@@ -228,9 +266,12 @@ class Credentials:
 
 
 def log_refusal(key: str, first: bool) -> None:
-    """`Gatekeeper`'s default `refused`: a line for the first refusal of each key."""
-    if first:
+    """`Gatekeeper`'s default `refused`: a line for the first refusal of each key, and for the first
+    peer without CURVE."""
+    if first and key:
         log.warning("refused a client whose key is not on this run's allow-list: %s… (each key logged once)", key[:8])
+    elif first:
+        log.warning("refused a client that speaks no CURVE (this run's sockets need the run's keys; logged once)")
 
 
 def counting_refusals(count: Callable[[], object]) -> Callable[[str, bool], None]:

@@ -58,6 +58,8 @@ class Coordinator:
         self.control_endpoint = transport.bind(self.control, cfg.control_bind, cfg.control_fd)
         self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
         credentials.server(self.broadcast)
+        if self.gatekeeper is not None:
+            self.gatekeeper.watch(self.control, self.broadcast)
         self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind, cfg.broadcast_fd)
 
         saved = store.load_config()

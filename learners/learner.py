@@ -69,6 +69,8 @@ class Learner:
         self.control.connect(cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
         credentials.server(self.experience)
+        if self.gatekeeper is not None:
+            self.gatekeeper.watch(self.experience)
         if cfg.experience_ipc:  # actors on this host only
             self.endpoint = transport.bind(self.experience, f"ipc://{cfg.experience_ipc}", cfg.experience_fd)
         else:
