@@ -12,7 +12,8 @@ A server socket asks its process's `Gatekeeper` (pyzmq's ZAP handler thread) abo
 that connects. A key on the allow-list is let in, and every message it sends carries the ZAP
 User-Id "role:name" (`peer_of`), by which a service decides what that message may do. Any other
 key never gets past the handshake, so no handler ever sees its messages: it is counted and logged
-once per key. A peer that speaks no CURVE at all fails the handshake before ZAP is asked.
+once per key. A peer that speaks no CURVE at all fails the handshake before ZAP is asked; the
+server sockets' monitors count it (`Gatekeeper.watch`). What each role may say is `refusal`.
 """
 
 from __future__ import annotations
