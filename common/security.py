@@ -104,21 +104,23 @@ def client_names(learners: int, actors: int) -> list[Peer]:
 
 
 def create_keys(directory: Path, learners: int, actors: int) -> None:
-    """The server's key pair, one per client and the allow-list, readable by this user only."""
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(stat.S_IRWXU)
-    allowed = {}
-    for name in [SERVER, *(peer.name for peer in client_names(learners, actors))]:
-        public_file, secret_file = zmq.auth.create_certificates(directory, name)
-        for path in (public_file, secret_file):
-            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
-        if name != SERVER:
-            public, _ = zmq.auth.load_certificate(public_file)
-            role = name.split("-", 1)[0]
-            allowed[public.decode("ascii")] = {"role": role, "name": name}
-    allowed_path = directory / ALLOWED_FILE
-    allowed_path.write_text(json.dumps(allowed, indent=1))
-    allowed_path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    """The server's key pair, one per client and the allow-list, readable by this user only
+    (created so: the umask is 077 meanwhile, so no file is ever readable by others)."""
+    umask = os.umask(0o077)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(stat.S_IRWXU)
+        allowed = {}
+        for name in [SERVER, *(peer.name for peer in client_names(learners, actors))]:
+            public_file, secret_file = zmq.auth.create_certificates(directory, name)
+            for path in (public_file, secret_file):
+                os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+            if name != SERVER:
+                public, _ = zmq.auth.load_certificate(public_file)
+                allowed[public.decode("ascii")] = {"role": name.split("-", 1)[0], "name": name}
+        (directory / ALLOWED_FILE).write_text(json.dumps(allowed, indent=1))
+    finally:
+        os.umask(umask)
 
 
 @dataclass(frozen=True)
