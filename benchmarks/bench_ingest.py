@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -185,5 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()
