@@ -21,7 +21,7 @@ from rlmq.cli import rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
-from rlmq.common.redis_urls import shown_url
+from rlmq.common.redis_urls import shown_url, without_password
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import MemberRecord, RunStatus
 from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore
@@ -165,3 +165,18 @@ def reopen(url: str, run: str, run_config: RunConfig) -> bool:
     """`rlmq up --resume`: the run in Redis goes on under `run_config` (its new budget and target);
     False if Redis does not hold it."""
     return RunStore.connect(url, run, outage_s=WATCH_REDIS_S, report=None).reopen(run_config)
+
+
+def redis_address(url: str, server: RedisServer | None, run_dir: Path) -> tuple[str, str]:
+    """(`url` without its password, the file that holds it: "" for a Redis without one). The
+    private server keeps its own; a password in --redis-url goes to RUN_DIR/redis-password, 0600."""
+    address, password = without_password(url)
+    if not password:
+        return address, ""
+    if server is not None:
+        return address, server.password_file
+    path = run_dir / "redis-password"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(password + "\n")
+    return address, str(path)

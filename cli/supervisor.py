@@ -29,7 +29,7 @@ from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import to_json
-from rlmq.common.redis_urls import shown_url, without_password
+from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import create_keys
 from rlmq.common.service import (
     EXIT_FAILED,
@@ -86,7 +86,7 @@ class Supervisor:
                  redis_outage_s: float = 30.0) -> None:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
         # The coordinator is told the URL without its password, and where to read the password.
-        self.redis_address, self.redis_password_file = redis_address(redis_url, redis_server, cfg.run_dir)
+        self.redis_address, self.redis_password_file = run_redis.redis_address(redis_url, redis_server, cfg.run_dir)
         self.redis = run_redis.RunRedis(redis_url, redis_server, redis_outage_s, cfg.run, cfg.run_dir, cfg.run_config)
         self.children: list[Child] = []
         self.world_restarts = 0
@@ -420,21 +420,6 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)
-
-
-def redis_address(url: str, server: RedisServer | None, run_dir: Path) -> tuple[str, str]:
-    """(`url` without its password, the file that holds it: "" for a Redis without one). The
-    private server keeps its own; a password in --redis-url goes to RUN_DIR/redis-password, 0600."""
-    address, password = without_password(url)
-    if not password:
-        return address, ""
-    if server is not None:
-        return address, server.password_file
-    path = run_dir / "redis-password"
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(password + "\n")
-    return address, str(path)
 
 
 def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:

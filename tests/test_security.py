@@ -205,3 +205,18 @@ WEIGHTS = wire.Weights(member=0, version=1, params={"w": np.zeros(1, np.float32)
 ])  # fmt: skip
 def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message, allowed: bool) -> None:
     assert (security.refusal(peer, message) == "") == allowed
+
+
+def test_a_redis_password_leaves_the_url_for_a_private_file_and_comes_back(tmp_path: Path) -> None:
+    """What `rlmq up` does with `--redis-url redis://:PASSWORD@host`: the coordinator is told the
+    URL without it and a file (0600) holding it, and puts the two back together in memory."""
+    from rlmq.cli.run_redis import redis_address
+    from rlmq.common.redis_urls import shown_url, with_password
+
+    url = "redis://:s3cr%2Ft@127.0.0.1:6390/2"
+    address, password_file = redis_address(url, None, tmp_path)
+    assert address == "redis://127.0.0.1:6390/2" and "s3cr" not in address
+    assert Path(password_file).read_text().strip() == "s3cr/t"
+    assert stat.S_IMODE(Path(password_file).stat().st_mode) == 0o600
+    assert with_password(address, password_file) == url and "s3cr" not in shown_url(url)
+    assert redis_address("redis://127.0.0.1:6390/0", None, tmp_path) == ("redis://127.0.0.1:6390/0", "")
