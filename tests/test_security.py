@@ -124,25 +124,57 @@ def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory
     assert security.load_keys(tmp_path / "keys", None, serves=True).allowed == allowed, "the keys were overwritten"
 
 
+def option(command: str, flag: str) -> str:
+    return command.split(f"{flag} ")[1].split()[0]
+
+
+def scrape(run_dir: Path, role: str) -> str:
+    """The /metrics of every `role` process of a run, one after another."""
+    groups = json.loads((run_dir / "prometheus_targets.json").read_text())
+    return "".join(urllib.request.urlopen(f"http://{g['targets'][0]}/metrics", timeout=10).read().decode()
+                   for g in groups if g["labels"]["role"] == role)  # fmt: skip
+
+
+def count(metrics: str, reason: str) -> float:
+    return sum(float(v) for v in re.findall(rf'rlmq_rejected_messages_total{{reason="{reason}"}} (\S+)', metrics))
+
+
+def listens(ctx: zmq.Context, endpoint: str, keys: security.Keys | None, wait_ms: int) -> bool:
+    """Whether a subscriber to the broadcast at `endpoint`, holding `keys`, hears anything."""
+    sub = transport.make_socket(ctx, zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    if keys is not None:
+        security.connect_securely(sub, keys)
+    sub.connect(endpoint)
+    try:
+        return bool(sub.poll(wait_ms))
+    finally:
+        sub.close(0)
+
+
 @pytest.mark.slow
 def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_path: Path) -> None:
-    """`rlmq up --secure`: every process on CURVE with the run's keys, and the private Redis behind
-    a password (as every `rlmq up` run's) that `rlmq status` finds. A client without keys and
-    one with a key of another run each say Hello to the coordinator as an actor and get no
-    `Assign`; the wrongly keyed one is counted (reason "auth"). The run's own actor key, saying
-    Hello as learner rank 0, is let in and refused its claim (reason "role"). The run goes on
-    learning to a mean return of 200."""
+    """`rlmq up`, secure by default: every process on CURVE with the run's keys, and the private
+    Redis behind a password that no command line shows and that `rlmq status` finds. A client
+    without keys and one with a key of another run each try everything a peer can: register as
+    an actor, send weights, a report, a learner's report and a decision to the coordinator, push
+    a rollout to a learner, and read the weights broadcast. None gets an answer or hears a
+    broadcast (which the run's own actor key does hear), and the coordinator and the learners
+    count them (reason "auth"). The run's own actor key, saying Hello as learner rank 0, is let
+    in and refused its claim (reason "role"). The run goes on learning to a mean return of 200."""
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--secure", "--total-steps", "100000000", "--seed", "1")
+    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--total-steps", "100000000", "--seed", "1")
     store = wait_until_stepping(run_dir, up)
     processes = descendants(up.pid)
-    (control,) = [cmd.split("--control-bind ")[1].split()[0] for cmd in processes.values()
-                  if "rlmq.cli coordinator" in cmd]  # fmt: skip
+    (coordinator,) = [cmd for cmd in processes.values() if "rlmq.cli coordinator" in cmd]
+    control, broadcast = option(coordinator, "--control-bind"), option(coordinator, "--broadcast-bind")
+    experience = [f"ipc://{option(cmd, '--experience-ipc')}" for cmd in processes.values() if "rlmq.cli learner" in cmd]
+    assert len(experience) == 2
     # The private Redis wants the password `rlmq up` made, which no command line shows.
     info = json.loads((run_dir / "run.json").read_text())
     password = Path(info["redis_password_file"]).read_text().strip()
     assert len(password) >= 24 and stat.S_IMODE(Path(info["redis_password_file"]).stat().st_mode) == 0o600
-    assert not [cmd for cmd in processes.values() if password in cmd], "a password on a command line"
+    assert not [cmd for cmd in descendants(up.pid).values() if password in cmd], "a password on a command line"
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(info["redis_url"], socket_timeout=5).ping()
     for command in (["status", "--run-dir", str(run_dir)],
@@ -152,29 +184,44 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
         assert shown.returncode == 0 and "state running" in shown.stdout, shown.stdout + shown.stderr
     security.create_keys(tmp_path / "other", learners=0, actors=1)
     theirs = security.load_keys(tmp_path / "other", "actor-0", serves=False)
-    server_public = security.load_keys(run_dir / "keys", "actor-0", serves=False).server_public
-    actor_hello = wire.Hello(role="actor", name="actor-0", pid=1)
-    intruders = {
-        "no keys": (None, actor_hello),
-        "another run's key": (security.Keys(server_public, theirs.public, theirs.secret, None, {}), actor_hello),
-        "an actor's key as learner 0": (security.load_keys(run_dir / "keys", "actor-1", serves=False),
-                                        wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
-                                                   experience_endpoint="tcp://127.0.0.1:9")),
-    }  # fmt: skip
+    ours = security.load_keys(run_dir / "keys", "actor-1", serves=False)
+    intruders = {"no keys": None,
+                 "another run's key": security.Keys(ours.server_public, theirs.public, theirs.secret, None, {})}
+    to_coordinator = [
+        wire.Hello(role="actor", name="actor-0", pid=1),
+        wire.Weights(member=0, version=10**6, params={"w": np.zeros(1, np.float32)}, final=True),
+        wire.ActorReport(name="actor-0", member=0, env_steps=10**6, episode_returns=np.full(100, 500.0),
+                         episode_lengths=np.full(100, 500, np.int64)),
+        wire.LearnerReport(name="learner-0", rank=0, policy_version=10**6, updates=1, samples=1, stale_dropped=0,
+                           mean_policy_lag=0.0),
+        wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1.0}),
+    ]  # fmt: skip
+    rollout = wire.Rollout(member=0, policy_version=10**6, actor="actor-0", obs=np.zeros((9, 4, 4), np.float32),
+                           actions=np.zeros((8, 4), np.int64), logprobs=np.zeros((8, 4), np.float32),
+                           rewards=np.full((8, 4), 1e6, np.float32), terminated=np.zeros((8, 4), bool),
+                           truncated=np.zeros((8, 4), bool), valid=np.ones((8, 4), bool))  # fmt: skip
     ctx = zmq.Context()
     try:
-        for what, (keys, hello) in intruders.items():
-            sock = client(ctx, control, keys)
-            sock.send(wire.encode(hello))
-            assert not sock.poll(2000), f"the coordinator answered a client with {what}"
-            sock.close(0)
+        for what, keys in intruders.items():
+            for endpoint, messages in [(control, to_coordinator), *[(e, [wire.Hello(role="actor", name="actor-0", pid=1,
+                                                                                    member=0), rollout]) for e in experience]]:  # fmt: skip
+                sock = client(ctx, endpoint, keys)
+                for message in messages:
+                    sock.send(wire.encode(message))
+                assert not sock.poll(1000), f"{endpoint} answered a client with {what}"
+                sock.close(0)
+            assert not listens(ctx, broadcast, keys, 2000), f"the broadcast reached a client with {what}"
+        assert listens(ctx, broadcast, ours, 30_000), "the run's own actor key hears no broadcast: the test proves nothing"
+        sock = client(ctx, control, ours)
+        sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
+                                         experience_endpoint="tcp://127.0.0.1:9")))  # fmt: skip
+        assert not sock.poll(2000), "the coordinator answered an actor's key registering as learner 0"
+        sock.close(0)
     finally:
         ctx.term()
-    groups = json.loads((run_dir / "prometheus_targets.json").read_text())
-    (target,) = [g["targets"][0] for g in groups if g["labels"]["role"] == "coordinator"]
-    metrics = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
-    for reason in ("auth", "role"):
-        assert re.search(rf'rlmq_rejected_messages_total{{reason="{reason}"}} [1-9]', metrics), metrics
+    coordinator_metrics, learner_metrics = scrape(run_dir, "coordinator"), scrape(run_dir, "learner")
+    assert count(coordinator_metrics, "auth") >= len(intruders) and count(coordinator_metrics, "role") >= 1
+    assert count(learner_metrics, "auth") >= len(intruders) * len(experience), learner_metrics
     wait_for(lambda: (store.status().mean_return or 0) >= 200, 300, "a mean return of 200", up)
     up.send_signal(signal.SIGINT)
     output, _ = up.communicate(timeout=60)
