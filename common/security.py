@@ -89,8 +89,8 @@ def refusal(peer: Peer | None, message: wire.Message) -> str:
             allowed = peer.is_learner(rank)
         case wire.Hello(role="actor", name=name) | wire.ActorReport(name=name):
             allowed = peer.is_actor(name)
-        case wire.Rollout():
-            allowed = peer.role == "actor"
+        case wire.Rollout(actor=name):
+            allowed = peer.is_actor(name)
         case wire.Weights():
             allowed = peer.is_learner(0)
         case _:

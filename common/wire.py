@@ -215,11 +215,18 @@ class LearnerReport:
     rejected: int = 0
     applied_decision: int = 0  # the id of the last PBT decision this rank applied
     nonfinite_skipped: int = 0  # member steps skipped since the last report: gradient not finite
+    # Env steps and episode ends in the rollouts this rank took from each actor (by name) since
+    # its last report: a secure run counts no more of an actor's reports than these.
+    delivered_steps: dict[str, int] = field(default_factory=dict)
+    delivered_episodes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
                 "applied_decision", "nonfinite_skipped")
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
+        for counts in (self.delivered_steps, self.delivered_episodes):
+            _require(len(counts) <= MAX_SEQUENCE and all(0 <= n <= MAX_COUNT for n in counts.values()),
+                     f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -244,8 +251,9 @@ HEARTBEAT_PERIOD_S = 1.0
 
 @dataclass(frozen=True)
 class ReportAck:
-    """Coordinator → actor: your session's env steps and episodes are counted up to these totals
-    (the returns of those episodes need not be sent again)."""
+    """Coordinator → actor: your session's env steps and episodes are taken up to these totals
+    (the returns of those episodes need not be sent again). Taken, not necessarily counted yet: a
+    secure run counts them as the learners confirm the rollouts (coordinator/store.py)."""
 
     steps_total: int
     episodes_total: int

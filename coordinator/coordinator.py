@@ -161,7 +161,7 @@ class Coordinator:
             returns = []  # the member's weights were replaced since (PBT)
         steps_added, episodes_added, steps, recent = self.store.add_actor_report(
             report.name, report.member, report.env_steps, returns, report.session, report.steps_total,
-            report.episodes_total)  # fmt: skip
+            report.episodes_total, checked=self.gatekeeper is not None)  # fmt: skip
         if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
             log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
             os._exit(EXIT_FAILPOINT)
@@ -183,6 +183,8 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
+            self.store.add_deliveries(report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
             self.nonfinite_skipped += report.nonfinite_skipped
             self.store.set_status(nonfinite_skipped=self.nonfinite_skipped)

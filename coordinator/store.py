@@ -135,15 +135,17 @@ class OutageRetry(Retry):
             self.report(line)
 
 
-# KEYS: actors, status, member_steps, the member's returns, reports.
+# KEYS: actors, status, member_steps, the member's returns, reports, delivered_steps,
+# delivered_episodes, counted_steps, counted_episodes.
 # ARGV: actor, now, member, env steps, session, session's env steps, session's episodes, returns kept,
-# the returns (oldest first: the last of them are the session's newest episodes).
+# checked ('1': count no more than the learners say they took), the returns (oldest first: the last
+# of them are the session's newest episodes).
 _ADD_REPORT = """
 local actor, session = ARGV[1], ARGV[5]
-local returns = #ARGV - 8
+local returns = #ARGV - 9
 local steps, episodes = tonumber(ARGV[4]), returns
+local counted_steps, counted_episodes = 0, 0
 if session ~= '0' then
-  local counted_steps, counted_episodes = 0, 0
   local last = redis.call('HGET', KEYS[5], actor)
   if last then
     local last_session, s, e = string.match(last, '^(%d+):(%d+):(%d+)$')
@@ -151,12 +153,20 @@ if session ~= '0' then
       counted_steps, counted_episodes = tonumber(s), tonumber(e)
     end
   end
-  local total_steps, total_episodes = tonumber(ARGV[6]), tonumber(ARGV[7])
-  steps = math.max(total_steps - counted_steps, 0)
-  episodes = math.max(total_episodes - counted_episodes, 0)
-  returns = math.min(returns, episodes)
-  redis.call('HSET', KEYS[5], actor, session .. ':' .. math.max(total_steps, counted_steps) .. ':'
-             .. math.max(total_episodes, counted_episodes))
+  steps = math.max(tonumber(ARGV[6]) - counted_steps, 0)
+  episodes = math.max(tonumber(ARGV[7]) - counted_episodes, 0)
+end
+if ARGV[9] == '1' then
+  steps = math.min(steps, math.max(tonumber(redis.call('HGET', KEYS[6], actor) or '0')
+                                   - tonumber(redis.call('HGET', KEYS[8], actor) or '0'), 0))
+  episodes = math.min(episodes, math.max(tonumber(redis.call('HGET', KEYS[7], actor) or '0')
+                                         - tonumber(redis.call('HGET', KEYS[9], actor) or '0'), 0))
+  redis.call('HINCRBY', KEYS[8], actor, steps)
+  redis.call('HINCRBY', KEYS[9], actor, episodes)
+end
+returns = math.min(returns, episodes)
+if session ~= '0' then
+  redis.call('HSET', KEYS[5], actor, session .. ':' .. (counted_steps + steps) .. ':' .. (counted_episodes + episodes))
 end
 redis.call('HSET', KEYS[1], actor, ARGV[2])
 local run_steps = redis.call('HINCRBY', KEYS[2], 'env_steps', steps)
@@ -236,7 +246,8 @@ class RunStore:
     # --- members, episodes, weights -----------------------------------------------------------
 
     def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float], session: int = 0,
-                         steps_total: int = 0, episodes_total: int = 0) -> tuple[int, int, int, list[float]]:  # fmt: skip
+                         steps_total: int = 0, episodes_total: int = 0,
+                         checked: bool = False) -> tuple[int, int, int, list[float]]:  # fmt: skip
         """Record one actor report in one round trip (64 actors report several times a second):
         the actor's liveness, its env steps and finished episodes. Returns the env steps and
         episodes it added, the run's env steps and, if it brought new returns, the member's recent
@@ -246,13 +257,26 @@ class RunStore:
         what the session's totals add to those counted before (`returns` are the last of its
         episodes): a report repeated after a coordinator's restart, overtaken by a later one, or
         retried after a reply lost in an outage adds nothing twice. Without one, `env_steps` and
-        `returns` are added as they are."""
+        `returns` are added as they are. `checked` (a secure run): the actor's steps and episodes
+        are counted no further than the learners have taken them in its rollouts (`add_deliveries`);
+        the rest waits for the actor's next report, which claims them again."""
         steps_added, episodes_added, steps, recent = self.redis.eval(
-            _ADD_REPORT, 5, self.key("actors"), self.key("status"), self.key("member_steps"),
-            self.key("returns", member), self.key("reports"),
-            actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES, *returns,
+            _ADD_REPORT, 9, self.key("actors"), self.key("status"), self.key("member_steps"),
+            self.key("returns", member), self.key("reports"), self.key("delivered_steps"),
+            self.key("delivered_episodes"), self.key("counted_steps"), self.key("counted_episodes"),
+            actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
+            int(checked), *returns,
         )  # fmt: skip
         return int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent]
+
+    def add_deliveries(self, steps: dict[str, int], episodes: dict[str, int]) -> None:
+        """The env steps and episode ends a learner took in each actor's rollouts (since its last
+        report): what `add_actor_report(checked=True)` counts an actor's claims against."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name, counts in (("delivered_steps", steps), ("delivered_episodes", episodes)):
+            for actor, count in counts.items():
+                pipe.hincrby(self.key(name), actor, count)
+        pipe.execute()
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

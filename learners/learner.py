@@ -94,6 +94,8 @@ class Learner:
         self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
         self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
+        self.delivered_steps: collections.Counter[str] = collections.Counter()  # by actor, since the last report
+        self.delivered_episodes: collections.Counter[str] = collections.Counter()
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -119,6 +121,7 @@ class Learner:
                     raise wire.WireError("unexpected_kind", type(message).__name__)
                 self.members.spend(actor, message.member)
                 self.check_rollout(message)
+                self.count_delivery(message)
                 if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
@@ -162,6 +165,11 @@ class Learner:
         problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, self.run_cfg.num_envs)
         if problem:
             raise wire.WireError(*problem)
+
+    def count_delivery(self, r: wire.Rollout) -> None:
+        """What the actor's reports may claim of this rollout: its env steps and episode ends."""
+        self.delivered_steps[r.actor] += int(np.count_nonzero(r.valid))
+        self.delivered_episodes[r.actor] += int(np.count_nonzero((r.terminated | r.truncated) & r.valid))
 
     def reject(self, exc: wire.WireError, size: int | None = None, sender: bytes = b"") -> None:
         self.log_reject(exc.reason, str(exc), size, sender)
@@ -417,8 +425,11 @@ class Learner:
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
-            nonfinite_skipped=self.counts.pop("nonfinite", 0),
+            nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=dict(self.delivered_steps),
+            delivered_episodes=dict(self.delivered_episodes),
         ))  # fmt: skip
+        self.delivered_steps.clear()
+        self.delivered_episodes.clear()
 
     def close(self) -> None:
         self.heartbeat.close()

@@ -161,7 +161,9 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
     a rollout to a learner, and read the weights broadcast. None gets an answer or hears a
     broadcast (which the run's own actor key does hear), and the coordinator and the learners
     count them (reason "auth"). The run's own actor key, saying Hello as learner rank 0, is let
-    in and refused its claim (reason "role"). The run goes on learning to a mean return of 200."""
+    in and refused its claim (reason "role"); its report of 10^7 steps and 100 episodes of return
+    500 counts only what its rollouts delivered. The run goes on learning to a mean return of 200
+    (had the forgery counted, the run would have ended at once: its target is 475)."""
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "2", "--learners", "2", "--total-steps", "100000000", "--seed", "1")
     store = wait_until_stepping(run_dir, up)
@@ -216,6 +218,13 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
         sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
                                          experience_endpoint="tcp://127.0.0.1:9")))  # fmt: skip
         assert not sock.poll(2000), "the coordinator answered an actor's key registering as learner 0"
+        # The issue's forgery, now with a listed key: it is heard (acknowledged), and counted only
+        # as far as the learners took actor-1's rollouts, so it neither ends the run nor adds steps.
+        sock.send(wire.encode(wire.ActorReport(
+            name="actor-1", member=0, env_steps=10**7, episode_returns=np.full(100, 500.0),
+            episode_lengths=np.full(100, 500, np.int64), session=999, steps_total=10**7, episodes_total=100)))  # fmt: skip
+        assert sock.poll(5000) and isinstance(wire.decode(sock.recv()), wire.ReportAck)
+        assert store.status().env_steps < 10**6
         sock.close(0)
     finally:
         ctx.term()

@@ -58,6 +58,32 @@ def test_an_actor_sessions_totals_count_each_step_and_episode_once(store: RunSto
     assert store.status().episodes == 4 and store.member_steps() == {0: 27}
 
 
+def test_a_checked_report_counts_no_more_than_the_learners_took(store: RunStore) -> None:
+    """On a secure run an actor's claims count only as far as the learners have taken its rollouts:
+    a claim of a million steps and a hundred episodes of return 500 with one short rollout behind
+    it counts that rollout; the rest waits, and counts when (and as far as) deliveries catch up.
+    A new session (a restarted actor, or one that says so) starts no fresh allowance."""
+
+    def report(session: int, steps_total: int, episodes_total: int, returns: list[float]) -> tuple[int, int]:
+        added = store.add_actor_report("actor-0", 0, 0, returns, session, steps_total, episodes_total, checked=True)
+        return added[0], added[1]
+
+    assert report(1, 10**6, 100, [500.0] * 100) == (0, 0)  # nothing delivered yet
+    store.add_deliveries({"actor-0": 32, "actor-1": 8}, {"actor-0": 2})
+    assert report(1, 10**6, 100, [500.0] * 100) == (32, 2)
+    assert store.recent_returns(0) == [500.0, 500.0]  # as many returns as counted episodes
+    store.add_deliveries({"actor-0": 64}, {"actor-0": 1})
+    assert report(1, 10**6, 100, [500.0] * 100) == (64, 1)
+    assert report(2, 10**6, 100, [500.0] * 100) == (0, 0)  # another session: no new allowance
+    assert store.status().env_steps == 96 and store.status().episodes == 3
+    # An honest actor's claims, deferred, are all counted once deliveries cover them.
+    store.add_deliveries({"actor-1": 40}, {"actor-1": 3})
+    assert store.add_actor_report("actor-1", 0, 0, [1.0, 2.0], 5, 100, 5, checked=True)[:2] == (48, 3)
+    store.add_deliveries({"actor-1": 52}, {"actor-1": 2})
+    assert store.add_actor_report("actor-1", 0, 0, [3.0], 5, 100, 5, checked=True)[:2] == (52, 2)
+    assert store.add_actor_report("actor-1", 0, 0, [], 5, 100, 5, checked=True)[:2] == (0, 0)
+
+
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
     weights = wire.Weights(member=0, version=3, params={"policy.0.weight": np.ones((2, 4), np.float32)})
     store.put_weights_frame(0, wire.encode(weights))
