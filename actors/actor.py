@@ -47,7 +47,7 @@ class Actor:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.credentials = Credentials.load(cfg.keys_dir, cfg.name, serves=False)
+        self.credentials = Credentials.load(cfg.keys_dir, cfg.key_name or cfg.name, serves=False)
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
         self.credentials.client(self.control)
         self.control.connect(cfg.coordinator)

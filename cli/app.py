@@ -177,6 +177,8 @@ def actor(
     announce: Announce = "",
     max_steps: Annotated[int | None, _opt("Stop after this many env steps.", "MAX_STEPS")] = None,
     keys: KeysDir = "",
+    key_name: Annotated[str, _opt("Its key in --keys (NAME.key_secret); default: its own name; `actors`: the "
+                                  "fleet's key for actors of any name (`rlmq keys --kubernetes`).", "KEY_NAME")] = "",
 ) -> None:
     """Run one actor."""
     stop = _start(name)
@@ -185,7 +187,7 @@ def actor(
 
     cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
                       metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
-                      max_steps=max_steps, keys_dir=keys)
+                      max_steps=max_steps, keys_dir=keys, key_name=key_name)
     raise typer.Exit(main(cfg, stop))
 
 
@@ -320,17 +322,22 @@ def configs() -> None:
 def keys(
     directory: Annotated[Path, typer.Argument(help="Where the run's keys go (made mode 0700; each file 0600).")],
     learners: Annotated[int, _opt("Learner ranks to make a client key for.", min=0)] = 1,
-    actors: Annotated[int, _opt("Actors to make a client key for.", min=0)] = 1,
+    actors: Annotated[int, _opt("Actors to make a client key for (actor-0, actor-1, ...).", min=0)] = 1,
+    kubernetes: Annotated[bool, _opt("Also the fleet's key for actors of any name, a Redis password and a "
+                                     "kustomization of the Secrets deploy/k8s mounts (DIRECTORY: "
+                                     "deploy/k8s/base/keys).")] = False,
 ) -> None:
     """Make a run's CURVE keys: the servers' pair, one pair per learner and actor, the allow-list."""
-    from rlmq.common.security import create_keys
+    from rlmq.cli.keys import make_keys
 
-    if directory.exists() and any(directory.iterdir()):
-        typer.echo(f"error: {directory} is not empty: keys are made once per run; choose another directory "
-                   "(rotating keys: make a new set, then restart the run's processes with it)", err=True)  # fmt: skip
-        raise typer.Exit(EXIT_USAGE)
-    create_keys(directory, learners, actors)
-    typer.echo(f"wrote the keys of {learners} learner(s) and {actors} actor(s) to {directory}")
+    try:
+        make_keys(directory, learners, actors, kubernetes)
+    except FileExistsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    made = "the fleet's actor key, a Redis password and their Secrets' kustomization" if kubernetes else ""
+    typer.echo(f"wrote the keys of {learners} learner(s) and {actors} actor(s){' and ' + made if made else ''} "
+               f"to {directory}")
 
 
 @app.command()

@@ -33,6 +33,17 @@ def server_binary() -> str:
     return str(get_binary_path())
 
 
+def write_redis_password(conf: Path, password_file: Path) -> str:
+    """A new random password: the server's config file that requires it and the file clients read
+    it from, both mode 0600 from the start."""
+    secret = secrets.token_urlsafe(24)
+    for path, text in ((conf, f"requirepass {secret}\n"), (password_file, secret + "\n")):
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(text)
+    return secret
+
+
 class RedisServer:
     """Owns one redis-server process; `stop()` (or leaving the `with`) ends it, `restart()` starts
     a new one on the same port and data directory (with `persist`, the AOF brings the data back).
@@ -51,12 +62,8 @@ class RedisServer:
         config: list[str] = []
         self.password_file = ""
         if password:
-            secret = secrets.token_urlsafe(24)
             conf, password_path = data_dir / "redis.conf", data_dir / "password"
-            for path, text in ((conf, f"requirepass {secret}\n"), (password_path, secret + "\n")):
-                path.touch(mode=0o600)
-                path.chmod(0o600)
-                path.write_text(text)
+            secret = write_redis_password(conf, password_path)
             config, self.password_file = [str(conf)], str(password_path)
             self.url = f"redis://:{secret}@127.0.0.1:{self.port}/0"
         self.args = [server_binary(), *config, "--port", str(self.port), "--bind", "127.0.0.1",

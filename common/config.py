@@ -508,5 +508,6 @@ class ActorConfig:
     metrics_port: int = 0
     bind_host: str = "*"  # where /metrics listens ("*": every interface; `rlmq up`: 127.0.0.1)
     announce_file: str = ""  # write the ports bound here (`rlmq up`)
-    keys_dir: str = ""  # the run's CURVE keys (common/security.py; this actor's are `name`'s); "": plain ZeroMQ
+    keys_dir: str = ""  # the run's CURVE keys (common/security.py); "": plain ZeroMQ
+    key_name: str = ""  # its key there; "": `name`'s
     max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)

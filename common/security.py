@@ -5,7 +5,9 @@ in pyzmq's certificate format (`zmq.auth`), so its own tools read them too:
 
     server.key, server.key_secret      the key pair every server socket presents (the coordinator's
                                        control and broadcast, each learner's experience socket)
-    <name>.key, <name>.key_secret      one pair per client: learner-<rank>, actor-<i>
+    <name>.key, <name>.key_secret      one pair per client: learner-<rank>, actor-<i>, and
+                                       `actors`, the fleet's: one pair for actors of any name
+                                       (a Kubernetes Deployment's pods, named at random)
     allowed.json                       each client's public key (Z85) → its role and name
 
 A server socket asks its process's `Gatekeeper` (pyzmq's ZAP handler thread) about each client
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 ROLES = ("learner", "actor")
 SERVER = "server"
+FLEET = "actors"  # the key file of the fleet's shared actor key
+ANY_ACTOR = "*"  # the name the fleet's key speaks as: any actor's
 ALLOWED_FILE = "allowed.json"
 MAX_LOGGED_KEYS = 4096  # refused keys remembered so that each is logged once
 # A peer without CURVE fails the handshake on the mechanism (ZMTP "mechanism mismatch"), or early.
@@ -65,7 +69,7 @@ class Peer:
         return self.role == "learner" and self.name == f"learner-{rank}"
 
     def is_actor(self, name: str) -> bool:
-        return self.role == "actor" and self.name == name
+        return self.role == "actor" and self.name in (name, ANY_ACTOR)
 
 
 def check_sender(frame: zmq.Frame, message: wire.Message) -> None:
@@ -80,7 +84,8 @@ def check_sender(frame: zmq.Frame, message: wire.Message) -> None:
 def refusal(peer: Peer | None, message: wire.Message) -> str:
     """Why `peer` may not send `message` ("": it may); what each role may say, and as whom. On a
     run without keys (`peer` None) anyone may say anything: that is the trusted network's place.
-    A learner's key speaks for its rank alone, an actor's for its name alone, and only rank 0
+    A learner's key speaks for its rank alone, an actor's for its name alone (the fleet's for any
+    actor), and only rank 0
     publishes weights; nobody sends the coordinator's own messages (Assign, Decision, ...)."""
     if peer is None:
         return ""
@@ -99,25 +104,28 @@ def refusal(peer: Peer | None, message: wire.Message) -> str:
         f"as {message.role} {message.name!r}" if isinstance(message, wire.Hello) else "")
 
 
-def client_names(learners: int, actors: int) -> list[Peer]:
-    return [Peer("learner", f"learner-{r}") for r in range(learners)] + [Peer("actor", f"actor-{i}") for i in range(actors)]
+def clients(learners: int, actors: int, fleet: bool) -> dict[str, Peer]:
+    """Key file name → the peer it speaks as."""
+    named = [Peer("learner", f"learner-{r}") for r in range(learners)] + [Peer("actor", f"actor-{i}") for i in range(actors)]
+    return {peer.name: peer for peer in named} | ({FLEET: Peer("actor", ANY_ACTOR)} if fleet else {})
 
 
-def create_keys(directory: Path, learners: int, actors: int) -> None:
-    """The server's key pair, one per client and the allow-list, readable by this user only
-    (created so: the umask is 077 meanwhile, so no file is ever readable by others)."""
+def create_keys(directory: Path, learners: int, actors: int, fleet: bool = False) -> None:
+    """The server's key pair, one per client (and with `fleet` the actors' shared one) and the
+    allow-list, readable by this user only (created so: the umask is 077 meanwhile, so no file is
+    ever readable by others)."""
     umask = os.umask(0o077)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(stat.S_IRWXU)
         allowed = {}
-        for name in [SERVER, *(peer.name for peer in client_names(learners, actors))]:
+        for name, peer in {SERVER: None, **clients(learners, actors, fleet)}.items():
             public_file, secret_file = zmq.auth.create_certificates(directory, name)
             for path in (public_file, secret_file):
                 os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
-            if name != SERVER:
+            if peer is not None:
                 public, _ = zmq.auth.load_certificate(public_file)
-                allowed[public.decode("ascii")] = {"role": name.split("-", 1)[0], "name": name}
+                allowed[public.decode("ascii")] = {"role": peer.role, "name": peer.name}
         (directory / ALLOWED_FILE).write_text(json.dumps(allowed, indent=1))
     finally:
         os.umask(umask)

