@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from rlmq.cli.rundir import run_redis_of
 from rlmq.common.config import ALGORITHMS, HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from rlmq.coordinator.records import LoggedDecision, MemberRecord
-from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
+from rlmq.coordinator.store import NOT_OUTAGES, OUTAGE_ERRORS, RunStore
 
 PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
 
@@ -63,8 +65,13 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
             if run_config is not None and run_config.population > 1
             else None
         )
-    except OUTAGE_ERRORS:
-        print(f"error: cannot reach Redis at {shown_url(redis_url)}: is the run still up?", file=sys.stderr)
+    except NOT_OUTAGES + (redis.exceptions.NoPermissionError,) as exc:
+        print(f"error: Redis at {shown_url(redis_url)} refused these credentials ({exc}): give the user in the "
+              "URL and its password with --redis-password-file", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    except OUTAGE_ERRORS as exc:
+        print(f"error: cannot reach Redis at {shown_url(redis_url)} ({exc}): is the run still up? "
+              "(a TLS server: rediss://)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     if not status.state:
         print(f"error: Redis at {shown_url(redis_url)} holds no run {run!r}", file=sys.stderr)
