@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, start_http_server
 
 from rlmq.coordinator.store import RunStore
 
@@ -83,17 +84,22 @@ def tls_redis(redis_url: str) -> Iterator[int]:
     listener.close()
 
 
-def status(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmq.cli", "status", *args], capture_output=True, text=True,
+def rlmq(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlmq.cli", command, *args], capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
+
+
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return rlmq("status", *args)
 
 
 def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, redis_url: str, run_id: str,
                                                     tls_redis: int, tmp_path: Path) -> None:  # fmt: skip
     """A read-only ACL user (the issue's `rlmq status` user) whose password comes from a file:
-    `rlmq status` reads the run over plain TCP and over TLS with the server's CA, and the same
-    user's URL without TLS on the TLS port, or without the password, fails with a line, not a
-    traceback. No command line holds the password."""
+    `rlmq status` reads the run, and `rlmq check` (the coordinator's readiness probe) pings
+    Redis, over plain TCP and over TLS with the server's CA; the same user's URL without TLS on
+    the TLS port, or without the password, fails with a line naming the fix, not a traceback. No
+    command line holds the password."""
     RunStore(redis_client, run_id).set_status(state="running", env_steps=1234)
     user, password = f"status-{run_id}", "a-read-only-secret"
     redis_client.execute_command("ACL", "SETUSER", user, "on", f">{password}", f"~rlmq:{run_id}:*", "+@read",
@@ -101,11 +107,16 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
     password_file = tmp_path / "password"
     password_file.write_text(password + "\n")
     port = urllib.parse.urlsplit(redis_url).port
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())  # a /metrics to probe
+    metrics = server.server_port
     ca = urllib.parse.quote(str(TLS / "cert.pem"))
     try:
         for url in (f"redis://{user}@127.0.0.1:{port}/0", f"rediss://{user}@127.0.0.1:{tls_redis}/0?ssl_ca_certs={ca}"):
             shown = status("--redis-url", url, "--redis-password-file", str(password_file), "--run", run_id)
             assert shown.returncode == 0 and "state running" in shown.stdout and "1,234" in shown.stdout, shown
+            probed = rlmq("check", "--metrics-port", str(metrics), "--redis-url", url,
+                          "--redis-password-file", str(password_file))  # fmt: skip
+            assert probed.returncode == 0 and probed.stdout.rstrip().endswith("Redis answers"), probed
         with pytest.raises(redis.exceptions.NoPermissionError):  # read-only indeed
             redis.Redis.from_url(f"redis://{user}:{password}@127.0.0.1:{port}/0").set(f"rlmq:{run_id}:x", 1)
         for url, file, fix in ((f"redis://{user}@127.0.0.1:{tls_redis}/0", str(password_file), "rediss://"),
@@ -115,3 +126,5 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
             assert failed.returncode != 0 and line.startswith("error: ") and fix in line and password not in line, line
     finally:
         redis_client.execute_command("ACL", "DELUSER", user)
+        server.shutdown()
+        thread.join(5)

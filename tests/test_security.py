@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import redis
 import zmq
+import zmq.auth
 from procs import descendants, start_up, wait_for, wait_until_stepping
 
 from rlmq.common import security, transport, wire
@@ -183,7 +184,10 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
     info = json.loads((run_dir / "run.json").read_text())
     password = Path(info["redis_password_file"]).read_text().strip()
     assert len(password) >= 24 and stat.S_IMODE(Path(info["redis_password_file"]).stat().st_mode) == 0o600
-    assert not [cmd for cmd in descendants(up.pid).values() if password in cmd], "a password on a command line"
+    secret_keys = [zmq.auth.load_certificate(path)[1] for path in (run_dir / "keys").glob("*.key_secret")]
+    assert len(secret_keys) == 1 + 2 + 2 and all(secret_keys)  # the servers', the learners', the actors'
+    for secret in [password, *(key.decode() for key in secret_keys if key)]:
+        assert not [cmd for cmd in descendants(up.pid).values() if secret in cmd], "a secret on a command line"
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(info["redis_url"], socket_timeout=5).ping()
     for command in (["status", "--run-dir", str(run_dir)],
