@@ -322,7 +322,8 @@ def configs() -> None:
 def keys(
     directory: Annotated[Path, typer.Argument(help="Where the run's keys go (made mode 0700; each file 0600).")],
     learners: Annotated[int, _opt("Learner ranks to make a client key for.", min=0)] = 1,
-    actors: Annotated[int, _opt("Actors to make a client key for (actor-0, actor-1, ...).", min=0)] = 1,
+    actors: Annotated[int | None, _opt("Actors to make a client key for (actor-0, actor-1, ...); default 1, or 0 "
+                                       "with --kubernetes (its actors share the fleet's key).", min=0)] = None,
     kubernetes: Annotated[bool, _opt("Also the fleet's key for actors of any name, a Redis password and a "
                                      "kustomization of the Secrets deploy/k8s mounts (DIRECTORY: "
                                      "deploy/k8s/base/keys).")] = False,
@@ -330,6 +331,7 @@ def keys(
     """Make a run's CURVE keys: the servers' pair, one pair per learner and actor, the allow-list."""
     from rlmq.cli.keys import make_keys
 
+    actors = (0 if kubernetes else 1) if actors is None else actors
     try:
         make_keys(directory, learners, actors, kubernetes)
     except FileExistsError as exc:

@@ -135,8 +135,7 @@ class OutageRetry(Retry):
             self.report(line)
 
 
-# KEYS: actors, status, member_steps, the member's returns, reports, delivered_steps,
-# delivered_episodes, counted_steps, counted_episodes.
+# KEYS: actors, status, member_steps, the member's returns, reports, the actor's tally.
 # ARGV: actor, now, member, env steps, session, session's env steps, session's episodes, returns kept,
 # checked ('1': count no more than the learners say they took), the returns (oldest first: the last
 # of them are the session's newest episodes).
@@ -144,30 +143,34 @@ _ADD_REPORT = """
 local actor, session = ARGV[1], ARGV[5]
 local returns = #ARGV - 9
 local steps, episodes = tonumber(ARGV[4]), returns
-local counted_steps, counted_episodes = 0, 0
 if session ~= '0' then
+  local heard_steps, heard_episodes = 0, 0
   local last = redis.call('HGET', KEYS[5], actor)
   if last then
     local last_session, s, e = string.match(last, '^(%d+):(%d+):(%d+)$')
     if last_session == session then
-      counted_steps, counted_episodes = tonumber(s), tonumber(e)
+      heard_steps, heard_episodes = tonumber(s), tonumber(e)
     end
   end
-  steps = math.max(tonumber(ARGV[6]) - counted_steps, 0)
-  episodes = math.max(tonumber(ARGV[7]) - counted_episodes, 0)
+  local total_steps, total_episodes = tonumber(ARGV[6]), tonumber(ARGV[7])
+  steps = math.max(total_steps - heard_steps, 0)
+  episodes = math.max(total_episodes - heard_episodes, 0)
+  redis.call('HSET', KEYS[5], actor, session .. ':' .. math.max(total_steps, heard_steps) .. ':'
+             .. math.max(total_episodes, heard_episodes))
 end
 if ARGV[9] == '1' then
-  steps = math.min(steps, math.max(tonumber(redis.call('HGET', KEYS[6], actor) or '0')
-                                   - tonumber(redis.call('HGET', KEYS[8], actor) or '0'), 0))
-  episodes = math.min(episodes, math.max(tonumber(redis.call('HGET', KEYS[7], actor) or '0')
-                                         - tonumber(redis.call('HGET', KEYS[9], actor) or '0'), 0))
-  redis.call('HINCRBY', KEYS[8], actor, steps)
-  redis.call('HINCRBY', KEYS[9], actor, episodes)
+  -- The name's claims add up over its sessions; what counts is what its deliveries cover.
+  local function due(kind, claimed)
+    local claims = redis.call('HINCRBY', KEYS[6], 'claimed_' .. kind, claimed)
+    local delivered = tonumber(redis.call('HGET', KEYS[6], 'delivered_' .. kind) or '0')
+    local counted = tonumber(redis.call('HGET', KEYS[6], 'counted_' .. kind) or '0')
+    local now_due = math.max(math.min(claims, delivered) - counted, 0)
+    redis.call('HINCRBY', KEYS[6], 'counted_' .. kind, now_due)
+    return now_due
+  end
+  steps, episodes = due('steps', steps), due('episodes', episodes)
 end
 returns = math.min(returns, episodes)
-if session ~= '0' then
-  redis.call('HSET', KEYS[5], actor, session .. ':' .. (counted_steps + steps) .. ':' .. (counted_episodes + episodes))
-end
 redis.call('HSET', KEYS[1], actor, ARGV[2])
 local run_steps = redis.call('HINCRBY', KEYS[2], 'env_steps', steps)
 redis.call('HINCRBY', KEYS[3], ARGV[3], steps)
@@ -257,13 +260,13 @@ class RunStore:
         what the session's totals add to those counted before (`returns` are the last of its
         episodes): a report repeated after a coordinator's restart, overtaken by a later one, or
         retried after a reply lost in an outage adds nothing twice. Without one, `env_steps` and
-        `returns` are added as they are. `checked` (a secure run): the actor's steps and episodes
-        are counted no further than the learners have taken them in its rollouts (`add_deliveries`);
-        the rest waits for the actor's next report, which claims them again."""
+        `returns` are added as they are. `checked` (a secure run): the actor's claims, added up
+        over all its sessions, count no further than the learners have taken its rollouts
+        (`add_deliveries`); what is not yet covered counts at a later report of the same name,
+        and the returns pushed are the report's newest, as many as its episodes that count."""
         steps_added, episodes_added, steps, recent = self.redis.eval(
-            _ADD_REPORT, 9, self.key("actors"), self.key("status"), self.key("member_steps"),
-            self.key("returns", member), self.key("reports"), self.key("delivered_steps"),
-            self.key("delivered_episodes"), self.key("counted_steps"), self.key("counted_episodes"),
+            _ADD_REPORT, 6, self.key("actors"), self.key("status"), self.key("member_steps"),
+            self.key("returns", member), self.key("reports"), self.key("tally", actor),
             actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
             int(checked), *returns,
         )  # fmt: skip
@@ -273,9 +276,9 @@ class RunStore:
         """The env steps and episode ends a learner took in each actor's rollouts (since its last
         report): what `add_actor_report(checked=True)` counts an actor's claims against."""
         pipe = self.redis.pipeline(transaction=False)
-        for name, counts in (("delivered_steps", steps), ("delivered_episodes", episodes)):
+        for kind, counts in (("steps", steps), ("episodes", episodes)):
             for actor, count in counts.items():
-                pipe.hincrby(self.key(name), actor, count)
+                pipe.hincrby(self.key("tally", actor), f"delivered_{kind}", count)
         pipe.execute()
 
     def recent_returns(self, member: int) -> list[float]:

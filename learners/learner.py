@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import torch
 import zmq
 
 from rlmq.common import transport, wire
+from rlmq.common.codec import MAX_SEQUENCE
 from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
@@ -121,7 +123,8 @@ class Learner:
                     raise wire.WireError("unexpected_kind", type(message).__name__)
                 self.members.spend(actor, message.member)
                 self.check_rollout(message)
-                self.count_delivery(message)
+                if self.gatekeeper is not None:  # a secure run checks actors' reports against these
+                    self.count_delivery(message)
                 if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
@@ -420,16 +423,22 @@ class Learner:
     def report(self) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
+        steps, episodes = self.take_deliveries()
         transport.send(self.control, wire.LearnerReport(
             name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
-            nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=dict(self.delivered_steps),
-            delivered_episodes=dict(self.delivered_episodes),
+            nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=steps, delivered_episodes=episodes,
         ))  # fmt: skip
-        self.delivered_steps.clear()
-        self.delivered_episodes.clear()
+
+    def take_deliveries(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What this report says was delivered (env steps, episode ends): at most a report's worth
+        of actor names (the rest go with the next), so that a flood of names cannot make a report
+        the wire refuses."""
+        names = list(itertools.islice(self.delivered_steps, MAX_SEQUENCE))
+        return ({name: self.delivered_steps.pop(name) for name in names},
+                {name: self.delivered_episodes.pop(name, 0) for name in names})  # fmt: skip
 
     def close(self) -> None:
         self.heartbeat.close()

@@ -64,7 +64,7 @@ def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     k8s = copy_of_deploy(tmp_path_factory.mktemp("deploy") / "k8s")
     (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text()) if doc["kind"] == "StatefulSet"]
     made = subprocess.run([sys.executable, "-m", "rlmq.cli", "keys", str(k8s / "base/keys"), "--learners",
-                           str(learners["spec"]["replicas"]), "--actors", "0", "--kubernetes"],
+                           str(learners["spec"]["replicas"]), "--kubernetes"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert made.returncode == 0, made.stderr
     return k8s
@@ -398,7 +398,7 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
         if "RLMQ_REDIS_PASSWORD_FILE" in env:
             assert role == "coordinator"
             needed.add(Path(env["RLMQ_REDIS_PASSWORD_FILE"]).name)
-        assert {Path(path).name for path in held[role]} == needed, role
+        assert {Path(path).name for path in held[role]} == needed, role  # no actor key but the fleet's either
         for volume in pod["spec"].get("volumes", []):
             source = volume.get("secret") or volume.get("projected")
             if source is not None:
@@ -421,6 +421,7 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
     assert redis_files[conf_path].decode().split() == ["requirepass", password.decode()]
     assert redis_files["env:REDISCLI_AUTH"].strip() == password and len(password) >= 24
     assert redis_pod["securityContext"]["fsGroup"] and all(password not in arg.encode() for arg in server["command"])
+    assert all(v["secret"]["defaultMode"] & 0o007 == 0 for v in redis_pod["volumes"] if "secret" in v)
 
 
 def test_the_base_refuses_to_render_without_the_runs_keys(tmp_path: Path) -> None:

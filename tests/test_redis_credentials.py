@@ -6,6 +6,7 @@ self-signed certificate for 127.0.0.1 (tests/helpers/tls/, valid until 2126, mad
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import subprocess
@@ -24,26 +25,26 @@ from rlmq.coordinator.store import RunStore
 TLS = Path(__file__).parent / "helpers" / "tls"
 
 
-def pump(source: socket.socket, sink: socket.socket, stop: threading.Event) -> None:
-    """Bytes from `source` to `sink` until either side closes or `stop` is set."""
-    source.settimeout(0.2)
+def pump(secure: ssl.SSLSocket, plain: socket.socket, stop: threading.Event) -> None:
+    """Bytes both ways between a TLS client and the plain server, in one thread (an SSL socket
+    must not be read and written from two at once), until either side closes or `stop` is set."""
     try:
         while not stop.is_set():
-            try:
-                data = source.recv(65536)
-            except (TimeoutError, ssl.SSLWantReadError):
-                continue
-            if not data:
-                break
-            sink.sendall(data)
+            readable, _, _ = select.select([secure, plain], [], [], 0.2)
+            for source, sink in ((secure, plain), (plain, secure)):
+                # TLS may hold decrypted bytes that select() cannot see: drain them too.
+                ready = source in readable
+                while ready:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    sink.sendall(data)
+                    ready = source is secure and secure.pending() > 0
     except OSError:
         pass
     finally:
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        for sock in (secure, plain):
+            sock.close()
 
 
 @pytest.fixture
@@ -70,9 +71,8 @@ def tls_redis(redis_url: str) -> Iterator[int]:
                 client.close()
                 continue
             upstream = socket.create_connection((plain.hostname, plain.port), timeout=5)
-            for a, b in ((secure, upstream), (upstream, secure)):
-                threads.append(threading.Thread(target=pump, args=(a, b, stop), daemon=True))
-                threads[-1].start()
+            threads.append(threading.Thread(target=pump, args=(secure, upstream, stop), daemon=True))
+            threads[-1].start()
 
     acceptor = threading.Thread(target=serve, daemon=True)
     acceptor.start()
@@ -98,8 +98,8 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
     """A read-only ACL user (the issue's `rlmq status` user) whose password comes from a file:
     `rlmq status` reads the run, and `rlmq check` (the coordinator's readiness probe) pings
     Redis, over plain TCP and over TLS with the server's CA; the same user's URL without TLS on
-    the TLS port, or without the password, fails with a line naming the fix, not a traceback. No
-    command line holds the password."""
+    the TLS port, or without the password, fails with a line naming the fix (and not the
+    password), not a traceback."""
     RunStore(redis_client, run_id).set_status(state="running", env_steps=1234)
     user, password = f"status-{run_id}", "a-read-only-secret"
     redis_client.execute_command("ACL", "SETUSER", user, "on", f">{password}", f"~rlmq:{run_id}:*", "+@read",

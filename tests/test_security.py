@@ -290,3 +290,27 @@ def test_a_redis_password_leaves_the_url_for_a_private_file_and_comes_back(tmp_p
     assert stat.S_IMODE(Path(password_file).stat().st_mode) == 0o600
     assert with_password(address, password_file) == url and "s3cr" not in shown_url(url)
     assert redis_address("redis://127.0.0.1:6390/0", None, tmp_path) == ("redis://127.0.0.1:6390/0", "")
+
+
+def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() -> None:
+    """The fleet's key may name its rollouts as it likes: a learner reports the deliveries of at
+    most MAX_SEQUENCE names at a time and keeps the rest for its next report, each counted once."""
+    import collections
+    from types import SimpleNamespace
+
+    from rlmq.common.codec import MAX_SEQUENCE
+    from rlmq.learners.learner import Learner
+
+    names = [f"pod-{i}" for i in range(MAX_SEQUENCE + 10)]
+    held = SimpleNamespace(delivered_steps=collections.Counter({n: 32 for n in names}),
+                           delivered_episodes=collections.Counter({n: 1 for n in names[::2]}))  # fmt: skip
+    reported: list[dict[str, int]] = []
+    while held.delivered_steps:
+        steps, episodes = Learner.take_deliveries(held)  # type: ignore[arg-type]
+        report = wire.decode(wire.encode(wire.LearnerReport(
+            name="learner-0", rank=0, policy_version=0, updates=0, samples=0, stale_dropped=0, mean_policy_lag=0.0,
+            delivered_steps=steps, delivered_episodes=episodes)))  # fmt: skip
+        assert isinstance(report, wire.LearnerReport) and len(report.delivered_steps) <= MAX_SEQUENCE
+        reported += [report.delivered_steps, report.delivered_episodes]
+    assert len(reported) == 4 and sum(sum(r.values()) for r in reported[0::2]) == 32 * len(names)
+    assert sum(sum(r.values()) for r in reported[1::2]) == len(names[::2])

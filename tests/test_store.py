@@ -76,6 +76,12 @@ def test_a_checked_report_counts_no_more_than_the_learners_took(store: RunStore)
     assert report(1, 10**6, 100, [500.0] * 100) == (64, 1)
     assert report(2, 10**6, 100, [500.0] * 100) == (0, 0)  # another session: no new allowance
     assert store.status().env_steps == 96 and store.status().episodes == 3
+    # A restarted actor's new session leaves nothing of the old one's claims behind: what its
+    # predecessor claimed and delivered late counts at the new session's next report.
+    store.add_deliveries({"actor-2": 60}, {"actor-2": 1})
+    assert store.add_actor_report("actor-2", 0, 0, [], 1, 100, 2, checked=True)[:2] == (60, 1)
+    store.add_deliveries({"actor-2": 40 + 50}, {"actor-2": 1 + 1})
+    assert store.add_actor_report("actor-2", 0, 0, [7.0], 2, 50, 1, checked=True)[:2] == (90, 2)
     # An honest actor's claims, deferred, are all counted once deliveries cover them.
     store.add_deliveries({"actor-1": 40}, {"actor-1": 3})
     assert store.add_actor_report("actor-1", 0, 0, [1.0, 2.0], 5, 100, 5, checked=True)[:2] == (48, 3)
