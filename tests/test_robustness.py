@@ -93,9 +93,10 @@ def credit_for(sock: zmq.Socket, hello: wire.Hello) -> wire.Credit:
 
 
 def poisoned_rollout(version: int, steps: int = 32, slots: int = 8) -> wire.Rollout:
-    """Finite in float32, so the wire lets it through; its returns are not."""
+    """Finite in float32, so the wire lets it through; its returns are not. Sent with actor-0's
+    key, so in actor-0's name: a key speaks for its own name only."""
     return wire.Rollout(
-        member=0, policy_version=version, actor="script", obs=np.zeros((steps + 1, slots, 4), np.float32),
+        member=0, policy_version=version, actor="actor-0", obs=np.zeros((steps + 1, slots, 4), np.float32),
         actions=np.zeros((steps, slots), np.int64), logprobs=np.full((steps, slots), np.log(0.5), np.float32),
         rewards=np.full((steps, slots), 3e38, np.float32), terminated=np.zeros((steps, slots), bool),
         truncated=np.zeros((steps, slots), bool), valid=np.ones((steps, slots), bool),
