@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -25,7 +24,6 @@ import torch
 import zmq
 
 from rlmq.common import transport, wire
-from rlmq.common.codec import MAX_SEQUENCE
 from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
@@ -41,6 +39,7 @@ from rlmq.common.service import (
 )
 from rlmq.learners import checkpoint, distributed
 from rlmq.learners.credits import CreditTimeouts
+from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
 from rlmq.learners.trainers import Trainer, make_trainer
@@ -96,8 +95,7 @@ class Learner:
         self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
         self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
-        self.delivered_steps: collections.Counter[str] = collections.Counter()  # by actor, since the last report
-        self.delivered_episodes: collections.Counter[str] = collections.Counter()
+        self.deliveries = Deliveries()  # a secure run checks actors' reports against these
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -123,8 +121,8 @@ class Learner:
                     raise wire.WireError("unexpected_kind", type(message).__name__)
                 self.members.spend(actor, message.member)
                 self.check_rollout(message)
-                if self.gatekeeper is not None:  # a secure run checks actors' reports against these
-                    self.count_delivery(message)
+                if self.gatekeeper is not None:
+                    self.deliveries.add(message)
                 if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
@@ -168,11 +166,6 @@ class Learner:
         problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, self.run_cfg.num_envs)
         if problem:
             raise wire.WireError(*problem)
-
-    def count_delivery(self, r: wire.Rollout) -> None:
-        """What the actor's reports may claim of this rollout: its env steps and episode ends."""
-        self.delivered_steps[r.actor] += int(np.count_nonzero(r.valid))
-        self.delivered_episodes[r.actor] += int(np.count_nonzero((r.terminated | r.truncated) & r.valid))
 
     def reject(self, exc: wire.WireError, size: int | None = None, sender: bytes = b"") -> None:
         self.log_reject(exc.reason, str(exc), size, sender)
@@ -423,7 +416,7 @@ class Learner:
     def report(self) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
-        steps, episodes = self.take_deliveries()
+        steps, episodes = self.deliveries.take()
         transport.send(self.control, wire.LearnerReport(
             name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
@@ -431,14 +424,6 @@ class Learner:
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
             nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=steps, delivered_episodes=episodes,
         ))  # fmt: skip
-
-    def take_deliveries(self) -> tuple[dict[str, int], dict[str, int]]:
-        """What this report says was delivered (env steps, episode ends): at most a report's worth
-        of actor names (the rest go with the next), so that a flood of names cannot make a report
-        the wire refuses."""
-        names = list(itertools.islice(self.delivered_steps, MAX_SEQUENCE))
-        return ({name: self.delivered_steps.pop(name) for name in names},
-                {name: self.delivered_episodes.pop(name, 0) for name in names})  # fmt: skip
 
     def close(self) -> None:
         self.heartbeat.close()

@@ -295,18 +295,16 @@ def test_a_redis_password_leaves_the_url_for_a_private_file_and_comes_back(tmp_p
 def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() -> None:
     """The fleet's key may name its rollouts as it likes: a learner reports the deliveries of at
     most MAX_SEQUENCE names at a time and keeps the rest for its next report, each counted once."""
-    import collections
-    from types import SimpleNamespace
-
     from rlmq.common.codec import MAX_SEQUENCE
-    from rlmq.learners.learner import Learner
+    from rlmq.learners.deliveries import Deliveries
 
     names = [f"pod-{i}" for i in range(MAX_SEQUENCE + 10)]
-    held = SimpleNamespace(delivered_steps=collections.Counter({n: 32 for n in names}),
-                           delivered_episodes=collections.Counter({n: 1 for n in names[::2]}))  # fmt: skip
+    deliveries = Deliveries()
+    for i, name in enumerate(names):  # 32 valid steps each; every other one ends an episode
+        deliveries.add(dataclasses.replace(ROLLOUT, actor=name, terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0)))
     reported: list[dict[str, int]] = []
-    while held.delivered_steps:
-        steps, episodes = Learner.take_deliveries(held)  # type: ignore[arg-type]
+    while deliveries.steps:
+        steps, episodes = deliveries.take()
         report = wire.decode(wire.encode(wire.LearnerReport(
             name="learner-0", rank=0, policy_version=0, updates=0, samples=0, stale_dropped=0, mean_policy_lag=0.0,
             delivered_steps=steps, delivered_episodes=episodes)))  # fmt: skip
