@@ -85,8 +85,8 @@ def refusal(peer: Peer | None, message: wire.Message) -> str:
     """Why `peer` may not send `message` ("": it may); what each role may say, and as whom. On a
     run without keys (`peer` None) anyone may say anything: that is the trusted network's place.
     A learner's key speaks for its rank alone, an actor's for its name alone (the fleet's for any
-    actor), and only rank 0
-    publishes weights; nobody sends the coordinator's own messages (Assign, Decision, ...)."""
+    actor), and only rank 0 publishes weights; nobody sends the coordinator's own messages
+    (Assign, Decision, ...)."""
     if peer is None:
         return ""
     match message:
