@@ -97,11 +97,15 @@ class RunRedis:
                 print(f"Redis at {shown_url(self.url)} unreachable; still supervising (the coordinator "
                       f"waits up to {self.outage_s:g} s for it)", flush=True)
             return False
+        self.answered()
+        return True
+
+    def answered(self) -> None:
+        """Redis answered: say that an outage ended, once."""
         if self.down_since is not None:
             print(f"Redis at {shown_url(self.url)} reachable again after "
                   f"{time.monotonic() - self.down_since:.1f} s", flush=True)
             self.down_since = None
-        return True
 
     def keep_up(self) -> str | None:
         """Restart the private Redis server if it died, on its port and data directory (its AOF
@@ -137,6 +141,7 @@ class RunRedis:
         store = RunStore.connect(self.url, self.run, outage_s=budget, report=say)
         try:
             self.seen.read(store, self.run_config.population)
+            self.answered()  # the run may end before the watch loop's next look
             rundir.write_results(self.run_dir, store, spec, self.run_config, launched, outcome)
         except OUTAGE_ERRORS as exc:
             print(f"error: Redis at {shown_url(self.url)} unreachable ({exc}): checkpoint.pt, metrics.csv "

@@ -4,6 +4,7 @@ server's handler, and the key files are this user's alone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -136,11 +137,11 @@ def option(command: str, flag: str) -> str:
     return command.split(f"{flag} ")[1].split()[0]
 
 
-def scrape(run_dir: Path, role: str) -> str:
-    """The /metrics of every `role` process of a run, one after another."""
+def scrape(run_dir: Path, role: str) -> list[str]:
+    """The /metrics of each `role` process of a run."""
     groups = json.loads((run_dir / "prometheus_targets.json").read_text())
-    return "".join(urllib.request.urlopen(f"http://{g['targets'][0]}/metrics", timeout=10).read().decode()
-                   for g in groups if g["labels"]["role"] == role)  # fmt: skip
+    return [urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
+            for g in groups if g["labels"]["role"] == role for target in g["targets"]]  # fmt: skip
 
 
 def count(metrics: str, reason: str) -> float:
@@ -235,9 +236,15 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
         sock.close(0)
     finally:
         ctx.term()
-    coordinator_metrics, learner_metrics = scrape(run_dir, "coordinator"), scrape(run_dir, "learner")
-    assert count(coordinator_metrics, "auth") >= len(intruders) and count(coordinator_metrics, "role") >= 1
-    assert count(learner_metrics, "auth") >= len(intruders) * len(experience), learner_metrics
+    def refusals() -> list[float]:  # the coordinator's, then each learner's
+        return [count(m, "auth") for m in scrape(run_dir, "coordinator") + scrape(run_dir, "learner")]
+
+    # Every server process refuses each intruder at least once. The counts come from the ZAP
+    # handler's and the socket monitors' threads: they may trail the refusals a little.
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: min(refusals()) >= len(intruders), 20, "the refusals counted")
+    assert len(refusals()) == 1 + len(experience) and min(refusals()) >= len(intruders), refusals()
+    assert count(scrape(run_dir, "coordinator")[0], "role") >= 1
     wait_for(lambda: (store.status().mean_return or 0) >= 200, 300, "a mean return of 200", up)
     up.send_signal(signal.SIGINT)
     output, _ = up.communicate(timeout=60)
