@@ -334,6 +334,11 @@ class PBTConfig:
             raise ValueError("; ".join(problems))
 
 
+# `RunConfig.compile_update`: "off" runs the learners' update eagerly; the others are torch.compile's
+# modes, of which "reduce-overhead" replays CUDA graphs on a GPU (on a CPU it is "default").
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What one run learns. Stored in Redis by the coordinator and sent to every process."""
@@ -383,6 +388,9 @@ class RunConfig:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     population: int = 1  # members trained together; more than 1 turns on population-based training
     pbt: PBTConfig = field(default_factory=PBTConfig)
+    # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
+    # torch.compile's; "reduce-overhead" replays CUDA graphs on a GPU.
+    compile_update: str = "off"
 
     @property
     def algo_config(self) -> AlgoConfig:
@@ -437,6 +445,10 @@ class RunConfig:
             problems.append("obs_clip must be positive")
         if self.encoder not in ENCODER_CHOICES:
             problems.append(f"encoder must be one of {', '.join(ENCODER_CHOICES)}")
+        if self.compile_update not in COMPILE_MODES:
+            problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
+        elif self.compile_update != "off" and self.algo != "ppo":
+            problems.append("compile_update: only PPO's update is captured so far; use \"off\"")
         if problems:
             raise ValueError("; ".join(problems))
 

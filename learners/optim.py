@@ -71,6 +71,12 @@ class PopulationAdam:
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             self.param.addcdiv_(*self._numerator_and_denominator(lr), value=-1)
             return
+        self.masked_step(grad, lr, active)
+
+    def masked_step(self, grad: Tensor, lr: Tensor, active: Tensor) -> None:
+        """The step of the `active` members [P] (finite gradients only) in ops over [P, D], with
+        no branch on a tensor's value: what `clip_and_step` captures."""
+        beta1, beta2 = self.betas
         keep = active.unsqueeze(1)
         self.steps += active.to(self.steps.dtype)
         self.exp_avg.copy_(torch.where(keep, self.exp_avg.lerp(grad, 1 - beta1), self.exp_avg))
@@ -102,6 +108,18 @@ class PopulationAdam:
         """PBT exploit: the target takes the source's optimizer state (its weights: the caller)."""
         for state in (self.exp_avg, self.exp_avg_sq, self.steps):
             state[target] = state[source]
+
+
+@torch.no_grad()
+def clip_and_step(optimizer: PopulationAdam, max_norm: Tensor, lr: Tensor, active: Tensor) -> None:
+    """Clip each member's gradient (`clip_grad_norm_per_member`), then step: `PopulationAdam.step`
+    with no branch on a tensor's value, so that torch.compile takes it whole (and on a GPU into a
+    CUDA graph, learners/capture.py). The same arithmetic as the eager pair, member by member."""
+    grad = optimizer.param.grad
+    assert grad is not None, "step before backward"
+    finite = torch.isfinite(clip_grad_norm_per_member(grad, max_norm))
+    optimizer.nonfinite += (active & ~finite).sum()
+    optimizer.masked_step(grad, lr, active & finite)
 
 
 def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:

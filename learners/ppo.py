@@ -14,7 +14,7 @@ n = T·B and a validity mask. A member with no data this update has an all-False
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -25,7 +25,7 @@ from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic, obs_features
-from rlmq.learners.optim import PopulationAdam, clip_grad_norm_per_member
+from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member
 from rlmq.learners.ppo_logits import ppo_loss_from_logits
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -204,6 +204,32 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
     return old_logp, member_major(returns.pg_advantages), member_major(returns.vs), mean_rho
 
 
+def minibatch_loss(model: nn.Module, discrete: bool, obs: Tensor, actions: Tensor, old_logp: Tensor,
+                   advantages: Tensor, value_targets: Tensor, mask: Tensor, norm: Tensor, clip: Tensor,
+                   ent_coef: Tensor, vf_coef: Tensor, normalize: bool) -> tuple[PPOLoss, Tensor]:  # fmt: skip
+    """A minibatch's loss terms [P] and the new log-probabilities [P, n] (for the diagnostics):
+    `advantages` normalized here if `normalize`; `model` as `update` says."""
+    advantages = normalize_advantages(advantages, mask, normalize)
+    if discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
+        logits, new_values = model(obs, None)
+        total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
+            logits, new_values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef=clip,
+            ent_coef=ent_coef, vf_coef=vf_coef)  # fmt: skip
+        return PPOLoss(total, pg_loss, v_loss, mean_entropy), new_logp
+    new_logp, entropy, new_values = model(obs, actions)
+    loss = ppo_loss(new_logp, old_logp, advantages, new_values, value_targets, entropy, mask, norm, clip_coef=clip,
+                    ent_coef=ent_coef, vf_coef=vf_coef)  # fmt: skip
+    return loss, new_logp
+
+
+class CapturedSteps(NamedTuple):
+    """A gradient step's parts as learners/capture.py compiles them, for `update`."""
+
+    loss: Callable[..., tuple[PPOLoss, Tensor]]  # `minibatch_loss`, compiled, on the bare module
+    sync: Sync  # averages the gradient across the ranks, eagerly
+    step: Callable[[PopulationAdam, Tensor, Tensor, Tensor], None]  # `optim.clip_and_step`, compiled
+
+
 def update(
     model: nn.Module,
     core: PopulationActorCritic,
@@ -215,13 +241,15 @@ def update(
     anneal: Tensor,
     norm: Tensor,
     active: Tensor,
+    captured: CapturedSteps | None = None,
 ) -> dict[str, float]:
     """One PPO update of every member on one rank's batch, vectorized over the members.
 
     `model` may be DDP-wrapped (gradients are all-reduced in backward, so the per-member clipping
     below sees the global gradient); `core` is the bare module. `anneal` [P] scales each member's
     learning rate and clip range; `norm` [P] is from `loss_normalizers`; `active` [P] says which
-    members have data on some rank.
+    members have data on some rank. With `captured`, each gradient step runs its compiled loss
+    and step on `core` (`model` unused), and its `sync` all-reduces between them.
     """
     population, rows, slots = batch.obs.shape[:3]
     old_logp, advantages, vs, mean_rho = _targets(core, batch, hp, cfg)
@@ -230,28 +258,24 @@ def update(
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     normalize = cfg.normalize_advantage
-    whole_batch_advantages = normalize_advantages(advantages, mask, normalize)  # what every idx=None epoch uses
+    loss_of, net = (minibatch_loss, model) if captured is None else (captured.loss, core)
+    if captured is None and None in plan:  # the epochs over the whole batch normalize its advantages once
+        whole_batch_advantages = normalize_advantages(advantages, mask, normalize)
     for idx in plan:
-        norm_advantages = (whole_batch_advantages if idx is None
-                           else normalize_advantages(advantages[:, idx], mask[:, idx], normalize))  # fmt: skip
-        if core.discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
-            logits, new_values = model(pick(obs, idx), None)
-            total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
-                logits, new_values, pick(actions, idx), pick(old_logp, idx), norm_advantages, pick(vs, idx),
-                pick(mask, idx), norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
-            )  # fmt: skip
-            loss = PPOLoss(total, pg_loss, v_loss, mean_entropy)
-        else:
-            new_logp, entropy, new_values = model(pick(obs, idx), pick(actions, idx))
-            loss = ppo_loss(
-                new_logp, pick(old_logp, idx), norm_advantages, new_values, pick(vs, idx), entropy, pick(mask, idx),
-                norm, clip_coef=clip, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef,
-            )  # fmt: skip
+        eager_whole_batch = captured is None and idx is None
+        loss, new_logp = loss_of(
+            net, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx),
+            whole_batch_advantages if eager_whole_batch else pick(advantages, idx), pick(vs, idx), pick(mask, idx),
+            norm, clip, hp.ent_coef, hp.vf_coef, normalize and not eager_whole_batch,
+        )  # fmt: skip
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
-        norms = clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm)
-        optimizer.step(lr, active, norms)
+        if captured is None:
+            optimizer.step(lr, active, clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm))
+        else:
+            captured.sync(core.flat.grad)
+            captured.step(optimizer, hp.max_grad_norm, lr, active)
     terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}

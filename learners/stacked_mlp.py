@@ -40,6 +40,13 @@ HAND_WRITTEN_MIN_ROWS = 1024
 NUMPY_MIN_MACS = 1 << 21
 
 
+def traced() -> bool:
+    """Whether torch.compile is tracing the caller (learners/capture.py). Then plain autograd ops,
+    which the compiler fuses, stand in for the hand-written Functions and NumPy calls, which are
+    for eager execution."""
+    return torch.compiler.is_compiling()
+
+
 def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
                 *, outputs_first: bool = False) -> Tensor:  # fmt: skip
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
@@ -47,16 +54,19 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
     the faster layout for a narrow last layer and for a softmax over its outputs."""
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"{len(weights)} weights and {len(biases)} biases: one of each per layer")
-    if activation == "relu" and x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS:
-        return _autograd_relu_mlp(x, weights, biases, outputs_first)
+    if traced() or (activation == "relu" and x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS):
+        return _autograd_mlp(x, weights, biases, activation, outputs_first)
     out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
     return out
 
 
-def _autograd_relu_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], outputs_first: bool) -> Tensor:
-    """A ReLU network in plain autograd ops (under `HAND_WRITTEN_MIN_ROWS`; tanh ones never are)."""
+def _autograd_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
+                  outputs_first: bool) -> Tensor:  # fmt: skip
+    """The network in plain autograd ops: a small ReLU one (under `HAND_WRITTEN_MIN_ROWS`), or any
+    while `traced`."""
+    act = torch.relu if activation == "relu" else torch.tanh
     for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
-        x = torch.relu(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)))
+        x = act(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)))
     if outputs_first:
         return torch.baddbmm(biases[-1].unsqueeze(2), weights[-1], x.transpose(1, 2))
     return torch.baddbmm(biases[-1].unsqueeze(1), x, weights[-1].transpose(1, 2))
@@ -79,7 +89,7 @@ class _Tanh(torch.autograd.Function):
 
 def fast_tanh(x: Tensor) -> Tensor:
     """tanh with autograd; on the CPU through NumPy (see `tanh_into`)."""
-    return torch.tanh(x) if x.is_cuda else _Tanh.apply(x)
+    return torch.tanh(x) if x.is_cuda or traced() else _Tanh.apply(x)
 
 
 def tanh_into(x: Tensor, out: Tensor) -> Tensor:
@@ -229,6 +239,8 @@ def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Te
     two Functions plus a view per tensor, and autograd then put ∂`flat` together from a piece per
     tensor: one CartPole member's update took ~4 % longer that way. Always the hand-written path
     (its one user is tanh PPO), whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
+    if traced():
+        return tuple(_autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first) for t in towers)
     outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))
     return outs
 

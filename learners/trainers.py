@@ -13,16 +13,17 @@ from typing import Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import ppo
+from rlmq.learners import capture, ppo
 from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
-from rlmq.learners.offpolicy import OffPolicy, OffPolicyTrainer
+from rlmq.learners.offpolicy import OffPolicy, OffPolicyTrainer, allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.sac import SAC
 from rlmq.learners.td3 import TD3
@@ -84,8 +85,13 @@ class PPOTrainer:
         for w in weights:  # a restarted world carries on from the last publication
             self.load_member(w.member, dict(w.params))
         self.model: torch.nn.Module = self.core
-        if world_size > 1:  # DDP broadcasts rank 0's parameters: replicas start equal
-            self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
+        self.captured = None if run_cfg.compile_update == "off" else capture.ppo_steps(run_cfg.compile_update,
+                                                                                        allreduce_mean)  # fmt: skip
+        if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
+            if self.captured is None:
+                self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
+            else:  # the captured steps all-reduce the gradient themselves
+                dist.broadcast(self.core.flat.data, src=0)
             self.obs_norm.broadcast()
         self.optimizer = PopulationAdam(self.core.flat)
         self.generator = torch.Generator().manual_seed(run_cfg.seed * 1000 + rank)
@@ -129,7 +135,8 @@ class PPOTrainer:
             batch = batch._replace(rewards=self.reward_scaler.scale(rollouts, batch.rewards, self.hp.gamma.tolist()))
         plan = [None if idx is None else idx.to(self.device) for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, self.world_size)
-        stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active)
+        stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active,
+                           self.captured)  # fmt: skip
         updated = [int(m) for m in active.nonzero().flatten().tolist()]
         for member in updated:
             self.trained[member] += member_samples[member]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,25 +17,45 @@ from rlmq.learners.distributed import Placement, choose_device
 HELPER = Path(__file__).parent / "helpers" / "ddp_rank.py"
 
 
-@pytest.mark.parametrize("encoder", ["mlp", "minatar"])  # flat observations; byte images through a CNN
-def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path, encoder: str) -> None:
+def train_world(tmp_path: Path, encoder: str, backend: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """What each rank of tests/helpers/ddp_rank.py saved (`backend`: "" eager under DDP, else the
+    captured update traced by that torch.compile backend)."""
     port, world, updates = free_port(), 2, 4
-    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+    outs = [tmp_path / f"{backend or 'eager'}-rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]), encoder],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]), encoder,
+                          backend], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         for r in range(world)
     ]
     for r, p in enumerate(procs):
-        output, _ = p.communicate(timeout=120)
+        output, _ = p.communicate(timeout=240)
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{output}"
     a, b = (torch.load(o, weights_only=True) for o in outs)
+    return a, b
+
+
+@pytest.mark.parametrize("encoder", ["mlp", "minatar"])  # flat observations; byte images through a CNN
+def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path, encoder: str) -> None:
+    a, b = train_world(tmp_path, encoder)
     assert a["moved"] > 0 and b["moved"] > 0, "the updates changed nothing"
     assert a["inactive_unmoved"] and b["inactive_unmoved"], "a member without data moved"
     for key in ("flat", "copied", "exp_avg", "exp_avg_sq", "steps"):  # the optimizers stay in sync too
         assert torch.equal(a[key], b[key]), f"{key} differs between ranks"
     # After the PBT copy, target member 2 holds exactly source member 0's weights and Adam state.
     assert torch.equal(a["copied"][2], a["copied"][0])
+
+
+def test_captured_ranks_stay_in_step_and_train_as_ddp_does(tmp_path: Path) -> None:
+    """The captured update all-reduces on its own, between its compiled loss and step: the ranks'
+    collectives stay in step through uneven and empty batches, and they train as the eager world
+    under DDP does on the same data."""
+    a, b = train_world(tmp_path, "mlp", "aot_eager")
+    for key in ("flat", "copied", "exp_avg", "exp_avg_sq", "steps"):
+        assert torch.equal(a[key], b[key]), f"{key} differs between ranks"
+    assert a["inactive_unmoved"] and a["moved"] > 0
+    eager, _ = train_world(tmp_path, "mlp")
+    torch.testing.assert_close(a["flat"], eager["flat"], rtol=1e-4, atol=1e-5)
+    assert torch.equal(a["steps"], eager["steps"])
 
 
 def test_each_rank_gets_a_gpu_of_its_own_or_every_rank_trains_on_the_cpu() -> None:

@@ -4,6 +4,7 @@ the test to compare. Run as a script (not imported)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -14,8 +15,9 @@ from rlmq.common import wire
 from rlmq.common.config import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
-from rlmq.learners import distributed, ppo, stacked_mlp
+from rlmq.learners import capture, distributed, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.trainers import copy_member
 
@@ -45,9 +47,9 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
     )  # fmt: skip
 
 
-def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
+def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
           rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator, ready: bool = True,
-          overdue: bool = False) -> int:  # fmt: skip
+          overdue: bool = False, captured: ppo.CapturedSteps | None = None) -> int:  # fmt: skip
     """One update as a learner makes it, the batch as wide as the most rollouts of a member any
     rank holds (learner batching), its minibatches as many more (`ppo.for_batch`)."""
     device = torch.device("cpu")
@@ -62,11 +64,13 @@ def train(model: torch.nn.Module, core: PopulationActorCritic, optimizer: Popula
                                        "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
     ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device), hp, cfg,
                ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator), torch.ones(POPULATION),
-               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0)  # fmt: skip
+               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0, captured)  # fmt: skip
     return width
 
 
-def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str) -> None:
+def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str, backend: str) -> None:
+    """`backend` "": eager, under DDP; else the update captured with that torch.compile backend
+    (learners/capture.py), without DDP: its steps all-reduce the gradient themselves."""
     global SPEC
     SPEC = SPECS[encoder]
     torch.set_num_threads(1)
@@ -75,7 +79,13 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
     core = PopulationActorCritic(SPEC, (32, 32), POPULATION, encoder=encoder)
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
-    model = DistributedDataParallel(core)
+    model: torch.nn.Module = core
+    captured = capture.ppo_steps("default", allreduce_mean, backend) if backend else None
+    if captured is None:
+        model = DistributedDataParallel(core)
+    else:  # what PPOTrainer does in DDP's place
+        torch.distributed.broadcast(core.flat.data, src=0)
+    train = functools.partial(train_once, captured=captured)
     optimizer = PopulationAdam(core.flat)
     cfg = PPOConfig(epochs=2, minibatches=3, max_grad_norm=0.1)
     rng = np.random.default_rng(100 + rank)  # different data on each rank
@@ -126,4 +136,4 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7])

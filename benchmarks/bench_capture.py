@@ -1,0 +1,107 @@
+"""The PPO update captured by torch.compile (`compile_update`, learners/capture.py) against the eager
+update, side by side in one process on the same data.
+
+The problem is bench_population.py's (CartPole-sized members, one rollout of 32 steps × 8 slots
+each, PPOConfig's defaults; `--pixels` for MinAtar's or Atari's CNN), and so are its timers. Both
+sides start from the same weights and run the same updates in the same order, and the script prints
+the largest difference between their weights after the first update (10 Adam steps: float32
+roundings) and after the last (Adam's normalized steps carry a rounding in a gradient near 0 into
+a step of up to the learning rate, so the two drift apart over hundreds of steps). The first captured update includes the compilation; it is timed apart
+(`compile s`), as is the eager side's first update. Then `--repeats` alternating rounds of
+`--updates` updates each; medians. On `--device cuda` with `--mode reduce-overhead` the captured
+graphs replay as CUDA graphs (targets from issue 18: ≤ 5 ms per update at P = 8, ≤ 10 ms at
+P = 128 on an H100). On a CPU the figures say what capture costs and gains where the eager path
+has been tuned by hand.
+
+    python benchmarks/bench_capture.py --populations 1 8
+    python benchmarks/bench_capture.py --device cuda --mode reduce-overhead --populations 8 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import bench_population as bp  # sets the thread limits from --threads, before NumPy and torch load
+import torch
+
+from rlmq.common.config import COMPILE_MODES, PPOConfig
+from rlmq.learners import capture, ppo
+from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.offpolicy import allreduce_mean
+from rlmq.learners.optim import PopulationAdam
+
+
+def side(population: int, problem: bp.Problem, args: argparse.Namespace, device: torch.device,
+         captured: ppo.CapturedSteps | None) -> tuple[PopulationActorCritic, Callable[[int], None]]:  # fmt: skip
+    torch.manual_seed(args.seed)  # both sides start from the same weights
+    pop = PopulationActorCritic(bp.SPEC, tuple(args.hidden), population, encoder=bp.ENCODER).to(device)
+    optimizer = PopulationAdam(pop.flat)
+
+    def one_update(i: int) -> None:
+        ppo.update(pop, pop, optimizer, *problem.inputs(i), captured)
+
+    return pop, one_update
+
+
+def measure(population: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    torch._dynamo.reset()
+    problem = bp.make_problem(population, args, device)
+    eager_pop, eager = side(population, problem, args, device, None)
+    captured_pop, captured = side(population, problem, args, device, capture.ppo_steps(args.mode, allreduce_mean))
+    sides = {"eager": eager, "captured": captured}
+    first = {name: bp.seconds_per_update(run, 1, device) for name, run in sides.items()}
+    after_first = float((eager_pop.flat.detach() - captured_pop.flat.detach()).abs().max())
+    for run in sides.values():
+        bp.seconds_per_update(run, args.warmup, device)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.repeats):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            times[name].append(bp.seconds_per_update(sides[name], args.updates, device))
+        print(f"  P={population} [{r + 1}/{args.repeats}] eager {1e3 * times['eager'][-1]:8.2f} ms   captured "
+              f"{1e3 * times['captured'][-1]:8.2f} ms", flush=True)
+    eager_ms, captured_ms = (1e3 * statistics.median(times[name]) for name in sides)
+    difference = float((eager_pop.flat.detach() - captured_pop.flat.detach()).abs().max())
+    return {"P": population, "compile_s": first["captured"], "eager_first_s": first["eager"], "eager_ms": eager_ms,
+            "captured_ms": captured_ms, "after_first": after_first, "difference": difference,
+            "updates": 1 + args.warmup + args.repeats * args.updates}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--populations", type=int, nargs="+", default=[1, 8], help="population sizes P")
+    parser.add_argument("--mode", choices=COMPILE_MODES[1:], default="default", help="torch.compile's mode")
+    parser.add_argument("--minibatches", type=int, default=PPOConfig.minibatches, help="per epoch")
+    parser.add_argument("--steps", type=int, default=32, help="rollout length T per member")
+    parser.add_argument("--slots", type=int, default=8, help="env slots B per member")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="hidden sizes")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed updates of each side after the first")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds; medians")
+    parser.add_argument("--updates", type=int, default=5, help="consecutive updates per timed round")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--pixels", choices=list(bp.SPECS), default="none", help="image observations through a CNN")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    bp.SPEC, bp.ENCODER = bp.SPECS[args.pixels]
+    torch.set_num_threads(args.threads)
+    bp.keep_freed_memory()  # as a learner process
+    device = bp.pick_device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} thread(s)"
+    print(f"torch {torch.__version__}, {name}, mode {args.mode}, {bp.ENCODER} encoder", flush=True)
+    started = time.perf_counter()
+    results = [measure(p, args, device) for p in args.populations]
+    print("\n| P | device | compile s (first captured update) | eager first update s | eager ms/update "
+          "| captured ms/update | eager / captured | max abs weight difference after 1 update, after N |")
+    print("|--:|:--|--:|--:|--:|--:|--:|:--|")
+    for r in results:
+        print(f"| {r['P']} | {device.type} | {r['compile_s']:.1f} | {r['eager_first_s']:.3f} | {r['eager_ms']:.2f} | "
+              f"{r['captured_ms']:.2f} | **{r['eager_ms'] / r['captured_ms']:.2f}** | {r['after_first']:.1e}, "
+              f"{r['difference']:.1e} (N = {r['updates']}) |")
+    print(f"\n{time.perf_counter() - started:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The learner's update captured by torch.compile (`RunConfig.compile_update`), and on a GPU
+replayed as CUDA graphs: LeanRL's lesson (torch.compile and CUDA graphs over CleanRL's scripts made
+their PPO and SAC updates 5–7× faster on an H100) for a population update that on a GPU is bound
+by kernel launches and Python, not by the GPU (docs/architecture.md, "The update, captured").
+
+What is captured, per gradient step:
+- the loss, forward and backward (AOTAutograd derives the backward): one graph. While traced the
+  networks take plain autograd ops (`stacked_mlp.traced`), which the compiler fuses, in place of
+  the hand-written Functions and NumPy calls that make the eager path fast on a CPU;
+- the clipping and the optimizer step (`optim.clip_and_step`): a second graph.
+Not captured: the gradient's all-reduce between the two. It runs eagerly, one collective per
+gradient step on every rank in the same order, as DDP's would, so the ranks stay in step however
+each rank's graphs were compiled; the captured path needs no DDP wrapper.
+
+The eager path stays the reference (tests hold the two equal on the same data) and the default:
+compiling takes tens of seconds, longer than a CartPole run on a CPU (benchmarks/RESULTS.md §12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from rlmq.common.config import COMPILE_MODES
+from rlmq.learners import ppo
+from rlmq.learners.optim import Sync, clip_and_step
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def compiled(fn: F, mode: str, backend: str = "inductor") -> F:
+    """`fn` under torch.compile in `mode` (one of COMPILE_MODES but "off"). `backend`: "inductor"
+    generates kernels; the tests also trace with "aot_eager", which runs the captured graphs with
+    eager kernels (the capture checked in seconds, not minutes of code generation)."""
+    if mode not in COMPILE_MODES[1:]:
+        raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES[1:])}")
+    if backend != "inductor":
+        return torch.compile(fn, backend=backend)  # type: ignore[return-value]
+    return torch.compile(fn, mode=mode)  # type: ignore[return-value]
+
+
+def ppo_steps(mode: str, sync: Sync, backend: str = "inductor") -> ppo.CapturedSteps:
+    """PPO's gradient step, captured: for `ppo.update`."""
+    return ppo.CapturedSteps(compiled(ppo.minibatch_loss, mode, backend), sync, compiled(clip_and_step, mode, backend))

@@ -1,0 +1,114 @@
+"""The captured (torch.compile) update against the eager one it must equal (learners/capture.py).
+
+On the CPU the capture is traced with the "aot_eager" backend: the same graphs, forward and
+backward, run with eager kernels, in seconds. Inductor's generated kernels take ~25 s to build
+here, so they are compared on the CPU by benchmarks/bench_capture.py, which times them too; where
+CUDA is present they are tested here, replayed as CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from ppo_batches import CONTINUOUS, CUDA, DISCRETE, IMAGE, random_batch
+from torch._dynamo.utils import counters
+
+from rlmq.common.config import ALGORITHMS, PPOConfig, RunConfig
+from rlmq.common.schema import EnvSpec
+from rlmq.learners import capture, ppo
+from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.offpolicy import allreduce_mean
+from rlmq.learners.optim import PopulationAdam, clip_and_step, clip_grad_norm_per_member, per_member
+
+POPULATION = 3
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler_caches() -> None:
+    torch._dynamo.reset()  # each test compiles afresh, within the recompile limit
+    counters.clear()
+
+
+def members(device: str) -> ppo.MemberHyperparams:
+    return per_member(ppo.MemberHyperparams, [
+        {**dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.2), "learning_rate": lr, "gamma": 0.99, "gae_lambda": 0.95,
+         "ent_coef": 0.01 * m, "max_grad_norm": 0.5 + m}
+        for m, lr in enumerate((1e-3, 3e-3, 1e-2))], torch.device(device))  # fmt: skip
+
+
+def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None) -> tuple[PopulationActorCritic, PopulationAdam]:
+    """Three updates of 2 epochs × 2 minibatches from the same start and data; member 2 has data in
+    the first update only (then inactive, with momentum)."""
+    torch.manual_seed(3)
+    core = PopulationActorCritic(spec, (16, 16), POPULATION, encoder="minatar" if len(spec.obs_shape) == 3 else "mlp")
+    core = core.to(device)
+    optimizer = PopulationAdam(core.flat)
+    cfg = PPOConfig(epochs=2, minibatches=2)
+    for step in range(3):
+        batch = ppo.Batch(*(t.to(device) for t in random_batch(spec, POPULATION, 6, 5, seed=10 + step)))
+        if step > 0:
+            batch.valid[2] = False
+        active = batch.valid.flatten(1).any(1)
+        norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), cfg.minibatches, world_size=1)
+        plan = [i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        anneal = torch.tensor([1.0, 0.5, 0.8], device=device)
+        ppo.update(core, core, optimizer, batch, members(device), cfg, plan, anneal, norm, active, captured)
+    return core, optimizer
+
+
+def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str) -> None:
+    eager = train(spec, device, None)
+    captured = train(spec, device, capture.ppo_steps(mode, allreduce_mean, backend))
+    # Captured whole: the loss (forward and backward) and the step, each one graph.
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2, {k: dict(v) for k, v in counters.items()}
+    for (name, want), got in zip(
+            {"flat": eager[0].flat.detach(), "exp_avg": eager[1].exp_avg, "exp_avg_sq": eager[1].exp_avg_sq}.items(),
+            (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq), strict=True):  # fmt: skip
+        # Fused kernels sum in other orders than eager ones: float32 roundings, which Adam's steps
+        # (lr up to 1e-2) carry into the weights.
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    assert torch.equal(captured[1].steps, eager[1].steps) and int(captured[1].steps[2]) == 4  # inactive after one update
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE], ids=["discrete", "continuous", "image"])
+def test_the_captured_update_equals_the_eager_one(spec: EnvSpec) -> None:
+    assert_same_training(spec, "cpu", "default", "aot_eager")
+
+
+@CUDA
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE], ids=["discrete", "continuous", "image"])
+def test_cuda_graphs_train_as_the_eager_update_does(spec: EnvSpec) -> None:
+    assert_same_training(spec, "cuda", "reduce-overhead", "inductor")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_captured_step_skips_and_counts_as_the_eager_one(backend: str) -> None:
+    """Member 0's gradient is not finite, member 2 is inactive: both keep their weights and moments."""
+    param = torch.nn.Parameter(torch.randn(POPULATION, 40, generator=torch.Generator().manual_seed(0)))
+    results = []
+    for step in (None, capture.compiled(clip_and_step, "default", backend)):
+        optimizer = PopulationAdam(torch.nn.Parameter(param.detach().clone()))
+        active, max_norm, lr = torch.tensor([True, True, False]), torch.tensor([1.0, 0.5, 1.0]), torch.full((3,), 1e-2)
+        for i in range(2):
+            grad = torch.randn(POPULATION, 40, generator=torch.Generator().manual_seed(1 + i)) * 3
+            grad[0, 5] = float("inf") if i == 0 else 1.0
+            optimizer.param.grad = grad
+            if step is None:
+                optimizer.step(lr, active, clip_grad_norm_per_member(grad, max_norm))
+            else:
+                step(optimizer, max_norm, lr, active)
+        results.append(optimizer)
+    eager, captured = results
+    assert int(captured.nonfinite) == int(eager.nonfinite) == 1
+    assert torch.equal(captured.steps, eager.steps) and captured.steps.tolist() == [1, 2, 0]
+    torch.testing.assert_close(captured.param.detach(), eager.param.detach(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(captured.param.detach()[2], param.detach()[2])
+
+
+def test_a_run_config_names_a_compile_mode_that_exists() -> None:
+    assert RunConfig(compile_update="reduce-overhead").compile_update == "reduce-overhead"
+    with pytest.raises(ValueError, match="compile_update must be one of off, default"):
+        RunConfig(compile_update="fast")
+    with pytest.raises(ValueError, match="only PPO's update"):
+        RunConfig(algo="sac", env_id="Pendulum-v1", compile_update="default")
