@@ -447,8 +447,6 @@ class RunConfig:
             problems.append(f"encoder must be one of {', '.join(ENCODER_CHOICES)}")
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
-        elif self.compile_update != "off" and self.algo != "ppo":
-            problems.append("compile_update: only PPO's update is captured so far; use \"off\"")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -24,8 +24,6 @@ from typing import TypeVar
 import torch
 
 from rlmq.common.config import COMPILE_MODES
-from rlmq.learners import ppo
-from rlmq.learners.optim import Sync, clip_and_step
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -39,8 +37,3 @@ def compiled(fn: F, mode: str, backend: str = "inductor") -> F:
     if backend != "inductor":
         return torch.compile(fn, backend=backend)  # type: ignore[return-value]
     return torch.compile(fn, mode=mode)  # type: ignore[return-value]
-
-
-def ppo_steps(mode: str, sync: Sync, backend: str = "inductor") -> ppo.CapturedSteps:
-    """PPO's gradient step, captured: for `ppo.update`."""
-    return ppo.CapturedSteps(compiled(ppo.minibatch_loss, mode, backend), sync, compiled(clip_and_step, mode, backend))

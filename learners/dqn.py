@@ -30,13 +30,15 @@ from torch import Tensor, nn
 from rlmq.common.config import DQNConfig
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
+from rlmq.learners.capture import compiled
 from rlmq.learners.encoders import ConvEncoder, encode, image_encoder
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import relu_mlp
 from rlmq.learners.optim import (
     PopulationAdam,
     Sync,
-    clip_grad_norm_per_member,
+    clip_and_step,
+    clip_then_step,
     decayed_fraction,
     per_member,
 )
@@ -101,6 +103,7 @@ class DQN:
         self.layers = self.q.linear_names("policy")
         self.steps = 0  # gradient steps taken: the target is refreshed when it is a multiple of the interval
         self.n_step = cfg.n_step
+        self.loss_of, self.step_of = self.loss, clip_then_step  # eager until `capture`
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
@@ -112,6 +115,16 @@ class DQN:
         return double_q_target(reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs),
                                gamma, horizon)  # fmt: skip
 
+    def loss(self, batch: Transitions, gamma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """(each member's loss [P], its weight [P] applied; Q of the batch's actions [P, B])."""
+        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, gamma, batch.horizon)
+        q = self.values(self.q, batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        return q_loss(q, target) * weight, q
+
+    def capture(self, mode: str, backend: str = "inductor") -> None:
+        """The loss and the optimizer's step under torch.compile (learners/capture.py)."""
+        self.loss_of, self.step_of = compiled(self.loss, mode, backend), compiled(clip_and_step, mode, backend)
+
     def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
         """One gradient step of the Q network; every `target_update_interval`-th step then moves the
@@ -121,22 +134,18 @@ class DQN:
         rank holds transitions of — the others' rows are zeros, and their losses here count 0.
         `generator` is unused: nothing here is random.
         """
-        weight = has_data.to(batch.rewards.dtype)
-        target = self.td_target(batch.rewards, batch.terminated, batch.next_obs, hp.gamma, batch.horizon)
-        q = self.values(self.q, batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
-        loss = q_loss(q, target) * weight
+        loss, q = self.loss_of(batch, hp.gamma, has_data.to(batch.rewards.dtype))
         self.q.flat.grad = None
         loss.sum().backward()
         grad = self.q.flat.grad
         assert grad is not None
         sync(grad)
-        stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
-        norms = None
-        if self.max_grad_norm is not None:
-            stats["grad_norm"] = norms = clip_grad_norm_per_member(grad, self.max_grad_norm)
         optimizer = self.optimizers["q"]
-        optimizer.step(hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps,
-                                                           self.cfg.lr_final_fraction), active, norms)  # fmt: skip
+        lr = hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction)
+        norms = self.step_of(optimizer, self.max_grad_norm, lr, active)
+        stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
+        if self.max_grad_norm is not None:
+            stats["grad_norm"] = norms
         self.steps += 1
         if self.steps % self.cfg.target_update_interval == 0:
             with torch.no_grad():

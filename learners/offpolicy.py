@@ -95,6 +95,11 @@ class OffPolicy(Protocol):
 
     def copy_member(self, source: int, target: int) -> None: ...
 
+    def capture(self, mode: str, backend: str = "inductor") -> None:
+        """Take each gradient step's losses and optimizer steps under torch.compile in `mode`
+        (learners/capture.py); eager until called."""
+        ...
+
 
 class OffPolicyTrainer:
     """An off-policy algorithm fed from this rank's replay shard: `replay_ratio` gradient steps per
@@ -105,6 +110,8 @@ class OffPolicyTrainer:
     def __init__(self, algorithm: OffPolicy, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...],
                  rank: int, world_size: int, device: torch.device) -> None:  # fmt: skip
         self.algorithm, self.device, population = algorithm, device, run_cfg.population
+        if run_cfg.compile_update != "off":
+            algorithm.capture(run_cfg.compile_update)
         assert isinstance(run_cfg.algo_config, ReplayConfig)
         self.cfg, self.spec = run_cfg.algo_config, spec
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)

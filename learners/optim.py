@@ -110,16 +110,32 @@ class PopulationAdam:
             state[target] = state[source]
 
 
-@torch.no_grad()
-def clip_and_step(optimizer: PopulationAdam, max_norm: Tensor, lr: Tensor, active: Tensor) -> None:
-    """Clip each member's gradient (`clip_grad_norm_per_member`), then step: `PopulationAdam.step`
-    with no branch on a tensor's value, so that torch.compile takes it whole (and on a GPU into a
-    CUDA graph, learners/capture.py). The same arithmetic as the eager pair, member by member."""
+# An optimizer's step after backward and the all-reduce: (optimizer, each member's clipping norm or
+# None, lr [P], active [P]) → the gradient norms [P] before clipping. `clip_then_step` eagerly;
+# `clip_and_step` is the same for torch.compile to capture (learners/capture.py).
+Step = Callable[[PopulationAdam, Tensor | None, Tensor, Tensor], Tensor]
+
+
+def clip_then_step(optimizer: PopulationAdam, max_norm: Tensor | None, lr: Tensor, active: Tensor) -> Tensor:
+    """Clip each member's gradient to `max_norm` (None: leave it), then `optimizer.step`."""
     grad = optimizer.param.grad
     assert grad is not None, "step before backward"
-    finite = torch.isfinite(clip_grad_norm_per_member(grad, max_norm))
+    norms = torch.linalg.vector_norm(grad, dim=1) if max_norm is None else clip_grad_norm_per_member(grad, max_norm)
+    optimizer.step(lr, active, norms)
+    return norms
+
+
+@torch.no_grad()
+def clip_and_step(optimizer: PopulationAdam, max_norm: Tensor | None, lr: Tensor, active: Tensor) -> Tensor:
+    """`clip_then_step` with no branch on a tensor's value, so that torch.compile takes it whole
+    (and on a GPU into a CUDA graph): the same arithmetic, member by member."""
+    grad = optimizer.param.grad
+    assert grad is not None, "step before backward"
+    norms = torch.linalg.vector_norm(grad, dim=1) if max_norm is None else clip_grad_norm_per_member(grad, max_norm)
+    finite = torch.isfinite(norms)
     optimizer.nonfinite += (active & ~finite).sum()
     optimizer.masked_step(grad, lr, active & finite)
+    return norms
 
 
 def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
@@ -130,11 +146,12 @@ def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> 
     return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
 
 
-def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync) -> None:
+def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync,
+            step: Step = clip_then_step) -> None:  # fmt: skip
     """One optimizer's step on its own loss [P]: backward, the gradient averaged across ranks (each
     optimizer is synced on its own), then Adam (which skips members whose gradient is not finite)."""
     optimizer.param.grad = None
     loss.sum().backward()
     assert optimizer.param.grad is not None
     sync(optimizer.param.grad)
-    optimizer.step(lr, active)
+    step(optimizer, None, lr, active)

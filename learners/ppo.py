@@ -24,8 +24,9 @@ from rlmq.common.config import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
+from rlmq.learners.capture import compiled
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic, obs_features
-from rlmq.learners.optim import PopulationAdam, Sync, clip_grad_norm_per_member
+from rlmq.learners.optim import PopulationAdam, Step, Sync, clip_and_step, clip_then_step
 from rlmq.learners.ppo_logits import ppo_loss_from_logits
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -227,7 +228,12 @@ class CapturedSteps(NamedTuple):
 
     loss: Callable[..., tuple[PPOLoss, Tensor]]  # `minibatch_loss`, compiled, on the bare module
     sync: Sync  # averages the gradient across the ranks, eagerly
-    step: Callable[[PopulationAdam, Tensor, Tensor, Tensor], None]  # `optim.clip_and_step`, compiled
+    step: Step  # `optim.clip_and_step`, compiled
+
+
+def capture(mode: str, sync: Sync, backend: str = "inductor") -> CapturedSteps:
+    """PPO's gradient step under torch.compile (learners/capture.py), for `update`."""
+    return CapturedSteps(compiled(minibatch_loss, mode, backend), sync, compiled(clip_and_step, mode, backend))
 
 
 def update(
@@ -258,7 +264,8 @@ def update(
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     normalize = cfg.normalize_advantage
-    loss_of, net = (minibatch_loss, model) if captured is None else (captured.loss, core)
+    loss_of, net, step = (minibatch_loss, model, clip_then_step) if captured is None else (captured.loss, core,
+                                                                                          captured.step)  # fmt: skip
     if captured is None and None in plan:  # the epochs over the whole batch normalize its advantages once
         whole_batch_advantages = normalize_advantages(advantages, mask, normalize)
     for idx in plan:
@@ -271,11 +278,9 @@ def update(
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
-        if captured is None:
-            optimizer.step(lr, active, clip_grad_norm_per_member(core.flat.grad, hp.max_grad_norm))
-        else:
+        if captured is not None:  # under DDP, backward all-reduced it
             captured.sync(core.flat.grad)
-            captured.step(optimizer, hp.max_grad_norm, lr, active)
+        step(optimizer, hp.max_grad_norm, lr, active)
     terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}

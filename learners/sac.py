@@ -27,9 +27,18 @@ from rlmq.common.models import (  # as the actors clamp and scale
     scale_and_bias,
 )
 from rlmq.common.schema import EnvSpec
+from rlmq.learners.capture import compiled
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
-from rlmq.learners.optim import PopulationAdam, Sync, decayed_fraction, descend, per_member
+from rlmq.learners.optim import (
+    PopulationAdam,
+    Sync,
+    clip_and_step,
+    clip_then_step,
+    decayed_fraction,
+    descend,
+    per_member,
+)
 from rlmq.learners.replay import Transitions
 
 
@@ -97,16 +106,38 @@ class SAC:
         self.action_scale, self.action_bias = (torch.from_numpy(a).to(device) for a in scale_and_bias(spec))
         self.policy_layers, self.q_layers = self.actor.linear_names("policy"), {
             q: self.critic.linear_names(q) for q in ("q1", "q2")}  # fmt: skip
+        self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
 
-    def sample(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's policy."""
+    def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's
+        policy, with the Gaussian's standard normal draws `noise` [P, B, A] given."""
         mean, log_std = self.actor.mlp(self.policy_layers, obs, "relu").chunk(2, dim=-1)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         return squashed_gaussian(mean, log_std, noise)
 
     def q(self, critic: Stacked, obs: Tensor, action: Tensor) -> Tensor:
         """min of the twin critics, [P, B]."""
         return torch.min(*q_pair(critic, self.q_layers, obs, action))
+
+    def critic_loss(self, batch: Transitions, noise: Tensor, alpha: Tensor, gamma: Tensor, weight: Tensor) -> Tensor:
+        """The critics' loss [P], `weight` [P] applied; `noise` for the next actions."""
+        with torch.no_grad():
+            next_action, next_logp = self.sample(batch.next_obs, noise)
+            target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
+                                   next_logp, alpha, gamma, batch.horizon)  # fmt: skip
+        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
+        return critic_loss(q1, q2, target) * weight
+
+    def actor_loss(self, obs: Tensor, noise: Tensor, alpha: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """(the actor's loss [P], `weight` applied; log π of its fresh actions [P, B]), the
+        critics held still by the caller."""
+        new_action, logp = self.sample(obs, noise)
+        return actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight, logp
+
+    def capture(self, mode: str, backend: str = "inductor") -> None:
+        """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
+        self.critic_loss_of = compiled(self.critic_loss, mode, backend)
+        self.actor_loss_of = compiled(self.actor_loss, mode, backend)
+        self.step_of = compiled(clip_and_step, mode, backend)
 
     def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -116,31 +147,25 @@ class SAC:
         rank holds transitions of — the others' rows are zeros, and their losses here count 0.
         """
         weight = has_data.to(batch.rewards.dtype)
-        actions = (batch.actions - self.action_bias) / self.action_scale
         alpha = self.log_alpha.detach()[:, 0].exp()
         lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
                                                  self.cfg.lr_final_fraction)  # fmt: skip
-        with torch.no_grad():
-            next_action, next_logp = self.sample(batch.next_obs, generator)
-            target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
-                                   next_logp, alpha, hp.gamma, batch.horizon)  # fmt: skip
-        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
-        losses = {"critic": critic_loss(q1, q2, target) * weight}
-        descend(self.optimizers["critic"], losses["critic"], lr, active, sync)
+        shape = (*batch.rewards.shape, self.action_scale.numel())  # the next actions', then the fresh ones'
+        next_noise, noise = (torch.randn(shape, generator=generator, device=weight.device) for _ in range(2))
+        losses = {"critic": self.critic_loss_of(batch, next_noise, alpha, hp.gamma, weight)}
+        descend(self.optimizers["critic"], losses["critic"], lr, active, sync, self.step_of)
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
-        new_action, logp = self.sample(batch.obs, generator)
-        losses["actor"] = actor_loss(logp, self.q(self.critic, batch.obs, new_action), alpha) * weight
-        descend(self.optimizers["actor"], losses["actor"], lr, active, sync)
+        losses["actor"], logp = self.actor_loss_of(batch.obs, noise, alpha, weight)
+        descend(self.optimizers["actor"], losses["actor"], lr, active, sync, self.step_of)
         self.critic.flat.requires_grad_(True)
 
         losses["temperature"] = temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
-        descend(self.optimizers["temperature"], losses["temperature"], lr, active, sync)
+        descend(self.optimizers["temperature"], losses["temperature"], lr, active, sync, self.step_of)
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)
         return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha, "entropy": -logp.detach().mean(-1)}
-
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the policy network."""

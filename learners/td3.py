@@ -24,9 +24,18 @@ from torch import Tensor, nn
 from rlmq.common.config import TD3Config
 from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
+from rlmq.learners.capture import compiled
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
-from rlmq.learners.optim import PopulationAdam, Sync, decayed_fraction, descend, per_member
+from rlmq.learners.optim import (
+    PopulationAdam,
+    Sync,
+    clip_and_step,
+    clip_then_step,
+    decayed_fraction,
+    descend,
+    per_member,
+)
 from rlmq.learners.replay import Transitions
 
 
@@ -84,6 +93,7 @@ class TD3:
         self.q_layers = {q: self.critic.linear_names(q) for q in ("q1", "q2")}
         self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay
         self.last_actor_loss = torch.zeros(population, device=device)
+        self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
 
     def act(self, actor: Stacked, obs: Tensor) -> Tensor:
         """Each member's deterministic action in [-1, 1], [P, B, A]."""
@@ -98,6 +108,23 @@ class TD3:
         next_q1, next_q2 = q_pair(self.target_critic, self.q_layers, batch.next_obs, next_action)
         return critic_target(batch.rewards, batch.terminated, next_q1, next_q2, gamma, batch.horizon)
 
+    def critic_loss(self, batch: Transitions, noise: Tensor, gamma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """(the critics' loss [P], `weight` [P] applied; Q1 of the batch's actions [P, B])."""
+        target = self.td_target(batch, gamma, noise)
+        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
+        return critic_loss(q1, q2, target) * weight, q1
+
+    def actor_loss(self, obs: Tensor, weight: Tensor) -> Tensor:
+        """The actor's loss [P], `weight` applied (the critics held still by the caller)."""
+        q1_new, _ = q_pair(self.critic, self.q_layers, obs, self.act(self.actor, obs))
+        return actor_loss(q1_new) * weight
+
+    def capture(self, mode: str, backend: str = "inductor") -> None:
+        """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
+        self.critic_loss_of = compiled(self.critic_loss, mode, backend)
+        self.actor_loss_of = compiled(self.actor_loss, mode, backend)
+        self.step_of = compiled(clip_and_step, mode, backend)
+
     def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
         """One gradient step of the critics; every `policy_delay`-th also one of the actor, then
@@ -107,21 +134,18 @@ class TD3:
         rank holds transitions of — the others' rows are zeros, and their losses here count 0.
         """
         weight = has_data.to(batch.rewards.dtype)
-        actions = (batch.actions - self.action_bias) / self.action_scale
-        noise = torch.randn(actions.shape, generator=generator, device=actions.device)
-        target = self.td_target(batch, hp.gamma, noise)
+        noise = torch.randn(batch.actions.shape, generator=generator, device=batch.actions.device)
         lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
                                                  self.cfg.lr_final_fraction)  # fmt: skip
-        q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, actions)
-        losses = {"critic": critic_loss(q1, q2, target) * weight}
-        descend(self.optimizers["critic"], losses["critic"], lr, active, sync)
+        critic, q1 = self.critic_loss_of(batch, noise, hp.gamma, weight)
+        losses = {"critic": critic}
+        descend(self.optimizers["critic"], critic, lr, active, sync, self.step_of)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
-            q1_new, _ = q_pair(self.critic, self.q_layers, batch.obs, self.act(self.actor, batch.obs))
-            self.last_actor_loss = actor_loss(q1_new) * weight
-            descend(self.optimizers["actor"], self.last_actor_loss, lr, active, sync)
+            self.last_actor_loss = self.actor_loss_of(batch.obs, weight)
+            descend(self.optimizers["actor"], self.last_actor_loss, lr, active, sync, self.step_of)
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
                 tau = (hp.tau * active).unsqueeze(1)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import capture, ppo
+from rlmq.learners import ppo
 from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
@@ -85,7 +85,7 @@ class PPOTrainer:
         for w in weights:  # a restarted world carries on from the last publication
             self.load_member(w.member, dict(w.params))
         self.model: torch.nn.Module = self.core
-        self.captured = None if run_cfg.compile_update == "off" else capture.ppo_steps(run_cfg.compile_update,
+        self.captured = None if run_cfg.compile_update == "off" else ppo.capture(run_cfg.compile_update,
                                                                                         allreduce_mean)  # fmt: skip
         if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
             if self.captured is None:

@@ -15,7 +15,7 @@ from rlmq.common import wire
 from rlmq.common.config import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
-from rlmq.learners import capture, distributed, ppo, stacked_mlp
+from rlmq.learners import distributed, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
@@ -80,7 +80,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
     core = PopulationActorCritic(SPEC, (32, 32), POPULATION, encoder=encoder)
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     model: torch.nn.Module = core
-    captured = capture.ppo_steps("default", allreduce_mean, backend) if backend else None
+    captured = ppo.capture("default", allreduce_mean, backend) if backend else None
     if captured is None:
         model = DistributedDataParallel(core)
     else:  # what PPOTrainer does in DDP's place
