@@ -91,6 +91,9 @@ class PPOConfig:
     # (SB3's VecNormalize norm_reward; learners/normalization.py).
     normalize_reward: bool = False
     reward_clip: float = 10.0
+    # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default) or
+    # "relu" (gymnax-blines' and PureJaxRL's MinAtar agents).
+    activation: str = "tanh"
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
@@ -109,6 +112,7 @@ class PPOConfig:
             "reward_clip > 0": self.reward_clip > 0,
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
+            'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
         if problems:

@@ -207,8 +207,8 @@ def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
 # Each algorithm's actor policy (config.ALGORITHMS): (run config, weights, env spec, the env steps
 # the weights were trained on, on which exploration schedules depend) → policy.
 POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
-    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(params, spec,
-                                                                       encoder=run_config.encoder_for(spec)),
+    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(
+        params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec)),
     "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(params, spec),
     "td3": _td3_policy,
     "dqn": _dqn_policy,

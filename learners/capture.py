@@ -1,19 +1,20 @@
-"""The learner's update captured by torch.compile (`RunConfig.compile_update`), and on a GPU
+"""The learners' updates captured by torch.compile (`RunConfig.compile_update`), and on a GPU
 replayed as CUDA graphs: LeanRL's lesson (torch.compile and CUDA graphs over CleanRL's scripts made
-their PPO and SAC updates 5–7× faster on an H100) for a population update that on a GPU is bound
-by kernel launches and Python, not by the GPU (docs/architecture.md, "The update, captured").
+their PPO and SAC updates 5–7× faster on an H100) for population updates that on a GPU are bound by
+kernel launches and Python, not by the GPU (docs/architecture.md, "The update, captured").
 
-What is captured, per gradient step:
-- the loss, forward and backward (AOTAutograd derives the backward): one graph. While traced the
-  networks take plain autograd ops (`stacked_mlp.traced`), which the compiler fuses, in place of
-  the hand-written Functions and NumPy calls that make the eager path fast on a CPU;
-- the clipping and the optimizer step (`optim.clip_and_step`): a second graph.
+What is captured, per gradient step (PPO's in `ppo.capture`, the off-policy algorithms' in their
+`capture`):
+- each loss, forward and backward (AOTAutograd derives the backward): one graph each. While
+  traced, the networks take plain autograd ops (`stacked_mlp.traced`), which the compiler fuses, in
+  place of the hand-written Functions and NumPy calls that make the eager path fast on a CPU;
+- the clipping and the optimizer step (`optim.clip_and_step`): one graph per optimizer.
 Not captured: the gradient's all-reduce between the two. It runs eagerly, one collective per
-gradient step on every rank in the same order, as DDP's would, so the ranks stay in step however
-each rank's graphs were compiled; the captured path needs no DDP wrapper.
+gradient step and optimizer on every rank in the same order as on the eager path, so the ranks stay
+in step; captured PPO needs no DDP wrapper. Random draws are made eagerly and passed in.
 
 The eager path stays the reference (tests hold the two equal on the same data) and the default:
-compiling takes tens of seconds, longer than a CartPole run on a CPU (benchmarks/RESULTS.md §12).
+compiling takes 10–30 s on a CPU, longer than a CartPole run (benchmarks/RESULTS.md §12).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class Tanh(nn.Module):
         return fast_tanh(x)
 
 
-def mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
+def mlp(sizes: list[int], out_gain: float, activation: Activation = "tanh") -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         linear = nn.Linear(fan_in, fan_out)
@@ -31,25 +31,25 @@ def mlp(sizes: list[int], out_gain: float) -> nn.Sequential:
         nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
-            layers.append(Tanh())
+            layers.append(Tanh() if activation == "tanh" else nn.ReLU())
     return nn.Sequential(*layers)
 
 
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy and the value, behind one convolutional encoder that
-    both share when the run encodes images (`encoder`, resolved: `RunConfig.encoder_for`);
-    Gaussian policies learn a state-free log standard deviation."""
+    """Separate MLPs (tanh, or ReLU: `activation`) for the policy and the value, behind one
+    convolutional encoder that both share when the run encodes images (`encoder`, resolved:
+    `RunConfig.encoder_for`); Gaussian policies learn a state-free log standard deviation."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0,
-                 encoder: str = "mlp") -> None:  # fmt: skip
+                 encoder: str = "mlp", activation: Activation = "tanh") -> None:  # fmt: skip
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
         self.image = image_encoder(spec, encoder)
         if self.image is not None:  # first: its parameters lead the state dict, as the actors read it
             self.encoder = ConvEncoder(self.image)
         width = encoded_size(spec, encoder)
-        self.policy = mlp([width, *hidden_sizes, spec.action_dim], out_gain=0.01)
-        self.value = mlp([width, *hidden_sizes, 1], out_gain=1.0)
+        self.policy = mlp([width, *hidden_sizes, spec.action_dim], 0.01, activation)
+        self.value = mlp([width, *hidden_sizes, 1], 1.0, activation)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.action_dim,), log_std_init))
 
@@ -171,15 +171,15 @@ class PopulationActorCritic(Stacked):
     """P members of `ActorCritic`, stacked (see `Stacked`)."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0,
-                 encoder: str = "mlp") -> None:  # fmt: skip
+                 encoder: str = "mlp", activation: Activation = "tanh") -> None:  # fmt: skip
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder) for _ in range(population)],
+        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation) for _ in range(population)],
                          image_encoder(spec, encoder))  # fmt: skip
         self.discrete = spec.action_kind == "discrete"
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is ~8×
         # slower than along the middle one (39 µs against 5 µs here). Gaussian means as [P, N, A].
-        self.towers = (self.tower(self.linear_names("policy"), "tanh", outputs_first=self.discrete),
-                       self.tower(self.linear_names("value"), "tanh", outputs_first=True))  # fmt: skip
+        self.towers = (self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
+                       self.tower(self.linear_names("value"), activation, outputs_first=True))  # fmt: skip
 
     def logp_and_values(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """(log-probability [P, n] of `actions` [P, n, ...] at the first n observations, value

@@ -9,7 +9,7 @@ the whole population. A trainer is created after the torch.distributed world is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from rlmq.learners.normalization import ObsNormalizer, RewardScaler
 from rlmq.learners.offpolicy import OffPolicy, OffPolicyTrainer, allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.sac import SAC
+from rlmq.learners.stacked_mlp import Activation
 from rlmq.learners.td3 import TD3
 
 Params = dict[str, np.ndarray]
@@ -79,7 +80,7 @@ class PPOTrainer:
         self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, run_cfg.ppo, device
         self.world_size, population = world_size, run_cfg.population
         self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init,
-                                          run_cfg.encoder_for(spec)).to(device)  # fmt: skip
+                                          run_cfg.encoder_for(spec), cast(Activation, self.cfg.activation)).to(device)  # fmt: skip
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
         for w in weights:  # a restarted world carries on from the last publication

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.models import NumpyPolicy, sample_categorical
+from rlmq.common.config import PPOConfig, RunConfig
+from rlmq.common.models import NumpyPolicy, make_policy, sample_categorical
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import ActorCritic, fast_tanh, to_numpy_params
+from rlmq.learners.stacked_mlp import Activation
 
 SPECS = {
     "discrete": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
@@ -22,30 +24,33 @@ SPECS = {
 }
 
 
-def trained_looking_model(spec: EnvSpec, hidden_sizes: tuple[int, ...], seed: int) -> ActorCritic:
+def trained_looking_model(spec: EnvSpec, hidden_sizes: tuple[int, ...], seed: int,
+                          activation: Activation = "tanh") -> ActorCritic:  # fmt: skip
     """A network whose outputs are far from the near-zero ones of a fresh init (out_gain 0.01),
-    so that a wrong layer order, a missing bias or a missing tanh shows."""
+    so that a wrong layer order, a missing bias or a missing activation shows."""
     torch.manual_seed(seed)
-    model = ActorCritic(spec, hidden_sizes)
+    model = ActorCritic(spec, hidden_sizes, activation=activation)
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(0.8 * torch.randn_like(param))
     return model
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("hidden_sizes", [(64, 64), (16,), (8, 12, 6)])
 @pytest.mark.parametrize("kind", sorted(SPECS))
-def test_numpy_forward_equals_torch_policy(kind: str, hidden_sizes: tuple[int, ...]) -> None:
+def test_numpy_forward_equals_torch_policy(kind: str, hidden_sizes: tuple[int, ...], activation: Activation) -> None:
     spec = SPECS[kind]
-    model = trained_looking_model(spec, hidden_sizes, seed=1)
-    policy = NumpyPolicy(to_numpy_params(model), spec)
+    model = trained_looking_model(spec, hidden_sizes, seed=1, activation=activation)
+    # The actors' policy as a run's config makes it (PPO's `activation`).
+    policy = make_policy(RunConfig(ppo=PPOConfig(activation=activation)), to_numpy_params(model), spec, 0)
     obs = np.random.default_rng(2).standard_normal((32, spec.obs_size)).astype(np.float32)
     with torch.no_grad():
         expected = model.policy(torch.from_numpy(obs)).numpy()
     got = policy.forward(obs)
     assert got.shape == (32, spec.action_dim)
     assert np.abs(expected).max() > 0.5  # outputs worth comparing
-    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-6)  # ReLU's outputs reach ~100 here
 
 
 @pytest.mark.parametrize("kind", sorted(SPECS))

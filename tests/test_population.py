@@ -23,6 +23,7 @@ from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
+from rlmq.learners.stacked_mlp import Activation
 from rlmq.learners.trainers import copy_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -33,23 +34,24 @@ def encoder_of(spec: EnvSpec) -> str:
     return "minatar" if len(spec.obs_shape) == 3 else "mlp"
 
 
-def stacked_from(nets: list[ActorCritic], spec: EnvSpec) -> PopulationActorCritic:
-    pop = PopulationActorCritic(spec, (16, 16), len(nets), encoder=encoder_of(spec))
+def stacked_from(nets: list[ActorCritic], spec: EnvSpec, activation: Activation = "tanh") -> PopulationActorCritic:
+    pop = PopulationActorCritic(spec, (16, 16), len(nets), encoder=encoder_of(spec), activation=activation)
     for m, net in enumerate(nets):
         pop.load_member(m, {k: v.detach().numpy() for k, v in net.state_dict().items()})
     return pop
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE, IMAGE_CONTINUOUS],
                          ids=["discrete", "continuous", "image", "image-continuous"])  # fmt: skip
-def test_stacked_forward_is_each_members_forward(spec: EnvSpec) -> None:
+def test_stacked_forward_is_each_members_forward(spec: EnvSpec, activation: Activation) -> None:
     torch.manual_seed(0)
-    nets = [ActorCritic(spec, (16, 16), encoder=encoder_of(spec)) for _ in range(3)]
+    nets = [ActorCritic(spec, (16, 16), encoder=encoder_of(spec), activation=activation) for _ in range(3)]
     for net in nets[1:]:  # members must differ, or a mixed-up member axis would go unseen
         with torch.no_grad():
             for p in net.parameters():
                 p.add_(0.3 * torch.randn_like(p))
-    pop = stacked_from(nets, spec)
+    pop = stacked_from(nets, spec, activation)
     batch = random_batch(spec, 3, 5, 4, seed=1)
     obs, actions = batch.obs[:, :-1].reshape(3, 20, -1), batch.actions.reshape(3, 20, *batch.actions.shape[3:])
     logp, entropy, value = pop(obs, actions)
