@@ -27,7 +27,7 @@ from collections.abc import Callable
 import bench_population as bp  # sets the thread limits from --threads, before NumPy and torch load
 import torch
 
-from rlmq.common.config import COMPILE_MODES, DQNConfig, PPOConfig, SACConfig, TD3Config
+from rlmq.common.config import COMPILE_MODES, DQNConfig, SACConfig, TD3Config
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo
 from rlmq.learners.dqn import DQN
@@ -121,17 +121,7 @@ def main() -> None:
     parser.add_argument("--populations", type=int, nargs="+", default=[1, 8], help="population sizes P")
     parser.add_argument("--algo", choices=["ppo", *OFF_POLICY], default="ppo", help="whose update (off-policy: one gradient step)")
     parser.add_argument("--mode", choices=COMPILE_MODES[1:], default="default", help="torch.compile's mode")
-    parser.add_argument("--minibatches", type=int, default=PPOConfig.minibatches, help="per epoch")
-    parser.add_argument("--steps", type=int, default=32, help="rollout length T per member")
-    parser.add_argument("--slots", type=int, default=8, help="env slots B per member")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="hidden sizes")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed updates of each side after the first")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds; medians")
-    parser.add_argument("--updates", type=int, default=5, help="consecutive updates per timed round")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--pixels", choices=list(bp.SPECS), default="none", help="image observations through a CNN")
-    parser.add_argument("--seed", type=int, default=0)
+    bp.add_problem_arguments(parser)
     args = parser.parse_args()
     bp.SPEC, bp.ENCODER = bp.SPECS[args.pixels]
     torch.set_num_threads(args.threads)

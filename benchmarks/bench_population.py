@@ -282,6 +282,22 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """The problem's and the timers' options (bench_capture.py takes them too)."""
+    parser.add_argument("--minibatches", type=int, default=PPOConfig.minibatches, help="per epoch")
+    parser.add_argument("--steps", type=int, default=32, help="rollout length T per member")
+    parser.add_argument("--slots", type=int, default=8, help="env slots B per member")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="hidden sizes")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed updates of each side first")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds; medians")
+    parser.add_argument("--updates", type=int, default=5, help="consecutive updates per timed round")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--pixels", choices=list(SPECS), default="none",
+                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -289,17 +305,7 @@ def main() -> None:
     parser.add_argument(
         "--populations", type=int, nargs="+", default=[8, 32], help="population sizes P"
     )
-    parser.add_argument("--minibatches", type=int, default=PPOConfig.minibatches, help="per epoch")
-    parser.add_argument("--steps", type=int, default=32, help="rollout length T per member")
-    parser.add_argument("--slots", type=int, default=8, help="env slots B per member")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="hidden sizes")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed updates of each side first")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds; medians")
-    parser.add_argument(
-        "--updates", type=int, default=5, help="consecutive updates per timed round"
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_problem_arguments(parser)
     parser.add_argument(
         "--loop-adam",
         choices=["plain", "fused"],
@@ -318,9 +324,6 @@ def main() -> None:
         default="numpy",
         help="the vectorized side's matmuls on the CPU: NumPy's OpenBLAS (as the learner) or torch's MKL",
     )
-    parser.add_argument("--pixels", choices=list(SPECS), default="none",
-                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
 

@@ -1,6 +1,6 @@
 """The learners' updates captured by torch.compile (`RunConfig.compile_update`), and on a GPU
 replayed as CUDA graphs: LeanRL's lesson (torch.compile and CUDA graphs over CleanRL's scripts made
-their PPO and SAC updates 5–7× faster on an H100) for population updates that on a GPU are bound by
+their PPO and SAC updates several times faster on an H100) for population updates that on a GPU are bound by
 kernel launches and Python, not by the GPU (docs/architecture.md, "The update, captured").
 
 What is captured, per gradient step (PPO's in `ppo.capture`, the off-policy algorithms' in their
@@ -14,7 +14,7 @@ gradient step and optimizer on every rank in the same order as on the eager path
 in step; captured PPO needs no DDP wrapper. Random draws are made eagerly and passed in.
 
 The eager path stays the reference (tests hold the two equal on the same data) and the default:
-compiling takes 10–30 s on a CPU, longer than a CartPole run (benchmarks/RESULTS.md §12).
+compiling takes longer than a CartPole run on a CPU (benchmarks/RESULTS.md §12).
 """
 
 from __future__ import annotations
