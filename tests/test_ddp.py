@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,25 @@ def train_world(tmp_path: Path, encoder: str, backend: str = "") -> tuple[dict[s
     return a, b
 
 
+World = Callable[..., tuple[dict[str, Any], dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    """`train_world`, each (encoder, backend) trained once for the module's tests."""
+    trained: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def train(encoder: str, backend: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+        if (encoder, backend) not in trained:
+            trained[encoder, backend] = train_world(tmp_path_factory.mktemp("ddp"), encoder, backend)
+        return trained[encoder, backend]
+
+    return train
+
+
 @pytest.mark.parametrize("encoder", ["mlp", "minatar"])  # flat observations; byte images through a CNN
-def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path, encoder: str) -> None:
-    a, b = train_world(tmp_path, encoder)
+def test_two_ranks_hold_bit_identical_parameters(world: World, encoder: str) -> None:
+    a, b = world(encoder)
     assert a["moved"] > 0 and b["moved"] > 0, "the updates changed nothing"
     assert a["inactive_unmoved"] and b["inactive_unmoved"], "a member without data moved"
     for key in ("flat", "copied", "exp_avg", "exp_avg_sq", "steps"):  # the optimizers stay in sync too
@@ -45,15 +62,15 @@ def test_two_ranks_hold_bit_identical_parameters(tmp_path: Path, encoder: str) -
     assert torch.equal(a["copied"][2], a["copied"][0])
 
 
-def test_captured_ranks_stay_in_step_and_train_as_ddp_does(tmp_path: Path) -> None:
+def test_captured_ranks_stay_in_step_and_train_as_ddp_does(world: World) -> None:
     """The captured update all-reduces on its own, between its compiled loss and step: the ranks'
     collectives stay in step through uneven and empty batches, and they train as the eager world
     under DDP does on the same data."""
-    a, b = train_world(tmp_path, "mlp", "aot_eager")
+    a, b = world("mlp", "aot_eager")
     for key in ("flat", "copied", "exp_avg", "exp_avg_sq", "steps"):
         assert torch.equal(a[key], b[key]), f"{key} differs between ranks"
     assert a["inactive_unmoved"] and a["moved"] > 0
-    eager, _ = train_world(tmp_path, "mlp")
+    eager, _ = world("mlp")
     torch.testing.assert_close(a["flat"], eager["flat"], rtol=1e-4, atol=1e-5)
     assert torch.equal(a["steps"], eager["steps"])
 
