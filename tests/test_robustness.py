@@ -174,7 +174,7 @@ def test_a_killed_and_then_a_hung_learner_rank_the_world_comes_back_each_time_an
     the coordinator names it before the collective times out, the world is restarted again, and
     the run still reaches its target."""
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "15", "--target-return", "475",
+    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "8", "--target-return", "475",
                   "--checkpoint-every", "1", "--total-steps", "2000000")  # fmt: skip
     stopped = None
 
