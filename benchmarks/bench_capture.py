@@ -1,19 +1,23 @@
-"""The PPO update captured by torch.compile (`compile_update`, learners/capture.py) against the eager
-update, side by side in one process on the same data.
+"""A learner's update captured by torch.compile (`compile_update`, learners/capture.py) against
+the eager update, side by side in one process on the same data.
 
-The problem is bench_population.py's (CartPole-sized members, one rollout of 32 steps × 8 slots
-each, PPOConfig's defaults; `--pixels` for MinAtar's or Atari's CNN), and so are its timers. Both
-sides start from the same weights and run the same updates in the same order, and the script prints
-the largest difference between their weights after the first update (10 Adam steps: float32
-roundings) and after the last (Adam's normalized steps carry a rounding in a gradient near 0 into
-a step of up to the learning rate, so the two drift apart over hundreds of steps). The first captured update includes the compilation; it is timed apart
-(`compile s`), as is the eager side's first update. Then `--repeats` alternating rounds of
-`--updates` updates each; medians. On `--device cuda` with `--mode reduce-overhead` the captured
-graphs replay as CUDA graphs (targets from issue 18: ≤ 5 ms per update at P = 8, ≤ 10 ms at
-P = 128 on an H100). On a CPU the figures say what capture costs and gains where the eager path
-has been tuned by hand.
+`--algo ppo` (the default): bench_population.py's problem (CartPole-sized members, one rollout of
+32 steps × 8 slots each, PPOConfig's defaults; `--pixels` for MinAtar's or Atari's CNN) and its
+timers. `--algo sac|td3|dqn`: one gradient step, the config's defaults, on random transitions of
+a Pendulum-sized (SAC, TD3) or CartPole-sized (DQN) problem.
+
+Both sides start from the same weights and run the same updates in the same order. The script
+prints the largest difference between their weights after the first update (float32 roundings)
+and after the last (Adam's normalized steps carry a rounding in a gradient near 0 into a step of
+up to the learning rate, so the two drift apart over hundreds of steps). The first captured update
+includes the compilation and is timed apart (`compile s`), as is the eager side's first update;
+then `--repeats` alternating rounds of `--updates` updates each, medians. On `--device cuda` with
+`--mode reduce-overhead` the captured graphs replay as CUDA graphs (issue 18's targets on an H100:
+≤ 5 ms per PPO update at P = 8, ≤ 10 ms at P = 128, ≤ 1 ms per SAC step of one member). On a CPU
+the figures say what capture costs and gains against an eager path tuned by hand.
 
     python benchmarks/bench_capture.py --populations 1 8
+    python benchmarks/bench_capture.py --algo sac --populations 1 8 --updates 20
     python benchmarks/bench_capture.py --device cuda --mode reduce-overhead --populations 8 128
 """
 
