@@ -1,7 +1,7 @@
 """The policy network as actors run it: a NumPy forward pass over the learner's parameters.
 
 Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict names are the contract
-read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of a tanh MLP,
+read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of an MLP (tanh or ReLU),
 ``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
 policy (run by `rlmq.common.images.NumpyEncoder`, or by torch for the large encoders:
 `images.TORCH_IN_ACTORS`). NumPy keeps torch out of actor processes (64 actors would otherwise
@@ -40,7 +40,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "
 
 
 class NumpyPolicy:
-    """Samples actions and their log-probabilities from a tanh MLP policy (PPO's)."""
+    """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh or ReLU)."""
 
     def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
                  encoder: str = "mlp", torch_encoder: bool | None = None) -> None:  # fmt: skip

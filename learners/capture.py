@@ -27,14 +27,37 @@ import torch
 from rlmq.common.config import COMPILE_MODES
 
 F = TypeVar("F", bound=Callable[..., object])
+BACKEND = "inductor"  # torch.compile's backend; the tests trace with "aot_eager" (see `compiled`)
 
 
-def compiled(fn: F, mode: str, backend: str = "inductor") -> F:
-    """`fn` under torch.compile in `mode` (one of COMPILE_MODES but "off"). `backend`: "inductor"
-    generates kernels; the tests also trace with "aot_eager", which runs the captured graphs with
-    eager kernels (the capture checked in seconds, not minutes of code generation)."""
+def compiled(fn: F, mode: str, backend: str = "") -> F:
+    """`fn` under torch.compile in `mode` (one of COMPILE_MODES but "off"), with `backend` (""
+    : `BACKEND`). "inductor" generates kernels; "aot_eager" runs the same captured graphs, forward
+    and backward, with eager kernels: the capture checked in seconds, not minutes of code generation.
+
+    Under "reduce-overhead" each call marks a new CUDA-graph step and returns copies of its
+    outputs: a graph's outputs live in memory its next replay overwrites, and the learners read
+    some (a loss for the stats, SAC's log-probabilities for the temperature) after further
+    compiled calls. Every caller has run its backward before the next compiled call."""
     if mode not in COMPILE_MODES[1:]:
         raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES[1:])}")
-    if backend != "inductor":
-        return torch.compile(fn, backend=backend)  # type: ignore[return-value]
-    return torch.compile(fn, mode=mode)  # type: ignore[return-value]
+    backend = backend or BACKEND
+    graph = torch.compile(fn, backend=backend) if backend != "inductor" else torch.compile(fn, mode=mode)
+    if mode != "reduce-overhead":
+        return graph  # type: ignore[return-value]
+
+    def replayed(*args: object, **kwargs: object) -> object:
+        torch.compiler.cudagraph_mark_step_begin()
+        return _copied(graph(*args, **kwargs))
+
+    return replayed  # type: ignore[return-value]
+
+
+def _copied(out: object) -> object:
+    """`out` with each tensor in it cloned (tuples and NamedTuples rebuilt); autograd flows through."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        items = [_copied(item) for item in out]
+        return type(out)._make(items) if hasattr(out, "_fields") else tuple(items)  # type: ignore[attr-defined]
+    return out

@@ -121,7 +121,7 @@ class DQN:
         q = self.values(self.q, batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
         return q_loss(q, target) * weight, q
 
-    def capture(self, mode: str, backend: str = "inductor") -> None:
+    def capture(self, mode: str, backend: str = "") -> None:
         """The loss and the optimizer's step under torch.compile (learners/capture.py)."""
         self.loss_of, self.step_of = compiled(self.loss, mode, backend), compiled(clip_and_step, mode, backend)
 

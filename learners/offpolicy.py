@@ -95,7 +95,7 @@ class OffPolicy(Protocol):
 
     def copy_member(self, source: int, target: int) -> None: ...
 
-    def capture(self, mode: str, backend: str = "inductor") -> None:
+    def capture(self, mode: str, backend: str = "") -> None:
         """Take each gradient step's losses and optimizer steps under torch.compile in `mode`
         (learners/capture.py); eager until called."""
         ...

@@ -231,7 +231,7 @@ class CapturedSteps(NamedTuple):
     step: Step  # `optim.clip_and_step`, compiled
 
 
-def capture(mode: str, sync: Sync, backend: str = "inductor") -> CapturedSteps:
+def capture(mode: str, sync: Sync, backend: str = "") -> CapturedSteps:
     """PPO's gradient step under torch.compile (learners/capture.py), for `update`."""
     return CapturedSteps(compiled(minibatch_loss, mode, backend), sync, compiled(clip_and_step, mode, backend))
 
@@ -278,7 +278,7 @@ def update(
         optimizer.zero_grad()
         loss.total.sum().backward()
         assert core.flat.grad is not None
-        if captured is not None:  # under DDP, backward all-reduced it
+        if captured is not None:  # (eagerly, under DDP, backward all-reduced it)
             captured.sync(core.flat.grad)
         step(optimizer, hp.max_grad_norm, lr, active)
     terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}

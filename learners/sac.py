@@ -133,7 +133,7 @@ class SAC:
         new_action, logp = self.sample(obs, noise)
         return actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight, logp
 
-    def capture(self, mode: str, backend: str = "inductor") -> None:
+    def capture(self, mode: str, backend: str = "") -> None:
         """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
         self.critic_loss_of = compiled(self.critic_loss, mode, backend)
         self.actor_loss_of = compiled(self.actor_loss, mode, backend)

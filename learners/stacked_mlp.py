@@ -238,7 +238,8 @@ def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Te
     whose backward writes ∂`flat` whole. An actor-critic's two towers through `stacked_mlp` were
     two Functions plus a view per tensor, and autograd then put ∂`flat` together from a piece per
     tensor: one CartPole member's update took ~4 % longer that way. Always the hand-written path
-    (its one user is tanh PPO), whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
+    (its one user is PPO's actor-critic, tanh or ReLU) while not `traced`, whatever
+    `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
     if traced():
         return tuple(_autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first) for t in towers)
     outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))

@@ -119,7 +119,7 @@ class TD3:
         q1_new, _ = q_pair(self.critic, self.q_layers, obs, self.act(self.actor, obs))
         return actor_loss(q1_new) * weight
 
-    def capture(self, mode: str, backend: str = "inductor") -> None:
+    def capture(self, mode: str, backend: str = "") -> None:
         """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
         self.critic_loss_of = compiled(self.critic_loss, mode, backend)
         self.actor_loss_of = compiled(self.actor_loss, mode, backend)

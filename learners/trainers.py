@@ -91,7 +91,7 @@ class PPOTrainer:
         if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
             if self.captured is None:
                 self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
-            else:  # the captured steps all-reduce the gradient themselves
+            else:  # `ppo.update` all-reduces between the captured steps (`captured.sync`)
                 dist.broadcast(self.core.flat.data, src=0)
             self.obs_norm.broadcast()
         self.optimizer = PopulationAdam(self.core.flat)

@@ -8,9 +8,12 @@ present they are tested here, replayed as CUDA graphs.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo
+from ddp_rank import SLOTS, SPEC, STEPS
+from ddp_rank import rollout as ddp_rollout
 from ppo_batches import CONTINUOUS, CUDA, DISCRETE, IMAGE, random_batch
 from torch._dynamo.utils import counters
 
@@ -21,6 +24,7 @@ from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, clip_and_step, clip_then_step, per_member
 from rlmq.learners.replay import Transitions
+from rlmq.learners.trainers import make_trainer
 
 POPULATION = 3
 CPU = torch.device("cpu")
@@ -39,29 +43,30 @@ def members(device: str) -> ppo.MemberHyperparams:
         for m, lr in enumerate((1e-3, 3e-3, 1e-2))], torch.device(device))  # fmt: skip
 
 
-def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None) -> tuple[PopulationActorCritic, PopulationAdam]:
-    """Three updates of 2 epochs × 2 minibatches from the same start and data; member 2 has data in
+def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None,
+          minibatches: int = 2) -> tuple[PopulationActorCritic, PopulationAdam]:  # fmt: skip
+    """Three updates of 2 epochs × `minibatches` from the same start and data; member 2 has data in
     the first update only (then inactive, with momentum)."""
     torch.manual_seed(3)
     core = PopulationActorCritic(spec, (16, 16), POPULATION, encoder="minatar" if len(spec.obs_shape) == 3 else "mlp")
     core = core.to(device)
     optimizer = PopulationAdam(core.flat)
-    cfg = PPOConfig(epochs=2, minibatches=2)
+    cfg = PPOConfig(epochs=2, minibatches=minibatches)
     for step in range(3):
         batch = ppo.Batch(*(t.to(device) for t in random_batch(spec, POPULATION, 6, 5, seed=10 + step)))
         if step > 0:
             batch.valid[2] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), cfg.minibatches, world_size=1)
-        plan = [i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        plan = [None if i is None else i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
         anneal = torch.tensor([1.0, 0.5, 0.8], device=device)
         ppo.update(core, core, optimizer, batch, members(device), cfg, plan, anneal, norm, active, captured)
     return core, optimizer
 
 
-def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str) -> None:
-    eager = train(spec, device, None)
-    captured = train(spec, device, ppo.capture(mode, allreduce_mean, backend))
+def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str, minibatches: int = 2) -> None:
+    eager = train(spec, device, None, minibatches)
+    captured = train(spec, device, ppo.capture(mode, allreduce_mean, backend), minibatches)
     # Captured whole: the loss (forward and backward) and the step, each one graph.
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2, {k: dict(v) for k, v in counters.items()}
     for (name, want), got in zip(
@@ -70,12 +75,44 @@ def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str) ->
         # Fused kernels sum in other orders than eager ones: float32 roundings, which Adam's steps
         # (lr up to 1e-2) carry into the weights.
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
-    assert torch.equal(captured[1].steps, eager[1].steps) and int(captured[1].steps[2]) == 4  # inactive after one update
+    assert torch.equal(captured[1].steps, eager[1].steps) and int(captured[1].steps[2]) == 2 * minibatches  # inactive after one update
 
 
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE], ids=["discrete", "continuous", "image"])
 def test_the_captured_update_equals_the_eager_one(spec: EnvSpec) -> None:
     assert_same_training(spec, "cpu", "default", "aot_eager")
+
+
+def test_whole_batch_epochs_and_the_cuda_graph_wrapper_train_as_the_eager_update_does() -> None:
+    """One minibatch per epoch (its advantages normalized inside the graph, where the eager path
+    normalizes them once), and "reduce-overhead"'s wrapper, which copies each call's outputs."""
+    assert_same_training(DISCRETE, "cpu", "default", "aot_eager", minibatches=1)
+    torch._dynamo.reset()
+    counters.clear()
+    assert_same_training(CONTINUOUS, "cpu", "reduce-overhead", "aot_eager")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_trainer_with_compile_update_trains_as_an_eager_one(algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run config's switch reaches the update, single rank: the trainers as the learner makes them."""
+    monkeypatch.setattr(capture, "BACKEND", "aot_eager")
+    trained = []
+    for mode in ("off", "default"):
+        torch.manual_seed(0)
+        run_cfg = RunConfig(algo=algo, compile_update=mode, num_envs=SLOTS, rollout_length=STEPS, hidden_sizes=SMALL,
+                            dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32))  # fmt: skip
+        trainer = make_trainer(SPEC, run_cfg, (), 0, 1, CPU)
+        trainer.set_hyperparams([run_cfg.base_hyperparams()])
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            rollout = ddp_rollout(rng, 0)
+            trainer.train([[rollout]], [int(rollout.valid.sum())], 1)
+        trained.append(trainer.member_params(0))
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] >= 2, "nothing was captured whole"
+    eager, captured = trained
+    assert eager.keys() == captured.keys()
+    for name, want in eager.items():
+        np.testing.assert_allclose(captured[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 @CUDA
