@@ -116,11 +116,16 @@ class PopulationAdam:
 Step = Callable[[PopulationAdam, Tensor | None, Tensor, Tensor], Tensor]
 
 
+def clipped(grad: Tensor, max_norm: Tensor | None) -> Tensor:
+    """Each member's gradient norm [P], the gradient clipped to `max_norm` in place (None: left)."""
+    return torch.linalg.vector_norm(grad, dim=1) if max_norm is None else clip_grad_norm_per_member(grad, max_norm)
+
+
 def clip_then_step(optimizer: PopulationAdam, max_norm: Tensor | None, lr: Tensor, active: Tensor) -> Tensor:
     """Clip each member's gradient to `max_norm` (None: leave it), then `optimizer.step`."""
     grad = optimizer.param.grad
     assert grad is not None, "step before backward"
-    norms = torch.linalg.vector_norm(grad, dim=1) if max_norm is None else clip_grad_norm_per_member(grad, max_norm)
+    norms = clipped(grad, max_norm)
     optimizer.step(lr, active, norms)
     return norms
 
@@ -131,7 +136,7 @@ def clip_and_step(optimizer: PopulationAdam, max_norm: Tensor | None, lr: Tensor
     (and on a GPU into a CUDA graph): the same arithmetic, member by member."""
     grad = optimizer.param.grad
     assert grad is not None, "step before backward"
-    norms = torch.linalg.vector_norm(grad, dim=1) if max_norm is None else clip_grad_norm_per_member(grad, max_norm)
+    norms = clipped(grad, max_norm)
     finite = torch.isfinite(norms)
     optimizer.nonfinite += (active & ~finite).sum()
     optimizer.masked_step(grad, lr, active & finite)
