@@ -14,7 +14,6 @@ acknowledged, and the coordinator counts what the totals add, so no env step goe
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -25,6 +24,7 @@ import numpy as np
 import zmq
 
 from rlmq.actors.collector import Collector
+from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
@@ -65,8 +65,7 @@ class Actor:
         self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
         self.totals = (0, 0)  # env steps and episodes so far
         self.acked = (0, 0)  # the totals the coordinator says it has counted
-        # (return, length) of the newest episodes not yet acknowledged, oldest first
-        self.unacked: collections.deque[tuple[float, int]] = collections.deque(maxlen=MAX_UNACKED_RETURNS)
+        self.unacked = UnackedEpisodes(MAX_UNACKED_RETURNS)
         self.last_report = b""
 
     def reject(self, exc: wire.WireError) -> None:
@@ -200,8 +199,7 @@ class Actor:
                 continue
             if isinstance(message, wire.ReportAck):
                 self.acked = max(self.acked, (message.steps_total, message.episodes_total))
-                for _ in range(len(self.unacked) - (self.totals[1] - self.acked[1])):
-                    self.unacked.popleft()
+                self.unacked.keep_newest(self.totals[1] - self.acked[1])
             elif isinstance(message, wire.Assign) and message.member == self.member:
                 if self.policy is None and message.weights is not None:
                     self.apply_weights(message.weights)
@@ -262,13 +260,10 @@ class Actor:
         self.metrics.episodes.inc(len(returns))
         self.metrics.episode_return.observe_many(returns)
         self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
-        given_up = max(len(self.unacked) + len(returns) - MAX_UNACKED_RETURNS, 0)
-        self.metrics.returns_given_up.inc(given_up)
-        self.unacked.extend(zip(returns.tolist(), lengths.tolist(), strict=True))
+        self.metrics.returns_given_up.inc(self.unacked.add(returns, lengths))
         self.last_report = wire.encode(wire.ActorReport(
             name=self.cfg.name, member=self.member, env_steps=steps,
-            episode_returns=np.array([r for r, _ in self.unacked], np.float64),
-            episode_lengths=np.array([n for _, n in self.unacked], np.int64), policy_version=self.version,
+            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths, policy_version=self.version,
             rejected=self.rejected, first_step_at=self.first_step_at, session=self.session,
             steps_total=self.totals[0], episodes_total=self.totals[1],
         ))  # fmt: skip

@@ -14,6 +14,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Union
 
 import numpy as np
@@ -86,12 +87,12 @@ def unpack_dataclass(cls: type, raw: Any, where: str, given: dict[str, Any] | No
     fields, names = _decoding_plan(cls)
     if not names.issuperset(raw):
         raise WireError("unknown_field", f"{where}: {sorted(set(raw) - names, key=repr)}")  # str and bytes
-    values = dict(given or {})
-    for name, hint, required in fields:
+    values = dict(given) if given else {}
+    for name, unpack_field, required in fields:
         if name in values:
             continue
         if name in raw:
-            values[name] = _unpack(hint, raw[name], f"{where}.{name}")
+            values[name] = unpack_field(raw[name], f"{where}.{name}")
         elif required:
             raise WireError("missing_field", f"{where}.{name}")
     try:
@@ -102,86 +103,105 @@ def unpack_dataclass(cls: type, raw: Any, where: str, given: dict[str, Any] | No
         raise WireError("bad_value", f"{where}: {exc}") from exc
 
 
+Unpacker = Callable[[Any, str], Any]  # (the raw msgpack value, where it sits) → the checked value
+
+
 @functools.cache
-def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
-    """A dataclass's fields as decode walks them: (name, type hint, required), and all names."""
+def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Unpacker, bool], ...], frozenset[str]]:
+    """A dataclass's fields as decode walks them: (name, its unpacker, required), and all names.
+    The type hints are read once per class here: walking them on every message cost a learner
+    more than the checks themselves."""
     hints = typing.get_type_hints(cls)
     fields = tuple(
-        (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        (f.name, _unpacker(hints[f.name]),
+         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)  # fmt: skip
         for f in dataclasses.fields(cls)
     )
     return fields, frozenset(hints)
 
 
-def _unpack(hint: Any, raw: Any, where: str) -> Any:
-    if hint in _SCALARS:
-        return _unpack_scalar(hint, raw, where)
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(hint)
-        if raw is None and type(None) in options:
-            return None
-        (inner,) = [o for o in options if o is not type(None)]
-        return _unpack(inner, raw, where)
+@functools.cache
+def _unpacker(hint: Any) -> Unpacker:
+    """The function that checks and unpacks a raw value declared as `hint`."""
+    if hint in _SCALAR_UNPACKERS:
+        return _SCALAR_UNPACKERS[hint]
     if hint is np.ndarray:
-        return unpack_array(raw, where)
-    if dataclasses.is_dataclass(hint):
-        return unpack_dataclass(hint, raw, where)  # type: ignore[arg-type]
+        return unpack_array
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return functools.partial(unpack_dataclass, hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        unpack_inner = _unpacker(inner)
+        return lambda raw, where: None if raw is None else unpack_inner(raw, where)
     if origin is tuple:
-        if not isinstance(raw, list) or len(raw) > MAX_SEQUENCE:
-            raise WireError("bad_type", f"{where} must be a list")
-        (item,) = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        return tuple(_unpack(item, v, f"{where}[]") for v in raw)
-    if origin is dict:
-        if not isinstance(raw, dict):
-            raise WireError("bad_type", f"{where} must be a map")
-        _, value_hint = typing.get_args(hint)
-        return {_unpack(str, k, where): _unpack(value_hint, v, f"{where}.{k}") for k, v in raw.items()}
-    return _unpack_scalar(hint, raw, where)
+        (item,) = [a for a in args if a is not Ellipsis]
+        return functools.partial(_unpack_tuple, _unpacker(item))
+    if origin is dict and args[0] is str:
+        return functools.partial(_unpack_dict, _unpacker(args[1]))
+    raise TypeError(f"wire cannot carry {hint!r}")  # a bug in a declaration, not input
 
 
-_SCALARS = frozenset({bool, int, float, str})
+def _unpack_tuple(unpack_item: Unpacker, raw: Any, where: str) -> tuple[Any, ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_SEQUENCE:
+        raise WireError("bad_type", f"{where} must be a list")
+    return tuple(unpack_item(v, f"{where}[]") for v in raw)
 
 
-def _unpack_scalar(hint: Any, raw: Any, where: str) -> Any:
-    if hint is bool:
-        if not isinstance(raw, bool):
-            raise WireError("bad_type", f"{where} must be a bool")
-        return raw
-    if hint is int:
-        if not isinstance(raw, int) or isinstance(raw, bool) or not INT64_RANGE[0] <= raw <= INT64_RANGE[1]:
-            raise WireError("bad_type", f"{where} must be an int64")
-        return raw
-    if hint is float:
-        if not isinstance(raw, (int, float)) or isinstance(raw, bool):
-            raise WireError("bad_type", f"{where} must be a number")
-        if not math.isfinite(raw):
-            raise WireError("non_finite", where)
-        return float(raw)
-    if hint is str:
-        if not isinstance(raw, str) or len(raw) > MAX_STR_CHARS:
-            raise WireError("bad_type", f"{where} must be a string of at most {MAX_STR_CHARS}")
-        return raw
-    raise TypeError(f"wire cannot carry {hint!r} ({where})")  # a bug in a declaration, not input
+def _unpack_dict(unpack_value: Unpacker, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise WireError("bad_type", f"{where} must be a map")
+    return {_unpack_str(k, where): unpack_value(v, f"{where}.{k}") for k, v in raw.items()}
+
+
+def _unpack_bool(raw: Any, where: str) -> bool:
+    if not isinstance(raw, bool):
+        raise WireError("bad_type", f"{where} must be a bool")
+    return raw
+
+
+def _unpack_int(raw: Any, where: str) -> int:
+    if type(raw) is not int or not INT64_RANGE[0] <= raw <= INT64_RANGE[1]:  # a bool is not an int here
+        raise WireError("bad_type", f"{where} must be an int64")
+    return raw
+
+
+def _unpack_float(raw: Any, where: str) -> float:
+    if type(raw) not in (int, float):
+        raise WireError("bad_type", f"{where} must be a number")
+    if not math.isfinite(raw):
+        raise WireError("non_finite", where)
+    return float(raw)
+
+
+def _unpack_str(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or len(raw) > MAX_STR_CHARS:
+        raise WireError("bad_type", f"{where} must be a string of at most {MAX_STR_CHARS}")
+    return raw
+
+
+_SCALAR_UNPACKERS: dict[Any, Unpacker] = {bool: _unpack_bool, int: _unpack_int, float: _unpack_float, str: _unpack_str}
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 
 
 def unpack_array(raw: Any, where: str) -> np.ndarray:
     """An array from [dtype, shape, bytes], checked; a read-only view of the bytes."""
     if not (isinstance(raw, list) and len(raw) == 3):
         raise WireError("bad_type", f"{where} must be [dtype, shape, bytes]")
-    dtype_name, shape, data = raw
-    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:  # a list is unhashable
-        raise WireError("bad_dtype", f"{where}: {dtype_name!r}")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_ARRAY_DIMS
-        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)
-    ):
+    name, shape, data = raw
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None  # a list is unhashable
+    if dtype is None:
+        raise WireError("bad_dtype", f"{where}: {name!r}")
+    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
         raise WireError("bad_shape", f"{where}: {shape!r}")
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:  # a bool is not a dim
+            raise WireError("bad_shape", f"{where}: {shape!r}")
+        count *= dim
     if not isinstance(data, bytes):
         raise WireError("bad_type", f"{where}: data must be bytes")
-    dtype = np.dtype(dtype_name)
-    if math.prod(shape) * dtype.itemsize != len(data):
+    if count * dtype.itemsize != len(data):
         raise WireError("bad_shape", f"{where}: shape {shape} × {dtype.itemsize} B ≠ {len(data)} B")
     try:  # a size-0 array can still name dims numpy refuses, e.g. [0, 2**63]
         array = np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -189,6 +209,6 @@ def unpack_array(raw: Any, where: str) -> np.ndarray:
         raise WireError("bad_shape", f"{where}: {shape!r} ({exc})") from exc
     if dtype.kind == "f" and not np.isfinite(array).all():
         raise WireError("non_finite", where)
-    if dtype == np.bool_ and array.view(np.uint8).max(initial=0) > 1:
+    if dtype.kind == "b" and data.translate(None, b"\x00\x01"):  # what is left once 0s and 1s are deleted
         raise WireError("bad_value", f"{where}: bool bytes must be 0 or 1")
     return array

@@ -13,6 +13,7 @@ Discrete observation is its index (int64, shape ()), one-hot encoded by the netw
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -103,15 +104,21 @@ ROLLOUT_DTYPES = _every_dtype()
 def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slots: int) -> tuple[str, str] | None:
     """(reason, detail) of how `arrays` (a rollout's, by name) differ from the layout, or of a value
     that would break a network (an action or a Discrete observation out of range); None if none."""
-    for name, (shape, dtype) in rollout_layout(spec, steps, slots).items():
+    for name, shape, dtype in _checked_layout(spec, steps, slots):
         array = arrays[name]
-        if array.shape != shape or array.dtype != np.dtype(dtype):
+        if array.shape != shape or array.dtype != dtype:
             return "bad_shape", f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}"
     if spec.action_kind == "discrete" and not _within(arrays["actions"], spec.action_dim):
         return "bad_value", "an action index out of range"
     if spec.obs_categories and not _within(arrays["obs"], spec.obs_categories):
         return "bad_value", "a Discrete observation out of range"
     return None
+
+
+@functools.cache
+def _checked_layout(spec: EnvSpec, steps: int, slots: int) -> tuple[tuple[str, tuple[int, ...], np.dtype], ...]:
+    """`rollout_layout` as `layout_problem` checks every rollout against it: built once per run."""
+    return tuple((name, shape, np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, steps, slots).items())
 
 
 def _within(indices: np.ndarray, count: int) -> bool:

@@ -94,6 +94,7 @@ class Learner:
         self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
         self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
         self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
+        self.credit_frame = (-1, b"")  # (version, a Credit naming it), encoded once per version
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
         self.deliveries = Deliveries()  # a secure run checks actors' reports against these
 
@@ -103,10 +104,10 @@ class Learner:
         """Take what actors sent (rollouts, hellos); hand out the credits due before waiting (or
         the wait is for data nobody may send) and again after."""
         self.grant_credits()
+        self.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
         for _ in range(MAX_MESSAGES_PER_RECEIVE):  # bounded: a flood cannot starve the agreement
-            if not self.experience.poll(timeout_ms, zmq.POLLIN):
+            if not transport.readable(self.experience):
                 break
-            timeout_ms = 0
             parts = self.experience.recv_multipart(copy=False)
             try:
                 if len(parts) != 2:
@@ -147,7 +148,9 @@ class Learner:
             self.weights_sent.move_to_end(actor)
             if len(self.weights_sent) > MAX_ACTORS_REMEMBERED:
                 self.weights_sent.popitem(last=False)
-        self.experience.send_multipart([actor, wire.encode(wire.Credit(1, policy_version=version))])
+        if self.credit_frame[0] != version:
+            self.credit_frame = (version, wire.encode(wire.Credit(1, policy_version=version)))
+        self.experience.send_multipart([actor, self.credit_frame[1]])
 
     def weights(self, member: int, final: bool = False) -> wire.Weights:
         return wire.Weights(member=member, version=self.members.versions[member],

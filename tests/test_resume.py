@@ -75,8 +75,10 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     after = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3).load(stopped_at + 1)
 
     # env-step and episode counters, policy versions, PBT history and generations go on
+    # below before + budget: --total-steps counts from the resumed counter, not afresh on top of it
+    # (how far past the budget the actors run while the run stops depends on the host's speed)
     status, decisions_after = in_redis(run_dir)
-    assert budget <= status.env_steps < budget + 2_000 and status.episodes > before.episodes
+    assert budget <= status.env_steps < before.env_steps + budget and status.episodes > before.episodes
     assert all(a >= b for a, b in zip(after["learner"]["versions"], saved["learner"]["versions"], strict=True))
     assert decisions_after[: len(decisions)] == decisions and status.pbt_decisions >= before.pbt_decisions >= 1
     assert after["learner"]["applied"] >= saved["learner"]["applied"] >= 1
