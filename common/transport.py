@@ -72,7 +72,8 @@ def send_frame(sock: zmq.Socket, frame: bytes) -> bool:
 def readable(sock: zmq.Socket) -> bool:
     """Whether a message is waiting, without blocking: one getsockopt, where `sock.poll(0)` builds
     and registers a Poller on every call (an actor asks several times per rollout, a learner once
-    per message). The options as plain ints: pyzmq's enum members make each call a third slower."""
+    per message). The options as plain ints: with pyzmq's enum members each call converts them
+    (RESULTS.md §12, learner ingest)."""
     return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
 
 
