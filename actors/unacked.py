@@ -20,6 +20,8 @@ class UnackedEpisodes:
 
     def add(self, returns: np.ndarray, lengths: np.ndarray) -> int:
         """Append newly finished episodes, oldest first; how many of the oldest were given up."""
+        if len(returns) != len(lengths):
+            raise ValueError(f"{len(returns)} returns against {len(lengths)} lengths")
         self.returns = np.concatenate((self.returns, np.asarray(returns, np.float64)))
         self.lengths = np.concatenate((self.lengths, np.asarray(lengths, np.int64)))
         given_up = max(len(self.returns) - self.most, 0)

@@ -104,7 +104,8 @@ class Learner:
         """Take what actors sent (rollouts, hellos); hand out the credits due before waiting (or
         the wait is for data nobody may send) and again after."""
         self.grant_credits()
-        self.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
+        if timeout_ms:
+            self.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
         for _ in range(MAX_MESSAGES_PER_RECEIVE):  # bounded: a flood cannot starve the agreement
             if not transport.readable(self.experience):
                 break

@@ -2,6 +2,7 @@
 beyond the bound, in the order they finished."""
 
 import numpy as np
+import pytest
 
 from rlmq.actors.unacked import UnackedEpisodes
 
@@ -21,3 +22,5 @@ def test_episodes_are_kept_until_acknowledged_and_the_oldest_given_up_beyond_the
     unacked.keep_newest(-1)  # nor does one that names more than we sent keep anything
     assert len(unacked) == 0
     assert unacked.add(np.zeros(0), np.zeros(0, np.int64)) == 0 and len(unacked) == 0
+    with pytest.raises(ValueError, match="2 returns against 1 lengths"):
+        unacked.add(np.zeros(2), np.zeros(1, np.int64))
