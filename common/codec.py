@@ -209,6 +209,6 @@ def unpack_array(raw: Any, where: str) -> np.ndarray:
         raise WireError("bad_shape", f"{where}: {shape!r} ({exc})") from exc
     if dtype.kind == "f" and not np.isfinite(array).all():
         raise WireError("non_finite", where)
-    if dtype.kind == "b" and data.translate(None, b"\x00\x01"):  # what is left once 0s and 1s are deleted
+    if dtype.kind == "b" and data.translate(None, b"\x00\x01"):  # deletes the valid bytes: any left is no bool
         raise WireError("bad_value", f"{where}: bool bytes must be 0 or 1")
     return array
