@@ -11,14 +11,15 @@ prints the largest difference between their weights after the first update (floa
 and after the last (Adam's normalized steps carry a rounding in a gradient near 0 into a step of
 up to the learning rate, so the two drift apart over hundreds of steps). The first captured update
 includes the compilation and is timed apart (`compile s`), as is the eager side's first update;
-then `--repeats` alternating rounds of `--updates` updates each, medians. On `--device cuda` with
-`--mode reduce-overhead` the captured graphs replay as CUDA graphs (issue 18's targets on an H100:
-≤ 5 ms per PPO update at P = 8, ≤ 10 ms at P = 128, ≤ 1 ms per SAC step of one member). On a CPU
-the figures say what capture costs and gains against an eager path tuned by hand.
+then `--repeats` alternating rounds of `--updates` updates each, medians. On `--device cuda`,
+`--mode cuda-graphs` replays each part of a gradient step as a CUDA graph of eager kernels and
+`--mode reduce-overhead` of torch.compile's (issue 18's targets on an H100: ≤ 5 ms per PPO update
+at P = 8, ≤ 10 ms at P = 128, ≤ 1 ms per SAC step of one member). On a CPU the figures say what
+compiling costs and gains against an eager path tuned by hand.
 
     python benchmarks/bench_capture.py --populations 1 8
     python benchmarks/bench_capture.py --algo sac --populations 1 8 --updates 20
-    python benchmarks/bench_capture.py --device cuda --mode reduce-overhead --populations 8 128
+    python benchmarks/bench_capture.py --device cuda --mode cuda-graphs --populations 8 128
 """
 
 from __future__ import annotations

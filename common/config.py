@@ -80,6 +80,10 @@ class PPOConfig:
     # has. The credits follow the fleet: one per actor heard from, at least rollouts_in_flight and
     # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
     max_rollouts_per_batch: int = 0
+    # What a batch grown by learner batching changes: "count" (more minibatches of the same size:
+    # the same gradient steps per sample) or "size" (as many minibatches, larger: the same gradient
+    # steps per update, for a GPU, whose step takes as long for many more samples).
+    minibatch_growth: str = "count"
     rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
     max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
@@ -113,6 +117,7 @@ class PPOConfig:
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
+            'minibatch_growth is "count" or "size"': self.minibatch_growth in ("count", "size"),
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
         if problems:
@@ -338,9 +343,11 @@ class PBTConfig:
             raise ValueError("; ".join(problems))
 
 
-# `RunConfig.compile_update`: "off" runs the learners' update eagerly; the others are torch.compile's
-# modes, of which "reduce-overhead" replays CUDA graphs on a GPU (on a CPU it is "default").
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+# `RunConfig.compile_update`: "off" runs the learners' update eagerly; "default" and "max-autotune"
+# with kernels torch.compile generates in that mode; "reduce-overhead" ("default"'s kernels) and
+# "max-autotune" replay each part of a gradient step as a CUDA graph on a GPU, and "cuda-graphs" does
+# with eager kernels, compiling nothing (learners/capture.py). On a CPU graphs are not replayed.
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "cuda-graphs")
 
 
 @dataclass(frozen=True)
@@ -393,7 +400,7 @@ class RunConfig:
     population: int = 1  # members trained together; more than 1 turns on population-based training
     pbt: PBTConfig = field(default_factory=PBTConfig)
     # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
-    # torch.compile's; "reduce-overhead" replays CUDA graphs on a GPU.
+    # torch.compile's, or "cuda-graphs" (COMPILE_MODES says which replay CUDA graphs on a GPU).
     compile_update: str = "off"
 
     @property

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from rlmq.common.config import DQNConfig
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.capture import compiled
+from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.encoders import ConvEncoder, encode, image_encoder
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import relu_mlp
@@ -40,7 +40,9 @@ from rlmq.learners.optim import (
     clip_and_step,
     clip_then_step,
     decayed_fraction,
+    descend,
     per_member,
+    written_by_step,
 )
 from rlmq.learners.replay import Transitions
 
@@ -104,6 +106,7 @@ class DQN:
         self.steps = 0  # gradient steps taken: the target is refreshed when it is a multiple of the interval
         self.n_step = cfg.n_step
         self.loss_of, self.step_of = self.loss, clip_then_step  # eager until `capture`
+        self.gradients_taken = False  # by the loss itself, once captured
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
@@ -122,8 +125,11 @@ class DQN:
         return q_loss(q, target) * weight, q
 
     def capture(self, mode: str, backend: str = "") -> None:
-        """The loss and the optimizer's step under torch.compile (learners/capture.py)."""
-        self.loss_of, self.step_of = compiled(self.loss, mode, backend), compiled(clip_and_step, mode, backend)
+        """The loss with its gradient, and the optimizer's step, in `mode` (learners/capture.py)."""
+        self.loss_of = captured(with_gradient(compiled(self.loss, mode, backend), lambda out: out[0].sum(), self.q.flat),
+                                mode)  # fmt: skip
+        self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
+        self.gradients_taken = True
 
     def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -135,14 +141,10 @@ class DQN:
         `generator` is unused: nothing here is random.
         """
         loss, q = self.loss_of(batch, hp.gamma, has_data.to(batch.rewards.dtype))
-        self.q.flat.grad = None
-        loss.sum().backward()
-        grad = self.q.flat.grad
-        assert grad is not None
-        sync(grad)
         optimizer = self.optimizers["q"]
         lr = hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction)
-        norms = self.step_of(optimizer, self.max_grad_norm, lr, active)
+        norms = descend(optimizer, None if self.gradients_taken else loss, lr, active, sync, self.step_of,
+                        self.max_grad_norm)  # fmt: skip
         stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
         if self.max_grad_norm is not None:
             stats["grad_norm"] = norms

@@ -143,6 +143,14 @@ def clip_and_step(optimizer: PopulationAdam, max_norm: Tensor | None, lr: Tensor
     return norms
 
 
+def written_by_step(args: tuple[Any, ...]) -> list[Tensor]:
+    """What a `Step` called with `args` writes: its optimizer's parameter, gradient and state (for
+    learners/capture.py's `Graphed`)."""
+    optimizer: PopulationAdam = args[0]
+    assert optimizer.param.grad is not None, "step before backward"
+    return [optimizer.param, optimizer.param.grad, *(getattr(optimizer, name) for name in PopulationAdam.STATE)]
+
+
 def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> Tensor:
     """The share of its learning rate each member [P] takes after `steps` gradient steps: 1 falling
     linearly to `final_fraction` at `decay_steps`, then flat (decay_steps 0: always 1)."""
@@ -151,12 +159,15 @@ def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> 
     return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
 
 
-def descend(optimizer: PopulationAdam, loss: Tensor, lr: Tensor, active: Tensor, sync: Sync,
-            step: Step = clip_then_step) -> None:  # fmt: skip
-    """One optimizer's step on its own loss [P]: backward, the gradient averaged across ranks (each
-    optimizer is synced on its own), then Adam (which skips members whose gradient is not finite)."""
-    optimizer.param.grad = None
-    loss.sum().backward()
+def descend(optimizer: PopulationAdam, loss: Tensor | None, lr: Tensor, active: Tensor, sync: Sync,
+            step: Step = clip_then_step, max_norm: Tensor | None = None) -> Tensor:  # fmt: skip
+    """One optimizer's step on its own loss [P]: backward (None: the loss's gradient is in
+    `param.grad` already, `capture.with_gradient`), the gradient averaged across ranks (each
+    optimizer is synced on its own), clipped to `max_norm` (None: not), then Adam (which skips
+    members whose gradient is not finite). The gradient's norms [P] before clipping."""
+    if loss is not None:
+        optimizer.param.grad = None
+        loss.sum().backward()
     assert optimizer.param.grad is not None
     sync(optimizer.param.grad)
-    step(optimizer, None, lr, active)
+    return step(optimizer, max_norm, lr, active)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -24,9 +24,16 @@ from rlmq.common.config import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
-from rlmq.learners.capture import compiled
+from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic, obs_features
-from rlmq.learners.optim import PopulationAdam, Step, Sync, clip_and_step, clip_then_step
+from rlmq.learners.optim import (
+    PopulationAdam,
+    Step,
+    Sync,
+    clip_and_step,
+    clip_then_step,
+    written_by_step,
+)
 from rlmq.learners.ppo_logits import ppo_loss_from_logits
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -161,7 +168,10 @@ def pick(x: Tensor, idx: Tensor | None) -> Tensor:
 def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     """The update's config for a batch of `rollouts` per member (learner batching, at most
     `cfg.max_rollouts_per_batch`): minibatches of the size `rollouts_per_batch` rollouts give,
-    so as many more of them as the batch holds more rollouts (at least `cfg.minibatches`)."""
+    so as many more of them as the batch holds more rollouts (at least `cfg.minibatches`); with
+    `minibatch_growth = "size"`, `cfg.minibatches` of them, as large as the batch makes them."""
+    if cfg.minibatch_growth == "size":
+        return cfg
     return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch, cfg.minibatches))
 
 
@@ -224,16 +234,25 @@ def minibatch_loss(model: nn.Module, discrete: bool, obs: Tensor, actions: Tenso
 
 
 class CapturedSteps(NamedTuple):
-    """A gradient step's parts as learners/capture.py compiles them, for `update`."""
+    """PPO's update as learners/capture.py captures it, for `update`."""
 
-    loss: Callable[..., tuple[PPOLoss, Tensor]]  # `minibatch_loss`, compiled, on the bare module
+    targets: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]  # `_targets`, once per update
+    gradient: Callable[..., tuple[PPOLoss, Tensor]]  # `minibatch_loss` compiled, then its gradient
     sync: Sync  # averages the gradient across the ranks, eagerly
     step: Step  # `optim.clip_and_step`, compiled
 
 
 def capture(mode: str, sync: Sync, backend: str = "") -> CapturedSteps:
-    """PPO's gradient step under torch.compile (learners/capture.py), for `update`."""
-    return CapturedSteps(compiled(minibatch_loss, mode, backend), sync, compiled(clip_and_step, mode, backend))
+    """PPO's update in `mode` (learners/capture.py), for `update`: a minibatch's loss and its
+    gradient on the module's `flat` parameters, then the step."""
+    loss = compiled(minibatch_loss, mode, backend)
+
+    def loss_and_gradient(core: PopulationActorCritic, *args: Any) -> tuple[PPOLoss, Tensor]:
+        out: tuple[PPOLoss, Tensor] = with_gradient(loss, lambda out: out[0].total.sum(), core.flat)(core, *args)
+        return out
+
+    return CapturedSteps(captured(_targets, mode), captured(loss_and_gradient, mode), sync,
+                         captured(compiled(clip_and_step, mode, backend), mode, written_by_step))  # fmt: skip
 
 
 def update(
@@ -258,29 +277,33 @@ def update(
     and step on `core` (`model` unused), and its `sync` all-reduces between them.
     """
     population, rows, slots = batch.obs.shape[:3]
-    old_logp, advantages, vs, mean_rho = _targets(core, batch, hp, cfg)
+    old_logp, advantages, vs, mean_rho = (_targets if captured is None else captured.targets)(core, batch, hp, cfg)
     obs = batch.obs[:, :-1].reshape(population, (rows - 1) * slots, -1)
     actions = batch.actions.reshape(population, (rows - 1) * slots, *batch.actions.shape[3:])
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     normalize = cfg.normalize_advantage
-    loss_of, net, step = (minibatch_loss, model, clip_then_step) if captured is None else (captured.loss, core,
-                                                                                          captured.step)  # fmt: skip
     if captured is None and None in plan:  # the epochs over the whole batch normalize its advantages once
         whole_batch_advantages = normalize_advantages(advantages, mask, normalize)
     for idx in plan:
-        eager_whole_batch = captured is None and idx is None
-        loss, new_logp = loss_of(
-            net, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx),
-            whole_batch_advantages if eager_whole_batch else pick(advantages, idx), pick(vs, idx), pick(mask, idx),
-            norm, clip, hp.ent_coef, hp.vf_coef, normalize and not eager_whole_batch,
+        if captured is None:
+            whole = idx is None
+            loss, new_logp = minibatch_loss(
+                model, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx),
+                whole_batch_advantages if whole else pick(advantages, idx), pick(vs, idx), pick(mask, idx),
+                norm, clip, hp.ent_coef, hp.vf_coef, normalize and not whole,
+            )  # fmt: skip
+            optimizer.zero_grad()
+            loss.total.sum().backward()  # under DDP, all-reduced in backward
+            clip_then_step(optimizer, hp.max_grad_norm, lr, active)
+            continue
+        loss, new_logp = captured.gradient(
+            core, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx), pick(advantages, idx),
+            pick(vs, idx), pick(mask, idx), norm, clip, hp.ent_coef, hp.vf_coef, normalize,
         )  # fmt: skip
-        optimizer.zero_grad()
-        loss.total.sum().backward()
         assert core.flat.grad is not None
-        if captured is not None:  # (eagerly, under DDP, backward all-reduced it)
-            captured.sync(core.flat.grad)
-        step(optimizer, hp.max_grad_norm, lr, active)
+        captured.sync(core.flat.grad)
+        captured.step(optimizer, hp.max_grad_norm, lr, active)
     terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}

@@ -15,6 +15,8 @@ the three optimizers is synced on its own (the lesson of Horovod's distributed S
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ from rlmq.common.models import (  # as the actors clamp and scale
     scale_and_bias,
 )
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.capture import compiled
+from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
 from rlmq.learners.optim import (
@@ -38,6 +40,7 @@ from rlmq.learners.optim import (
     decayed_fraction,
     descend,
     per_member,
+    written_by_step,
 )
 from rlmq.learners.replay import Transitions
 
@@ -107,6 +110,8 @@ class SAC:
         self.policy_layers, self.q_layers = self.actor.linear_names("policy"), {
             q: self.critic.linear_names(q) for q in ("q1", "q2")}  # fmt: skip
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
+        self.temperature_loss_of = self.temperature_loss
+        self.gradients_taken = False  # by the losses themselves, once captured
 
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's
@@ -133,11 +138,20 @@ class SAC:
         new_action, logp = self.sample(obs, noise)
         return actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight, logp
 
+    def temperature_loss(self, logp: Tensor, weight: Tensor) -> Tensor:
+        """The temperature's loss [P], `weight` applied, from the actor's log π [P, B]."""
+        return temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
+
     def capture(self, mode: str, backend: str = "") -> None:
-        """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
-        self.critic_loss_of = compiled(self.critic_loss, mode, backend)
-        self.actor_loss_of = compiled(self.actor_loss, mode, backend)
-        self.step_of = compiled(clip_and_step, mode, backend)
+        """Each loss with its gradient, and the optimizers' step, in `mode` (learners/capture.py)."""
+        losses: list[tuple[Callable[..., Any], Tensor, Callable[[Any], Tensor]]] = [
+            (self.critic_loss, self.critic.flat, lambda loss: loss.sum()),
+            (self.actor_loss, self.actor.flat, lambda out: out[0].sum()),
+            (self.temperature_loss, self.log_alpha, lambda loss: loss.sum())]  # fmt: skip
+        self.critic_loss_of, self.actor_loss_of, self.temperature_loss_of = (
+            captured(with_gradient(compiled(loss, mode, backend), total, param), mode) for loss, param, total in losses)
+        self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
+        self.gradients_taken = True
 
     def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -152,16 +166,17 @@ class SAC:
                                                  self.cfg.lr_final_fraction)  # fmt: skip
         shape = (*batch.rewards.shape, self.action_scale.numel())  # the next actions', then the fresh ones'
         next_noise, noise = (torch.randn(shape, generator=generator, device=weight.device) for _ in range(2))
+        taken = self.gradients_taken
         losses = {"critic": self.critic_loss_of(batch, next_noise, alpha, hp.gamma, weight)}
-        descend(self.optimizers["critic"], losses["critic"], lr, active, sync, self.step_of)
+        descend(self.optimizers["critic"], None if taken else losses["critic"], lr, active, sync, self.step_of)
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
         losses["actor"], logp = self.actor_loss_of(batch.obs, noise, alpha, weight)
-        descend(self.optimizers["actor"], losses["actor"], lr, active, sync, self.step_of)
+        descend(self.optimizers["actor"], None if taken else losses["actor"], lr, active, sync, self.step_of)
         self.critic.flat.requires_grad_(True)
 
-        losses["temperature"] = temperature_loss(self.log_alpha[:, 0], logp, self.target_entropy) * weight
-        descend(self.optimizers["temperature"], losses["temperature"], lr, active, sync, self.step_of)
+        losses["temperature"] = self.temperature_loss_of(logp, weight)
+        descend(self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync, self.step_of)
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from rlmq.common.config import TD3Config
 from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.capture import compiled
+from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
 from rlmq.learners.optim import (
@@ -35,6 +35,7 @@ from rlmq.learners.optim import (
     decayed_fraction,
     descend,
     per_member,
+    written_by_step,
 )
 from rlmq.learners.replay import Transitions
 
@@ -94,6 +95,7 @@ class TD3:
         self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay
         self.last_actor_loss = torch.zeros(population, device=device)
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
+        self.gradients_taken = False  # by the losses themselves, once captured
 
     def act(self, actor: Stacked, obs: Tensor) -> Tensor:
         """Each member's deterministic action in [-1, 1], [P, B, A]."""
@@ -120,10 +122,13 @@ class TD3:
         return actor_loss(q1_new) * weight
 
     def capture(self, mode: str, backend: str = "") -> None:
-        """The losses and the optimizers' step under torch.compile (learners/capture.py)."""
-        self.critic_loss_of = compiled(self.critic_loss, mode, backend)
-        self.actor_loss_of = compiled(self.actor_loss, mode, backend)
-        self.step_of = compiled(clip_and_step, mode, backend)
+        """Each loss with its gradient, and the optimizers' step, in `mode` (learners/capture.py)."""
+        self.critic_loss_of = captured(with_gradient(compiled(self.critic_loss, mode, backend),
+                                                     lambda out: out[0].sum(), self.critic.flat), mode)  # fmt: skip
+        self.actor_loss_of = captured(with_gradient(compiled(self.actor_loss, mode, backend),
+                                                    lambda loss: loss.sum(), self.actor.flat), mode)  # fmt: skip
+        self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
+        self.gradients_taken = True
 
     def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
              generator: torch.Generator | None) -> dict[str, Tensor]:  # fmt: skip
@@ -139,13 +144,14 @@ class TD3:
                                                  self.cfg.lr_final_fraction)  # fmt: skip
         critic, q1 = self.critic_loss_of(batch, noise, hp.gamma, weight)
         losses = {"critic": critic}
-        descend(self.optimizers["critic"], critic, lr, active, sync, self.step_of)
+        descend(self.optimizers["critic"], None if self.gradients_taken else critic, lr, active, sync, self.step_of)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
-            self.last_actor_loss = self.actor_loss_of(batch.obs, weight)
-            descend(self.optimizers["actor"], self.last_actor_loss, lr, active, sync, self.step_of)
+            loss = self.actor_loss_of(batch.obs, weight)
+            descend(self.optimizers["actor"], None if self.gradients_taken else loss, lr, active, sync, self.step_of)
+            self.last_actor_loss = loss.detach().clone()  # a captured loss's tensor: its next replay rewrites it
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
                 tau = (hp.tau * active).unsqueeze(1)

@@ -66,6 +66,22 @@ def test_the_minibatches_keep_their_size_and_grow_in_number(rollouts: int, minib
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - 2 * SLOTS * STEPS / 3) <= 2  # as with 2 rollouts
 
 
+@pytest.mark.parametrize("rollouts", [2, 3, 8])
+def test_minibatches_grown_in_size_keep_their_number(rollouts: int) -> None:
+    cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8, minibatch_growth="size")
+    grown = ppo.for_batch(cfg, rollouts)
+    assert grown.minibatches == 3 and grown.epochs == cfg.epochs
+    plan = ppo.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
+    assert len(plan) == cfg.epochs * 3
+    sizes = {len(idx) for idx in plan if idx is not None}
+    assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - rollouts * SLOTS * STEPS / 3) <= 2
+
+
+def test_a_minibatch_growth_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(ValueError, match='minibatch_growth is "count" or "size"'):
+        PPOConfig(minibatch_growth="both")
+
+
 def test_a_grown_batch_trains_on_every_rollout_in_more_minibatch_steps() -> None:
     """The PPO trainer given 3 rollouts of one member and 1 of the other, batches 3 rollouts wide:
     each member's trained steps count every sample, and each took epochs × 3 optimizer steps (one
