@@ -142,6 +142,12 @@ class ReplayConfig:
     # lr_decay_steps gradient steps, then stays there; 0: constant (as SB3's defaults).
     lr_decay_steps: int = 0
     lr_final_fraction: float = 0.1
+    # With a population: every member draws its batches from all members' transitions on its rank,
+    # not only its own (the shared memory of AgileRL's populations and Fast Population-Based RL), so
+    # a member learns from P times the data its own actors bring. replay_ratio still counts per env
+    # step of the member: a member then takes 1/P of a lone agent's gradient steps per env step of
+    # the whole run, and P × replay_ratio gives it as many.
+    share_replay: bool = False
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
@@ -437,6 +443,10 @@ class RunConfig:
         tunable = ALGORITHMS[self.algo].tunable
         if self.population > 1 and any(name not in tunable for name in self.pbt.ranges):
             problems.append(f"pbt.ranges: {self.algo} tunes only {', '.join(tunable)}")
+        section = self.algo_config
+        if isinstance(section, ReplayConfig) and section.share_replay and section.n_step > 1 and "gamma" in self.pbt.ranges:
+            # n-step returns are summed with the storing member's γ: another member's γ would differ.
+            problems.append(f"{self.algo}.share_replay with n_step > 1 needs one γ: take gamma out of pbt.ranges")
         for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1")

@@ -56,13 +56,12 @@ class FrameRing:
         """The smallest key whose observation is still whole in `member`'s rows."""
         return self.written(member) - self.rows + self.depth - 1
 
-    def gather(self, keys: np.ndarray) -> np.ndarray:
-        """The observations [P, B, *obs_shape] of per-member keys [P, B]."""
-        member = np.arange(keys.shape[0])[:, None]
+    def gather(self, members: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The observations [P, B, *obs_shape] of `keys` [P, B] into the rows of `members` [P, B]."""
         if self.depth == 1:
-            return self._rows[member, keys % self.rows]
+            return self._rows[members, keys % self.rows]
         frames = (keys[..., None] - np.arange(self.depth - 1, -1, -1)) % self.rows
-        return self._rows[member[..., None], frames]
+        return self._rows[members[..., None], frames]
 
     def copy_member(self, source: int, target: int) -> None:
         self._rows[target] = self._rows[source]

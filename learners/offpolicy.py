@@ -121,7 +121,7 @@ class OffPolicyTrainer:
             for tensor in algorithm.replicated():
                 dist.broadcast(tensor.data, src=0)
             self.obs_norm.broadcast()
-        self.replay = Replay(population, self.cfg.buffer_size, spec, algorithm.n_step)
+        self.replay = Replay(population, self.cfg.buffer_size, spec, algorithm.n_step, self.cfg.share_replay)
         self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
         self.due = 0.0
         self.rng = np.random.default_rng([run_cfg.seed, rank])

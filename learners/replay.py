@@ -4,7 +4,8 @@ Each learner rank keeps only the transitions its own actors sent it and samples 
 from them; DDP then averages the gradients across ranks, so the ranks together train on the union
 of their shards without ever moving experience between them. Within a rank, every population member
 has its own ring buffer, stacked along a leading member axis ``[P, capacity, ...]`` so that one
-vectorized draw yields a member-major batch ``[P, B, ...]`` for the population's batched update.
+vectorized draw yields a member-major batch ``[P, B, ...]`` for the population's batched update;
+a shared replay (``ReplayConfig.share_replay``) draws each member's batch from all the rings together.
 
 The memory is bounded and preallocated: the arrays are allocated once at full capacity, so a run
 that fits at start fits forever, and when a member's shard is full its oldest transitions are
@@ -72,7 +73,7 @@ class Replay:
     # What a checkpoint saves (learners/checkpoint.py): the whole ring, written rows or not.
     STATE = ("frames", "_obs_key", "_next_key", "_actions", "_rewards", "_terminated", "_horizon", "_position", "_size")
 
-    def __init__(self, population: int, capacity: int, spec: EnvSpec, n_step: int = 1) -> None:
+    def __init__(self, population: int, capacity: int, spec: EnvSpec, n_step: int = 1, shared: bool = False) -> None:
         if population < 1:
             raise ValueError(f"Replay population must be at least 1, got {population}")
         if capacity < 1:
@@ -80,6 +81,7 @@ class Replay:
         if n_step < 1:
             raise ValueError(f"Replay n_step must be at least 1, got {n_step}")
         self.population, self.capacity, self.spec, self.n_step = population, capacity, spec, n_step
+        self.shared = shared  # every member samples from every member's transitions (ReplayConfig.share_replay)
         # One step of the rollout layout: what a transition's observation and action look like.
         self.layout = {name: (shape[2:], np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
         shape = (population, capacity)
@@ -167,24 +169,20 @@ class Replay:
     def sample(
         self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu"
     ) -> tuple[Transitions, Tensor]:
-        """Draw `batch_size` transitions per member, uniformly with replacement from its own.
+        """Draw `batch_size` transitions per member, uniformly with replacement from its own (or,
+        shared, from all members' together).
 
-        Returns the batch and a [P] bool `active` mask: False for members with nothing stored, whose
-        rows are zeros (the caller masks their loss rather than the batch changing shape).
+        Returns the batch and a [P] bool `active` mask: False for members with nothing to draw from,
+        whose rows are zeros (the caller masks their loss rather than the batch changing shape).
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        active = self._size > 0
-        # One draw for the whole population of the i-th stored transition, i < size. floor(u * size)
-        # can round up to `size` itself for u just below 1, hence the clamp; empty members draw
-        # row 0 and are zeroed below.
-        scaled = np.floor(rng.random((self.population, batch_size)) * self._size[:, None])
-        order = np.minimum(scaled.astype(np.int64), np.maximum(self._size - 1, 0)[:, None])
-        index = ((self._position - self._size)[:, None] + order) % self.capacity
-        member = np.arange(self.population)[:, None]
-        arrays = [self.frames.gather(self._obs_key[member, index]), self._actions[member, index],
-                  self._rewards[member, index], self.frames.gather(self._next_key[member, index]),
-                  self._terminated[member, index], self._horizon[member, index]]  # fmt: skip
+        owner, order, active = self._draw(batch_size, rng)
+        index = (self._position - self._size)[owner] + order
+        index %= self.capacity
+        arrays = [self.frames.gather(owner, self._obs_key[owner, index]), self._actions[owner, index],
+                  self._rewards[owner, index], self.frames.gather(owner, self._next_key[owner, index]),
+                  self._terminated[owner, index], self._horizon[owner, index]]  # fmt: skip
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
         obs, actions, rewards, next_obs, terminated, horizon = (torch.from_numpy(array).to(device) for array in arrays)
@@ -192,6 +190,25 @@ class Replay:
         batch = Transitions(obs_features(obs, self.spec), actions, rewards, obs_features(next_obs, self.spec),
                             terminated, horizon)  # fmt: skip
         return batch, torch.from_numpy(active).to(device)
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One draw for the whole population: for each of [P, B] draws, the member that stored the
+        transition and its storage order i < that member's size; and the [P] `active` mask."""
+        # floor(u * n) can round up to n itself for u just below 1, hence the clamps; a member with
+        # nothing to draw from draws its own order 0, zeroed by the caller.
+        uniform = rng.random((self.population, batch_size))
+        if not self.shared:
+            order = np.minimum(np.floor(uniform * self._size[:, None]).astype(np.int64),
+                               np.maximum(self._size - 1, 0)[:, None])  # fmt: skip
+            owner = np.broadcast_to(np.arange(self.population)[:, None], order.shape)
+            return owner, order, self._size > 0
+        # All members' transitions as one list, member by member: the i-th lies with the member
+        # whose cumulative size first exceeds i (empty members are skipped by the search).
+        total, ends = int(self._size.sum()), np.cumsum(self._size)
+        flat = np.minimum(np.floor(uniform * total).astype(np.int64), max(total - 1, 0))
+        owner = np.minimum(np.searchsorted(ends, flat, side="right"), self.population - 1)
+        order = flat - (ends - self._size)[owner]
+        return owner, order, np.full(self.population, total > 0)
 
     def copy_member(self, source: int, target: int) -> None:
         """Population-based training's exploit step: `target` takes a copy of `source`'s memory."""

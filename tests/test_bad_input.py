@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,15 @@ def test_from_mapping_takes_an_int_for_a_float_field_and_stores_a_float() -> Non
 
 def test_from_mapping_takes_null_for_an_optional_field() -> None:
     assert from_mapping(RunConfig, {"target_return": None, "dqn": {"max_grad_norm": None}}).dqn.max_grad_norm is None
+
+
+def test_a_shared_replay_of_n_step_returns_refuses_a_ranged_gamma() -> None:
+    shared = DQNConfig(share_replay=True, n_step=3)
+    ranged = PBTConfig(ranges={"gamma": HyperRange(0.9, 0.999)})
+    with pytest.raises(ValueError, match="dqn.share_replay with n_step > 1 needs one γ: take gamma out of pbt.ranges"):
+        RunConfig(algo="dqn", dqn=shared, population=4, pbt=ranged)
+    RunConfig(algo="dqn", dqn=replace(shared, n_step=1), population=4, pbt=ranged)  # 1-step returns carry no γ
+    RunConfig(algo="dqn", dqn=shared, population=4)  # γ the same for every member
 
 
 @pytest.mark.parametrize("config", [

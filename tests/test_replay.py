@@ -139,6 +139,34 @@ def test_sampling_is_uniform_reproducible_and_per_member() -> None:
     assert not torch.equal(batch.obs, other.obs)
 
 
+def test_shared_sampling_draws_every_member_from_all_members_transitions() -> None:
+    replay = Replay(4, 6, spec(), shared=True)
+    replay.add_rollout(0, make_rollout(np.ones((2, 1), bool), member=0, tag=1))
+    replay.add_rollout(2, make_rollout(np.ones((4, 2), bool), member=2, tag=3))  # 8 rows wrap to the newest 6
+    assert replay.sizes == [2, 0, 6, 0]
+    # Stored slot by slot: slot 0's steps 0 and 1 were the two oldest.
+    stored = {(1, t, 0) for t in range(2)} | {(3, t, 0) for t in (2, 3)} | {(3, t, 1) for t in range(4)}
+
+    batch, active = replay.sample(40_000, np.random.default_rng(9), torch.device("cpu"))
+    assert active.tolist() == [True, True, True, True]  # members 1 and 3 hold nothing, yet train
+    for member in range(4):
+        rows = batch.obs[member, :, :3].to(torch.int64).tolist()
+        keys = [(tag, t, n) for tag, t, n in rows]
+        assert set(keys) == stored  # every stored transition, nothing else, whoever stored it
+        # Uniform over the 8 transitions together, so member 0's two are a quarter of the draws.
+        assert abs(sum(key[0] == 1 for key in keys) / 40_000 - 0.25) < 0.02
+    # A transition comes out whole: its action and next observation are the same step's.
+    code = batch.obs[..., 1] * 2 + batch.obs[..., 2]
+    from_member_0 = batch.obs[..., 0] == 1
+    assert torch.equal(batch.actions[~from_member_0].double(), code[~from_member_0].double())
+    assert torch.equal(batch.next_obs[..., 1], batch.obs[..., 1] + 1)
+    assert torch.equal(batch.next_obs[..., 3], batch.obs[..., 3])
+
+    empty = Replay(3, 8, spec(), shared=True)
+    batch, active = empty.sample(16, np.random.default_rng(8), torch.device("cpu"))
+    assert active.tolist() == [False, False, False] and all(not field.any() for field in batch)
+
+
 def test_members_draw_independently() -> None:
     replay = Replay(2, 8, spec())
     for member in range(2):
