@@ -10,6 +10,7 @@ Redis is its only state: a restarted coordinator reloads config, weights, learne
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -40,6 +41,9 @@ from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
+# The env-steps rate is taken over this many ticks: steps arrive in whole rollouts, several ticks
+# apart when a learner trains long between deliveries, and one tick's rate would read 0 between them.
+RATE_TICKS = 10
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
 FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
@@ -91,7 +95,7 @@ class Coordinator:
         self.first_step_at = store.status().first_step_at or float("inf")
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
         self.nonfinite_skipped = store.status().nonfinite_skipped
-        self.last_steps: tuple[float, int] = (time.monotonic(), store.status().env_steps)
+        self.recent_steps = collections.deque([(time.monotonic(), store.status().env_steps)], maxlen=RATE_TICKS + 1)
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
             wire.ActorReport: self.on_actor_report,
@@ -287,9 +291,9 @@ class Coordinator:
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
         now = time.monotonic()
-        then, steps_then = self.last_steps
+        then, steps_then = self.recent_steps[0]
         rate = (steps - steps_then) / max(now - then, 1e-9)
-        self.last_steps = (now, steps)
+        self.recent_steps.append((now, steps))
         actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
         self.metrics.connected_learners.set(self.learners.live())
