@@ -199,7 +199,8 @@ class Actor:
                 continue
             if isinstance(message, wire.ReportAck):
                 self.acked = max(self.acked, (message.steps_total, message.episodes_total))
-                self.unacked.keep_newest(self.totals[1] - self.acked[1])
+                # Those it has not heard of yet, and those it heard of but does not count yet.
+                self.unacked.keep_newest(self.totals[1] - message.episodes_total + message.episodes_uncounted)
             elif isinstance(message, wire.Assign) and message.member == self.member:
                 if self.policy is None and message.weights is not None:
                     self.apply_weights(message.weights)

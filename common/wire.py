@@ -251,15 +251,17 @@ HEARTBEAT_PERIOD_S = 1.0
 
 @dataclass(frozen=True)
 class ReportAck:
-    """Coordinator → actor: your session's env steps and episodes are taken up to these totals
-    (the returns of those episodes need not be sent again). Taken, not necessarily counted yet: a
-    secure run counts them as the learners confirm the rollouts (coordinator/store.py)."""
+    """Coordinator → actor: your session's env steps and episodes are taken up to these totals.
+    Taken, not necessarily counted yet: a secure run counts them as the learners confirm the
+    rollouts (coordinator/store.py), and the returns of the newest `episodes_uncounted` taken are
+    to be sent again until they count; the others need not be."""
 
     steps_total: int
     episodes_total: int
+    episodes_uncounted: int = 0
 
     def __post_init__(self) -> None:
-        _counts(self, "steps_total", "episodes_total")
+        _counts(self, "steps_total", "episodes_total", "episodes_uncounted")
 
 
 @dataclass(frozen=True)

@@ -163,26 +163,28 @@ class Coordinator:
         returns = report.episode_returns.tolist()
         if report.policy_version < self.fresh_from.get(report.member, 0):
             returns = []  # the member's weights were replaced since (PBT)
-        steps_added, episodes_added, steps, recent = self.store.add_actor_report(
+        counted = self.store.add_actor_report(
             report.name, report.member, report.env_steps, returns, report.session, report.steps_total,
             report.episodes_total, checked=self.gatekeeper is not None)  # fmt: skip
         if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
             log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
             os._exit(EXIT_FAILPOINT)
         if report.session:
-            ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total)
+            ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total,
+                                 episodes_uncounted=counted.uncounted)  # fmt: skip
             self.control.send_multipart([identity, wire.encode(ack)])
-        self.metrics.env_steps.inc(steps_added)
-        self.metrics.member_env_steps.labels(str(report.member)).inc(steps_added)
-        self.metrics.episodes.inc(episodes_added)
+        self.metrics.env_steps.inc(counted.steps)
+        self.metrics.member_env_steps.labels(str(report.member)).inc(counted.steps)
+        self.metrics.episodes.inc(counted.episodes)
         if report.rejected:
             self.metrics.rejected.labels("at_actor").inc(report.rejected)
         # The end is checked here as well as on the tick: waiting for the tick made every run
         # last ~TICK_S / 2 longer than it had to. Only this member's returns can have changed. If
         # the run is over, the tick comes now: its status and progress sample record the end.
         if self.finished_at is None:
-            _, mean_return, full_record = self.population.best({report.member: recent}) if recent else (0, None, False)
-            if self.end_reason(steps, mean_return, full_record) is not None:
+            recent = {report.member: counted.recent} if counted.recent else {}
+            _, mean_return, full_record = self.population.best(recent)
+            if self.end_reason(counted.run_steps, mean_return, full_record) is not None:
                 self.on_tick()
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:

@@ -25,7 +25,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -139,6 +139,8 @@ class OutageRetry(Retry):
 # ARGV: actor, now, member, env steps, session, session's env steps, session's episodes, returns kept,
 # checked ('1': count no more than the learners say they took), the returns (oldest first: the last
 # of them are the session's newest episodes).
+# Returns: env steps and episodes counted, the run's env steps, the member's recent returns if any
+# were pushed, and the episodes claimed but not counted yet (whose returns the actor sends again).
 _ADD_REPORT = """
 local actor, session = ARGV[1], ARGV[5]
 local returns = #ARGV - 9
@@ -158,6 +160,8 @@ if session ~= '0' then
   redis.call('HSET', KEYS[5], actor, session .. ':' .. math.max(total_steps, heard_steps) .. ':'
              .. math.max(total_episodes, heard_episodes))
 end
+-- Episodes claimed and not counted before this report, oldest first: they end with its newest.
+local pending = episodes
 if ARGV[9] == '1' then
   -- The name's claims add up over its sessions; what counts is what its deliveries cover.
   local function due(kind, claimed)
@@ -166,23 +170,37 @@ if ARGV[9] == '1' then
     local counted = tonumber(redis.call('HGET', KEYS[6], 'counted_' .. kind) or '0')
     local now_due = math.max(math.min(claims, delivered) - counted, 0)
     redis.call('HINCRBY', KEYS[6], 'counted_' .. kind, now_due)
-    return now_due
+    return now_due, claims - counted
   end
-  steps, episodes = due('steps', steps), due('episodes', episodes)
+  steps = due('steps', steps)
+  episodes, pending = due('episodes', episodes)
 end
-returns = math.min(returns, episodes)
+-- The counted episodes are the oldest `episodes` of the pending ones: their returns, where the
+-- report still carries them, are what the member's record gets.
+local first = math.max(returns - pending + 1, 1)
+local last = returns - pending + episodes
 redis.call('HSET', KEYS[1], actor, ARGV[2])
 local run_steps = redis.call('HINCRBY', KEYS[2], 'env_steps', steps)
 redis.call('HINCRBY', KEYS[3], ARGV[3], steps)
 redis.call('HINCRBY', KEYS[2], 'episodes', episodes)
 local recent = {}
-if returns > 0 then
-  redis.call('LPUSH', KEYS[4], unpack(ARGV, #ARGV - returns + 1))
+if last >= first then
+  redis.call('LPUSH', KEYS[4], unpack(ARGV, 9 + first, 9 + last))
   redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[8]) - 1)
   recent = redis.call('LRANGE', KEYS[4], 0, -1)
 end
-return {steps, episodes, run_steps, recent}
+return {steps, episodes, run_steps, recent, pending - episodes}
 """
+
+
+class ReportCounted(NamedTuple):
+    """What one actor report added (`RunStore.add_actor_report`)."""
+
+    steps: int  # env steps counted
+    episodes: int  # episodes counted
+    run_steps: int  # the run's env steps after it
+    recent: list[float]  # the member's recent returns, newest first, if the report pushed any
+    uncounted: int  # the name's episodes claimed and not counted yet: the newest of its claims
 
 
 class RunStore:
@@ -249,12 +267,9 @@ class RunStore:
     # --- members, episodes, weights -----------------------------------------------------------
 
     def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float], session: int = 0,
-                         steps_total: int = 0, episodes_total: int = 0,
-                         checked: bool = False) -> tuple[int, int, int, list[float]]:  # fmt: skip
+                         steps_total: int = 0, episodes_total: int = 0, checked: bool = False) -> ReportCounted:
         """Record one actor report in one round trip (64 actors report several times a second):
-        the actor's liveness, its env steps and finished episodes. Returns the env steps and
-        episodes it added, the run's env steps and, if it brought new returns, the member's recent
-        returns after them, newest first.
+        the actor's liveness, its env steps and finished episodes.
 
         One Lua script, so Redis applies all of it or none. With a `session`, what is counted is
         what the session's totals add to those counted before (`returns` are the last of its
@@ -262,15 +277,17 @@ class RunStore:
         retried after a reply lost in an outage adds nothing twice. Without one, `env_steps` and
         `returns` are added as they are. `checked` (a secure run): the actor's claims, added up
         over all its sessions, count no further than the learners have taken its rollouts
-        (`add_deliveries`); what is not yet covered counts at a later report of the same name,
-        and the returns pushed are the report's newest, as many as its episodes that count."""
-        steps_added, episodes_added, steps, recent = self.redis.eval(
+        (`add_deliveries`); what is not yet covered counts at a later report of the same name, in
+        the order claimed. The member's record gets the returns of the episodes counted, as far as
+        the report carries them; the actor sends those of the `uncounted` again."""
+        steps_added, episodes_added, steps, recent, uncounted = self.redis.eval(
             _ADD_REPORT, 6, self.key("actors"), self.key("status"), self.key("member_steps"),
             self.key("returns", member), self.key("reports"), self.key("tally", actor),
             actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
             int(checked), *returns,
         )  # fmt: skip
-        return int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent]
+        return ReportCounted(int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent],
+                             int(uncounted))  # fmt: skip
 
     def add_deliveries(self, steps: dict[str, int], episodes: dict[str, int]) -> None:
         """The env steps and episode ends a learner took in each actor's rollouts (since its last

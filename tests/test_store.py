@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import redis
 
+from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import wire
 from rlmq.common.config import PPOConfig, RunConfig
 from rlmq.common.schema import EnvSpec
@@ -30,7 +31,7 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        added, episodes, steps, recent = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
+        added, episodes, steps, recent, _ = store.add_actor_report("actor-0", 0, 50, [float(v) for v in range(start, start + 50)])
         assert (added, episodes, steps) == (50, 50, start + 50) and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
@@ -45,7 +46,9 @@ def test_an_actor_sessions_totals_count_each_step_and_episode_once(store: RunSto
 
     def report(actor: str, steps: int, returns: list[float], session: int, steps_total: int,
                episodes_total: int) -> tuple[int, int, int, list[float]]:  # fmt: skip
-        return store.add_actor_report(actor, 0, steps, returns, session, steps_total, episodes_total)
+        counted = store.add_actor_report(actor, 0, steps, returns, session, steps_total, episodes_total)
+        assert counted.uncounted == 0  # unchecked: everything heard is counted
+        return counted[:4]
 
     assert report("actor-0", 10, [1.0], 7, 10, 1) == (10, 1, 10, [1.0])
     assert report("actor-0", 10, [1.0], 7, 10, 1) == (0, 0, 10, [])  # the same report again
@@ -88,6 +91,41 @@ def test_a_checked_report_counts_no_more_than_the_learners_took(store: RunStore)
     store.add_deliveries({"actor-1": 52}, {"actor-1": 2})
     assert store.add_actor_report("actor-1", 0, 0, [3.0], 5, 100, 5, checked=True)[:2] == (52, 2)
     assert store.add_actor_report("actor-1", 0, 0, [], 5, 100, 5, checked=True)[:2] == (0, 0)
+
+
+def test_a_checked_actor_resends_the_returns_of_episodes_not_yet_counted(store: RunStore) -> None:
+    """An actor waiting for credit reports nothing new while the learner takes its last rollout and
+    says so; the report after, with the next rollout's episodes, comes before the learner has
+    taken that one. Each report then finds nothing to count among the returns it carries, and the
+    member's record would keep its first returns for the whole run. The acknowledgement names the
+    episodes not yet counted, the actor sends their returns again, and each counts once, in order."""
+    unacked, totals, session = UnackedEpisodes(4096), [0, 0], 3
+
+    def report(new_returns: list[float], steps: int) -> list[float]:
+        """One report of the actor (actors/actor.py) and its acknowledgement; the returns pushed."""
+        before = store.recent_returns(0)
+        totals[0] += steps
+        totals[1] += len(new_returns)
+        unacked.add(np.array(new_returns), np.full(len(new_returns), 10))
+        counted = store.add_actor_report("actor-0", 0, steps, unacked.returns.tolist(), session, *totals, checked=True)
+        ack = wire.ReportAck(steps_total=totals[0], episodes_total=totals[1], episodes_uncounted=counted.uncounted)
+        unacked.keep_newest(totals[1] - ack.episodes_total + ack.episodes_uncounted)
+        pushed = store.recent_returns(0)
+        return pushed[: len(pushed) - len(before)][::-1]  # oldest first
+
+    for rollout in range(3):
+        episode_returns = [10.0 * rollout + 1, 10.0 * rollout + 2]
+        assert report(episode_returns, 64) == []  # claimed before the learner took the rollout
+        store.add_deliveries({"actor-0": 64}, {"actor-0": 2})
+        assert report([], 0) == episode_returns  # counted now, from the returns sent again
+        assert len(unacked) == 0
+    # Deliveries that cover part of the claims count the oldest first; the rest wait.
+    assert report([31.0, 32.0, 33.0], 96) == []
+    store.add_deliveries({"actor-0": 32}, {"actor-0": 1})
+    assert report([], 0) == [31.0] and unacked.returns.tolist() == [32.0, 33.0]
+    store.add_deliveries({"actor-0": 64}, {"actor-0": 2})
+    assert report([41.0], 32) == [32.0, 33.0]
+    assert store.status().episodes == 9 and unacked.returns.tolist() == [41.0]
 
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:

@@ -152,7 +152,7 @@ MESSAGES: list[tuple[str, Any]] = [
         ),
     ),
     ("learner-heartbeat", wire.LearnerHeartbeat(name="learner-1", rank=1, iteration=40, waiting_s=0.5)),
-    ("report-ack", wire.ReportAck(steps_total=4096, episodes_total=12)),
+    ("report-ack", wire.ReportAck(steps_total=4096, episodes_total=12, episodes_uncounted=3)),
     ("directive", wire.Directive(kind="stop", reason="target reached")),
     ("decision", wire.Decision(id=3, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5), param_noise=0.01)),
     ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
