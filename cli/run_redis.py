@@ -13,7 +13,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -23,7 +22,7 @@ from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import shown_url, without_password
 from rlmq.common.schema import EnvSpec
-from rlmq.coordinator.records import MemberRecord, RunStatus
+from rlmq.coordinator.records import MemberRecord, ProgressSample, RunStatus
 from rlmq.coordinator.store import OUTAGE_ERRORS, PROGRESS_SAMPLES, RunStore
 
 MAX_REDIS_RESTARTS = 5  # the private Redis server's: one that keeps dying has a cause to look at
@@ -36,7 +35,7 @@ class LastSeen:
     """What `rlmq up` last read of its run in Redis: the results it writes if Redis is gone at the end."""
 
     status: RunStatus = field(default_factory=RunStatus)
-    progress: list[dict[str, Any]] = field(default_factory=list)  # every sample so far, oldest first
+    progress: list[ProgressSample] = field(default_factory=list)  # every sample so far, oldest first
     weights: dict[int, wire.Weights] = field(default_factory=dict)  # member → its latest weights read
     records: dict[int, MemberRecord] = field(default_factory=dict)
     looks: int = 0
@@ -62,12 +61,12 @@ class LastSeen:
             self.records = store.members()
         self.looks += 1
         status = store.status()
-        last = float(self.progress[-1].get("time", 0.0)) if self.progress else None
+        last = self.progress[-1].time if self.progress else None
         new = store.progress() if last is None else store.progress(start=-self.TAIL)
         if last is not None:
-            if new and float(new[0].get("time", 0.0)) > last:  # more came than one tail holds
+            if new and new[0].time > last:  # more came than one tail holds
                 new = store.progress()
-            new = [sample for sample in new if float(sample.get("time", 0.0)) > last]
+            new = [sample for sample in new if sample.time > last]
         self.status = status
         self.progress = (self.progress + new)[-PROGRESS_SAMPLES:]
 

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
-from rlmq.coordinator.records import LoggedDecision, MemberRecord, RunStatus
+from rlmq.coordinator.records import LoggedDecision, MemberRecord, ProgressSample, RunStatus
 from rlmq.coordinator.store import RunStore
 
 if TYPE_CHECKING:
@@ -105,13 +105,13 @@ def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, r
     return published[best].version
 
 
-def write_csv(path: Path, progress: list[dict[str, Any]], population: int = 1) -> None:
+def write_csv(path: Path, progress: list[ProgressSample], population: int = 1) -> None:
     """One row per progress sample; with a population, also each member's recent mean return."""
     member_fields = [f"member_{m}" for m in range(population)] if population > 1 else []
     rows = [
         {
-            **sample,
-            **{f"member_{m}": sample.get("members", {}).get(str(m)) for m in range(population)},
+            **dataclasses.asdict(sample),
+            **{f"member_{m}": sample.members.get(str(m)) for m in range(population)},
         }
         for sample in progress
     ]
@@ -123,14 +123,14 @@ def write_csv(path: Path, progress: list[dict[str, Any]], population: int = 1) -
 
 def plot_curve(
     path: Path,
-    progress: list[dict[str, Any]],
+    progress: list[ProgressSample],
     title: str,
     target: float | None,
     population: int = 1,
 ) -> None:
     plt = _pyplot()
     points = [
-        (p["env_steps"], p["mean_return"]) for p in progress if p.get("mean_return") is not None
+        (p.env_steps, p.mean_return) for p in progress if p.mean_return is not None
     ]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if population > 1:
@@ -228,7 +228,7 @@ def write_last_seen(
     run_dir: Path,
     run: str,
     status: RunStatus,
-    progress: list[dict[str, Any]],
+    progress: list[ProgressSample],
     run_config: RunConfig,
     launched: float,
     outcome: str,
@@ -269,7 +269,7 @@ def run_title(run_config: RunConfig) -> str:
     )
 
 
-def write_curves(run_dir: Path, progress: list[dict[str, Any]], run_config: RunConfig) -> None:
+def write_curves(run_dir: Path, progress: list[ProgressSample], run_config: RunConfig) -> None:
     """metrics.csv and learning_curve.png from the progress samples."""
     population = run_config.population
     write_csv(run_dir / "metrics.csv", progress, population)
@@ -343,13 +343,13 @@ def member_color(member: int) -> Any:
     return colormaps["tab10" if member < 10 else "tab20"](member % 20)
 
 
-def draw_member_curves(ax: Axes, progress: Sequence[Mapping[str, Any]], population: int) -> None:
+def draw_member_curves(ax: Axes, progress: Sequence[ProgressSample], population: int) -> None:
     """One line per member: the mean of its recent episodes (≤ 100) at each progress sample,
     against the run's total env steps."""
-    steps = np.array([p["env_steps"] for p in progress], dtype=float)
+    steps = np.array([p.env_steps for p in progress], dtype=float)
     for member in range(population):
         # None (no episodes since its last copy: its old returns were dropped) becomes NaN: a gap
-        values = np.array([p.get("members", {}).get(str(member)) for p in progress], dtype=float)
+        values = np.array([p.members.get(str(member)) for p in progress], dtype=float)
         if np.isnan(values).all():
             continue
         label = f"member {member}" if population <= LEGEND_MEMBERS else None

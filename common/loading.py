@@ -63,7 +63,7 @@ def _from_plain(hint: Any, value: Any, path: str) -> Any:
     if origin is dict:
         _, item = args
         if not isinstance(value, dict):
-            raise _mismatch(path, f"a table of {item.__name__}", value)
+            raise _mismatch(path, f"a table of {getattr(item, '__name__', item)}", value)
         return {key: _from_plain(item, v, f"{path}.{key}") for key, v in value.items()}
     if origin is tuple:  # tuple[X, ...]
         if not isinstance(value, (list, tuple)):

@@ -37,6 +37,7 @@ from rlmq.common.service import (
 )
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import EXIT_FAILPOINT, Population
+from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -84,7 +85,7 @@ class Coordinator:
         learners = store.learners()
         self.learners = LearnerWorld(self.run_config.num_learners, learners)
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
-        self.publisher = learners[0]["identity"].encode() if 0 in learners else None
+        self.publisher = learners[0].identity.encode() if 0 in learners else None
         self.fresh_from: dict[int, int] = {}  # member → first weights version after its last PBT copy
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
@@ -113,10 +114,9 @@ class Coordinator:
             self.learners.register(hello.rank, identity, hello.experience_endpoint)
             if hello.rank == 0:
                 self.publisher = identity
-            self.store.put_learner(hello.rank, {
-                "name": hello.name, "endpoint": hello.experience_endpoint, "pid": hello.pid,
-                "metrics_port": hello.metrics_port, "identity": identity.decode(errors="replace"),
-            })  # fmt: skip
+            self.store.put_learner(hello.rank, LearnerRecord(
+                hello.name, hello.experience_endpoint, hello.pid, hello.metrics_port, identity.decode(errors="replace"),
+            ))  # fmt: skip
             self.reply_assign(identity, actor_index=-1)
             self.assign_waiting_actors()
         elif not self.learners.complete():
@@ -311,10 +311,8 @@ class Coordinator:
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
                               learners=self.learners.live(), policy_lag=lag, updated_at=time.time(),
                               pbt_decisions=self.population.applied)  # fmt: skip
-        self.store.append_progress({"time": time.time(), "env_steps": steps,
-                                    "episodes": status.episodes,
-                                    "mean_return": mean_return, "steps_per_s": rate, "policy_lag": lag,
-                                    "members": member_means})  # fmt: skip
+        self.store.append_progress(ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag,
+                                                  member_means))  # fmt: skip
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
         if reason == "target":
             who = f" (member {best})" if self.population.size > 1 else ""

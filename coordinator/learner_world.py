@@ -13,19 +13,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 from rlmq.coordinator import stragglers
+from rlmq.coordinator.records import LearnerRecord
 
 log = logging.getLogger("rlmq.coordinator")
 
 
 class LearnerWorld:
-    def __init__(self, size: int, registered: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, size: int, registered: dict[int, LearnerRecord]) -> None:
         """`registered`: the learners' records in Redis (a restarted coordinator's starting view)."""
         self.size = size
-        self.endpoints = {rank: str(rec["endpoint"]) for rank, rec in registered.items()}
-        self.identities = {rank: str(rec["identity"]).encode() for rank, rec in registered.items()}
+        self.endpoints = {rank: rec.endpoint for rank, rec in registered.items()}
+        self.identities = {rank: rec.identity.encode() for rank, rec in registered.items()}
         self.heard: dict[int, float] = {}  # rank → when it last registered or beat (monotonic)
         self.pulses: dict[int, stragglers.Pulse] = {}  # rank → its latest heartbeat
         self.behind: dict[int, str] = {}  # rank → why it holds the world up

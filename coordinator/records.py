@@ -1,5 +1,5 @@
 """The run's records in Redis as typed shapes: a member's record, a PBT decision as logged, the
-run's status. `coordinator/store.py` writes and reads them (and names the keys); the coordinator,
+run's status, a learner rank's registration, a progress sample. `coordinator/store.py` writes and reads them (and names the keys); the coordinator,
 `rlmq up`, `rlmq status` and a resumed run read them through these declarations, checked field
 by field when read (`loading.from_mapping`: a record of another shape is a ValueError that names
 the field)."""
@@ -70,6 +70,30 @@ class RunStatus:
     learner_applied_decision: int = 0  # the last decision learner rank 0 reported applying
     nonfinite_skipped: int = 0
     learners_behind: str = ""  # the ranks that hold the learner world up, and why
+
+
+@dataclass(frozen=True)
+class LearnerRecord:
+    """A learner rank as it last registered (a restarted coordinator starts from these)."""
+
+    name: str
+    endpoint: str  # its experience socket, handed to actors
+    pid: int
+    metrics_port: int
+    identity: str  # its socket identity at the coordinator: rank 0's alone may publish weights
+
+
+@dataclass(frozen=True)
+class ProgressSample:
+    """The run at one coordinator tick: a row of metrics.csv, a point of the learning curve."""
+
+    time: float  # unix seconds
+    env_steps: int
+    episodes: int = 0
+    mean_return: float | None = None  # the best member's; None until it has episodes
+    steps_per_s: float = 0.0
+    policy_lag: float = 0.0
+    members: dict[str, float | None] = field(default_factory=dict)  # member → its recent mean return
 
 
 STATUS_FIELDS = frozenset(f.name for f in dataclasses.fields(RunStatus))

@@ -10,8 +10,8 @@
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
     rlmq:{run}:reports             hash: actor name → "{session}:{env steps}:{episodes}" counted of its session
-    rlmq:{run}:learners            hash: learner rank → JSON {name, endpoint, pid, metrics_port, identity}
-    rlmq:{run}:progress            list: JSON samples of the run's progress, oldest first
+    rlmq:{run}:learners            hash: learner rank → JSON LearnerRecord
+    rlmq:{run}:progress            list: JSON ProgressSample, oldest first
 
 A store made by `RunStore.connect` rides out Redis outages for a budget of seconds (`OutageRetry`):
 each service picks its own, since a coordinator should wait and a status line should not.
@@ -38,8 +38,10 @@ from rlmq.common.redis_urls import shown_url
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import (
     STATUS_FIELDS,
+    LearnerRecord,
     LoggedDecision,
     MemberRecord,
+    ProgressSample,
     RunStatus,
     from_json,
     to_json,
@@ -254,15 +256,15 @@ class RunStore:
         raw = self.redis.hgetall(self.key("status"))
         return from_mapping(RunStatus, {_text(k): json.loads(v) for k, v in raw.items()})
 
-    def append_progress(self, sample: dict[str, Any]) -> None:
+    def append_progress(self, sample: ProgressSample) -> None:
         pipe = self.redis.pipeline()
-        pipe.rpush(self.key("progress"), json.dumps(sample))
+        pipe.rpush(self.key("progress"), to_json(sample))
         pipe.ltrim(self.key("progress"), -PROGRESS_SAMPLES, -1)
         pipe.execute()
 
-    def progress(self, start: int = 0) -> list[dict[str, Any]]:
+    def progress(self, start: int = 0) -> list[ProgressSample]:
         """The progress samples from index `start` on (negative: that many from the end)."""
-        return [json.loads(s) for s in self.redis.lrange(self.key("progress"), start, -1)]
+        return [from_json(ProgressSample, s) for s in self.redis.lrange(self.key("progress"), start, -1)]
 
     # --- members, episodes, weights -----------------------------------------------------------
 
@@ -381,12 +383,12 @@ class RunStore:
                 self.redis.hdel(self.key("actors"), *gone)
         return sum(1 for t in seen.values() if now - float(t) < timeout_s)
 
-    def put_learner(self, rank: int, record: dict[str, Any]) -> None:
-        self.redis.hset(self.key("learners"), str(rank), json.dumps(record, sort_keys=True))
+    def put_learner(self, rank: int, record: LearnerRecord) -> None:
+        self.redis.hset(self.key("learners"), str(rank), to_json(record))
 
-    def learners(self) -> dict[int, dict[str, Any]]:
+    def learners(self) -> dict[int, LearnerRecord]:
         raw = self.redis.hgetall(self.key("learners"))
-        return {int(k): json.loads(v) for k, v in raw.items()}
+        return {int(k): from_json(LearnerRecord, v) for k, v in raw.items()}
 
     def reopen(self, config: RunConfig) -> bool:
         """Continue a run that ended or was stopped: its config takes `config` (a new budget or

@@ -47,7 +47,7 @@ def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_t
     assert status.state == "stopping" and status.success is True
     assert status.mean_return == 476.0 and status.best_member == 0  # what ended it, for summary.json
     last = coordinator.store.progress()[-1]  # metrics.csv and the learning curve end on it too
-    assert last["mean_return"] == 476.0 and last["env_steps"] == 3_000
+    assert last.mean_return == 476.0 and last.env_steps == 3_000
     assert status.env_steps_at_end == 3_000 == status.env_steps
 
 

@@ -29,7 +29,7 @@ from rlmq.cli.redis_server import RedisServer
 from rlmq.common import wire
 from rlmq.common.redis_urls import shown_url
 from rlmq.common.transport import free_port
-from rlmq.coordinator.records import RunStatus
+from rlmq.coordinator.records import ProgressSample, RunStatus
 from rlmq.coordinator.store import RunStore
 
 
@@ -53,7 +53,7 @@ def test_a_write_issued_during_an_outage_lands_once_redis_is_back(
 
     def write() -> None:  # a pipeline and a transaction, both issued while Redis is down
         replies.append(store.add_actor_report("actor-0", 0, 7, [1.5]))
-        store.append_progress({"env_steps": 7})
+        store.append_progress(ProgressSample(time=1.0, env_steps=7))
         replies.append(time.monotonic())
 
     down_at = time.monotonic()
@@ -67,7 +67,7 @@ def test_a_write_issued_during_an_outage_lands_once_redis_is_back(
     assert replies[0] == (7, 1, 7, [1.5], 0) and replies[1] - down_at >= 2.5
     # what was written before the outage came back from the AOF; the report counted once
     assert store.status() == RunStatus(state="running", env_steps=7, episodes=1)
-    assert store.progress() == [{"env_steps": 7}]
+    assert store.progress() == [ProgressSample(time=1.0, env_steps=7)]
     said = [r.getMessage() for r in caplog.records if r.name == "rlmq.store"]
     assert len(said) == 2, said  # once when it starts, once when it ends: not once per retry
     assert said[0] == f"Redis unreachable at {own_redis.url}; retrying for up to 15 s"
@@ -133,7 +133,7 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
     own_redis.restart()
     assert sock.poll(20_000, zmq.POLLIN), "no Assign after the outage"
     assert isinstance(wire.decode(sock.recv_multipart()[-1]), wire.Assign)
-    assert store.learners()[0]["name"] == "l0"
+    assert store.learners()[0].name == "l0"
     wait_for(lambda: (store.status().updated_at or 0) > down_at + 3, 10, "status written after the outage")
     assert coordinator.alive()
     log = coordinator.log()

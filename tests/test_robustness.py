@@ -123,7 +123,7 @@ def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learn
         held = listeners(set(descendants(up.pid)) | {up.pid})
         assert held and all(address == "loopback" for address, _ in held), held
 
-        endpoints = [record["endpoint"] for _, record in sorted(store.learners().items())]
+        endpoints = [record.endpoint for _, record in sorted(store.learners().items())]
         stolen = security.load_keys(run_dir / "keys", "actor-0", serves=False)
         for i in range(500):
             sock = ctx.socket(zmq.DEALER)

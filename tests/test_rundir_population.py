@@ -19,7 +19,7 @@ from rlmq.cli.status import show_status
 from rlmq.common import wire
 from rlmq.common.config import ALGORITHMS, HyperRange, PBTConfig, PPOConfig, RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.coordinator.records import LoggedDecision, MemberRecord
+from rlmq.coordinator.records import LoggedDecision, MemberRecord, ProgressSample
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.networks import ActorCritic
 
@@ -86,9 +86,8 @@ def population_run(store: RunStore) -> dict[str, Any]:
             "1": 400.0 + 5 * second,
             "2": None if 4 <= second <= 5 else 50.0 + 20 * second,
         }
-        store.append_progress({"time": T0 + second, "env_steps": 10_000 * second, "episodes": 10 * second,
-                               "mean_return": members["1"], "steps_per_s": 10_000.0, "policy_lag": 0.5,
-                               "members": members})  # fmt: skip
+        store.append_progress(ProgressSample(T0 + second, 10_000 * second, 10 * second, members["1"], 10_000.0, 0.5,
+                                             members))  # fmt: skip
     store.set_status(state="running", env_steps=120_000, mean_return=464.5, best_member=1,
                      pbt_decisions=2, policy_version=12, updated_at=time.time())  # fmt: skip
     params = {m: member_params(m) for m in range(3)}
@@ -228,8 +227,7 @@ def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(
     store.save_config(run_config, SPEC)
     store.put_members({0: MemberRecord(BASE)})
     store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
-    store.append_progress({"time": T0, "env_steps": 1_000, "episodes": 2, "mean_return": 25.0,
-                           "steps_per_s": 500.0, "policy_lag": 0.0, "members": {"0": 25.0}})  # fmt: skip
+    store.append_progress(ProgressSample(T0, 1_000, 2, 25.0, 500.0, 0.0, {"0": 25.0}))
     store.set_status(state="done", env_steps=1_000, mean_return=25.0, best_member=0)
     params = member_params(0)
     store.put_weights_frame(0, wire.encode(wire.Weights(member=0, version=4, params=params)))

@@ -128,7 +128,7 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
         "--metrics-port", str(learner_metrics),
     )  # fmt: skip
     store = RunStore.connect(redis_url, run_id)
-    endpoint = wait_for(lambda: store.learners().get(0, {}).get("endpoint"), 60, "learner registration")
+    endpoint = wait_for(lambda: (rank_0 := store.learners().get(0)) and rank_0.endpoint, 60, "learner registration")
     wait_for(lambda: store.weights(0) is not None, 60, "the learner's first weights")
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(endpoint)

@@ -12,6 +12,7 @@ from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import wire
 from rlmq.common.config import PPOConfig, RunConfig
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.store import RECENT_EPISODES, RunStore
 
 
@@ -126,6 +127,23 @@ def test_a_checked_actor_resends_the_returns_of_episodes_not_yet_counted(store: 
     store.add_deliveries({"actor-0": 64}, {"actor-0": 2})
     assert report([41.0], 32) == [32.0, 33.0]
     assert store.status().episodes == 9 and unacked.returns.tolist() == [41.0]
+
+
+def test_learner_records_and_progress_samples_come_back_typed_and_a_bad_one_names_its_field(
+    store: RunStore, redis_client: redis.Redis
+) -> None:
+    rank_1 = LearnerRecord("l1", "tcp://10.0.0.7:5601", 4242, 9101, "learner-1")
+    store.put_learner(1, rank_1)
+    sample = ProgressSample(time=1.5, env_steps=2_048, episodes=3, mean_return=None, members={"0": None, "1": 20.5})
+    store.append_progress(sample)
+    assert store.learners() == {1: rank_1} and store.progress() == [sample]
+    bad = '{"name": "l0", "endpoint": 5601, "pid": 1, "metrics_port": 0, "identity": "l0"}'  # Redis is not trusted
+    redis_client.hset(store.key("learners"), "0", bad)
+    with pytest.raises(ValueError, match="endpoint"):
+        store.learners()
+    redis_client.rpush(store.key("progress"), '{"time": 2.0, "env_steps": "many"}')
+    with pytest.raises(ValueError, match="env_steps"):
+        store.progress()
 
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
