@@ -267,7 +267,7 @@ class Actor:
             episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths, policy_version=self.version,
             rejected=self.rejected, first_step_at=self.first_step_at, session=self.session,
             steps_total=self.totals[0], episodes_total=self.totals[1],
-        ))  # fmt: skip
+        ))
         self.rejected = 0
         transport.send_frame(self.control, self.last_report)
         self.read_control()

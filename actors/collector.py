@@ -56,7 +56,7 @@ class Collector:
         self.unscanned.append((rewards, valid, done))
         self.collected += 1
         return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
-                       frame_stack=self.spec.frame_stack, **arrays)  # fmt: skip
+                       frame_stack=self.spec.frame_stack, **arrays)
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes that ended since the last call, ordered by slot,

@@ -221,7 +221,7 @@ class Peers:
 
 
 def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace,
-              child_env: dict[str, str]) -> list[tuple[Rate, Rate]]:  # fmt: skip
+              child_env: dict[str, str]) -> list[tuple[Rate, Rate]]:
     """Start both loops, warm both up, then `--pairs` × (bare turn, actor turn)."""
     keys_dir = ""
     if args.secure:  # a run's keys, for this one run of the script
@@ -232,7 +232,7 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
     peers = Peers(assign, args.credits, keys_dir)
     argv = [sys.executable, "-m", "rlmq.cli", "actor", "--name", "actor-0",
             "--coordinator", peers.control_endpoint, "--broadcast", peers.broadcast_endpoint,
-            "--metrics-port", "-1", "--keys", keys_dir]  # fmt: skip
+            "--metrics-port", "-1", "--keys", keys_dir]
     launched = time.perf_counter()
     actor = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: pin(args.cpu))
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch loaded, same thread limits
@@ -304,7 +304,7 @@ def main() -> None:
     spec = envs.probe(args.env)
     hidden = tuple(args.hidden)
     run_config = RunConfig(env_id=args.env, num_envs=args.num_envs, rollout_length=args.rollout_length,
-                           seed=args.seed, hidden_sizes=hidden)  # fmt: skip
+                           seed=args.seed, hidden_sizes=hidden)
     encoder = run_config.encoder_for(spec)
     params = initial_params(spec, hidden, encoder, args.seed)
     assign = wire.Assign(run="bench-actor", member=0, actor_index=0, config=run_config, env_spec=spec,

@@ -56,7 +56,7 @@ Side = tuple[Callable[[], torch.Tensor], Callable[[int], None]]  # (its weights 
 
 
 def ppo_side(population: int, problem: bp.Problem, args: argparse.Namespace, device: torch.device,
-             captured: bool) -> Side:  # fmt: skip
+             captured: bool) -> Side:
     torch.manual_seed(args.seed)  # both sides start from the same weights
     pop = PopulationActorCritic(bp.SPEC, tuple(args.hidden), population, encoder=bp.ENCODER).to(device)
     optimizer = PopulationAdam(pop.flat)
@@ -81,7 +81,7 @@ def off_policy_side(population: int, args: argparse.Namespace, device: torch.dev
         actions=(torch.randint(0, 2, shape, generator=g) if args.algo == "dqn" else 4 * torch.rand(*shape, 1, generator=g) - 2),
         rewards=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, spec.obs_size, generator=g),
         terminated=(torch.rand(shape, generator=g) < 0.01).float(), horizon=torch.ones(shape),
-    ) for _ in range(8)]  # fmt: skip
+    ) for _ in range(8)]
     batches = [Transitions(*(t.to(device) for t in b)) for b in batches]
     hp = algorithm.hyperparams([{"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.005}] * population, device)
     everyone = torch.ones(population, dtype=torch.bool, device=device)
@@ -118,7 +118,7 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
     eager_ms, captured_ms = (1e3 * statistics.median(times[name]) for name in sides)
     return {"P": population, "compile_s": first["captured"], "eager_first_s": first["eager"], "eager_ms": eager_ms,
             "captured_ms": captured_ms, "after_first": after_first, "difference": difference(),
-            "updates": 1 + args.warmup + args.repeats * args.updates}  # fmt: skip
+            "updates": 1 + args.warmup + args.repeats * args.updates}
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ class Watch:
             return
         os.kill(pid, signal.SIGKILL)
         self.faults.append({"kind": kind, "name": name, "pid": pid, "at": time.monotonic(), "wall": time.time(),
-                            "world": self.learner_pid})  # fmt: skip
+                            "world": self.learner_pid})
         print(f"  {time.monotonic() - (self.first_update_at or 0):6.1f} s  killed {name} (pid {pid})", flush=True)
 
 
@@ -173,9 +173,9 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="rlmq-chaos-")) / "run"
     command = ["rlmq", "up", "--actors", "4", "--learners", "2", "--env", args.env, "--algo", args.algo,
                "--population", str(args.population), "--seed", str(args.seed), "--target-return", str(args.target),
-               "--total-steps", "100000000", "--checkpoint-every", str(args.checkpoint_every)]  # fmt: skip
+               "--total-steps", "100000000", "--checkpoint-every", str(args.checkpoint_every)]
     up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *command[1:], "--run-dir", str(run_dir)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     started = time.monotonic()
     while not (run_dir / "run.json").exists():
         time.sleep(POLL_S)
@@ -184,7 +184,7 @@ def main() -> None:
         watch.poll()
         time.sleep(POLL_S)
     schedule = sorted([(t, "actor") for t in range(int(args.actor_every), int(args.window), int(args.actor_every))]
-                      + [(args.learner_at, "learner"), (args.coordinator_at, "coordinator"), (args.redis_at, "redis")])  # fmt: skip
+                      + [(args.learner_at, "learner"), (args.coordinator_at, "coordinator"), (args.redis_at, "redis")])
     while up.poll() is None and time.monotonic() - started < args.max_wall:
         elapsed = time.monotonic() - (watch.first_update_at or 0)
         while schedule and schedule[0][0] <= elapsed:

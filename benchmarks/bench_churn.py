@@ -40,10 +40,10 @@ def updates(port: int) -> float:
 
 
 def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool,
-        config: str | None, first_kill: float = 2.0) -> dict[str, float]:  # fmt: skip
+        config: str | None, first_kill: float = 2.0) -> dict[str, float]:
     """One `rlmq up`; with `window`, stopped (SIGINT) `window` s after the first update."""
     args = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "4", "--learners", "2", "--seed", str(seed),
-            "--run-dir", str(run_dir), "--total-steps", "100000000", *(["--config", config] if config else [])]  # fmt: skip
+            "--run-dir", str(run_dir), "--total-steps", "100000000", *(["--config", config] if config else [])]
     if target:
         args += ["--target-return", "475"]
     up = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -87,7 +87,7 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
             return {"updates": window_updates, "longest_stall_s": longest, "kills": kills}
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"updates": count, "longest_stall_s": longest, "kills": kills, "train_wall_s": summary["train_wall_s"],
-            "success": summary["success"]}  # fmt: skip
+            "success": summary["success"]}
 
 
 def main() -> None:
@@ -107,15 +107,15 @@ def main() -> None:
             print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
                   f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
                   f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",
-                  flush=True)  # fmt: skip
+                  flush=True)
         for seed in args.seeds:
             calm = run(Path(tmp) / f"target-calm-{seed}", None, None, seed, True, args.config)
             stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config,
-                         args.first_kill)  # fmt: skip
+                         args.first_kill)
             print(f"seed {seed}, target 475: train wall {calm['train_wall_s']:.1f} s calm (success {calm['success']}), "
                   f"{stormy['train_wall_s']:.1f} s with churn ({stormy['kills']} kills, success {stormy['success']}): "
                   f"ratio {stormy['train_wall_s'] / calm['train_wall_s']:.2f}; longest stall "
-                  f"{stormy['longest_stall_s']:.2f} s", flush=True)  # fmt: skip
+                  f"{stormy['longest_stall_s']:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def collect(steps: int, slots: int) -> tuple[wire.Rollout, float]:
     zeros = np.zeros((steps, slots), np.float32)
     rollout = wire.Rollout(member=0, policy_version=1, actor="bench", obs=np.stack(rows), frame_stack=4,
                            actions=rng.integers(0, 6, (steps, slots)), logprobs=zeros, rewards=zeros,
-                           terminated=zeros.astype(bool), truncated=zeros.astype(bool), valid=~zeros.astype(bool))  # fmt: skip
+                           terminated=zeros.astype(bool), truncated=zeros.astype(bool), valid=~zeros.astype(bool))
     return rollout, seconds
 
 

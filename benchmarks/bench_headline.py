@@ -160,7 +160,7 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
                           if role not in ("actor", "learner") for p in ps},
         "total_rss_mib_peak": mib(sampler.peak_total_rss_kb),
         "total_pss_mib_peak": mib(sampler.peak_total_pss_kb) if with_pss else None,
-    }  # fmt: skip
+    }
     print(f"exit code {code}, `rlmq up` wall {wall:.1f} s, start-up (launch → first env step) "
           f"{num(result['startup_s'])} s, training {num(result['train_wall_s'])} s, "
           f"{result['env_steps']} env steps ({result['detail']})")
@@ -189,7 +189,7 @@ def main() -> None:
 
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(args.actors), "--learners",
             str(args.learners), "--env", args.env, "--total-steps", str(args.total_steps),
-            "--run-dir", str(args.run_dir)]  # fmt: skip
+            "--run-dir", str(args.run_dir)]
     args.run_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.run_dir.parent / f"{args.run_dir.name}.log"
     print(" ".join(argv[1:]), f"(output: {log_path})", flush=True)

@@ -80,7 +80,7 @@ def synthetic_actor(endpoint: str, name: str, slots: int, steps: int, seconds: f
 
 def start_actors(endpoint: str, args: argparse.Namespace, seconds: float) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, __file__, "--actor", endpoint, f"synthetic-{i}", str(args.slots),
-                              str(args.steps), str(seconds)]) for i in range(args.actors)]  # fmt: skip
+                              str(args.steps), str(seconds)]) for i in range(args.actors)]
 
 
 Rate = tuple[float, float]  # (rollouts per second of wall time, per second of the receiver's CPU time)
@@ -116,10 +116,10 @@ def raw_rate(args: argparse.Namespace) -> Rate:
 def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     """Rollouts/s a real learner receives, validates and queues (and, with `train`, trains on)."""
     cfg = LearnerConfig(run="ingest", coordinator="tcp://127.0.0.1:9", broadcast="tcp://127.0.0.1:9",
-                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", device=args.device)  # fmt: skip
+                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", device=args.device)
     learner = Learner(cfg, StopFlag())
     run_cfg = RunConfig(num_envs=args.slots, rollout_length=args.steps, rollouts_in_flight=args.actors,
-                        ppo=PPOConfig(max_rollouts_per_batch=args.actors))  # fmt: skip
+                        ppo=PPOConfig(max_rollouts_per_batch=args.actors))
     learner.run_cfg, learner.spec = run_cfg, SPEC
     learner.members = MemberQueues(1, args.actors, CreditTimeouts(), 1, 2**62, 0.0, 0.0, most_per_batch=args.actors)
     # (what a credit is sent behind, once per actor and version: the version never moves here)
@@ -179,7 +179,7 @@ def main() -> None:
             median = statistics.median(v[i] for v in values)
             ratio = statistics.median(v[i] / r[i] for v, r in zip(values, rates["raw"], strict=True))
             cells += [f"{median:,.0f}", f"{median * per_rollout:,.0f}", f"{ratio:.2f}"] if i == 0 else \
-                [f"{median:,.0f}", f"{ratio:.2f}"]  # fmt: skip
+                [f"{median:,.0f}", f"{ratio:.2f}"]
         print(f"| {name} | {' | '.join(cells)} |")
 
 

@@ -53,11 +53,11 @@ def sb3_model(algo: str, env: Any, seed: int) -> Any:
         noise = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
         return TD3("MlpPolicy", env, learning_rate=1e-3, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
                    action_noise=noise, gradient_steps=-1, train_freq=(1, "episode"),
-                   policy_kwargs={"net_arch": [400, 300]}, seed=seed, verbose=0, device="cpu")  # fmt: skip
+                   policy_kwargs={"net_arch": [400, 300]}, seed=seed, verbose=0, device="cpu")
     return DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
                gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
-               seed=seed, verbose=0, device="cpu")  # fmt: skip
+               seed=seed, verbose=0, device="cpu")
 
 
 def run_sb3(algo: str, seed: int, threads: int, steps: int | None = None) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def run_sb3(algo: str, seed: int, threads: int, steps: int | None = None) -> dic
     returns = list(callback.returns)
     return {"success": callback.reached_at is not None, "env_steps": steps, "train_wall_s": wall,
             "steps_per_s": steps / wall if wall > 0 else None,
-            "mean_return_window": sum(returns) / len(returns) if returns else None}  # fmt: skip
+            "mean_return_window": sum(returns) / len(returns) if returns else None}
 
 
 def bounded(value: float | None, below: float | None) -> str:
@@ -132,7 +132,7 @@ def main() -> None:
     for seed in args.seeds:
         print(f"seed {seed}: rlmq up --algo {args.algo} ...", flush=True)
         row: dict[str, Any] = {"seed": seed, "rlmq": run_rlmq(seed, args.out_dir / f"rlmq-seed{seed}", args,
-                                                                 env_id, args.algo, threshold)}  # fmt: skip
+                                                                 env_id, args.algo, threshold)}
         if not args.skip_sb3:
             print(f"seed {seed}: SB3 {args.algo.upper()} ...", flush=True)
             row["sb3"] = run_sb3(args.algo, seed, args.sb3_threads, args.sb3_steps)
@@ -141,7 +141,7 @@ def main() -> None:
         # SB3 missed the threshold within its whole budget: its time to it is longer than the
         # budget took, so rlmq's time over the budget's bounds the ratio from above.
         row["wall_ratio_below"] = (ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))
-                                   if rl["success"] and sb and not sb.get("success") else None)  # fmt: skip
+                                   if rl["success"] and sb and not sb.get("success") else None)
         results.append(row)
 
     print(f"\n{args.algo} on {env_id}, threshold {threshold:g} over the last {window} episodes")
@@ -156,7 +156,7 @@ def main() -> None:
               f"{bounded(row['wall_ratio'], row['wall_ratio_below']):>10}")
     summary = {"wall_to_target_ratio_median": median([r["wall_ratio"] for r in results]),
                "seeds_both_reached": sum(r["wall_ratio"] is not None for r in results),
-               "seeds_only_rlmq_reached": sum(r["wall_ratio_below"] is not None for r in results)}  # fmt: skip
+               "seeds_only_rlmq_reached": sum(r["wall_ratio_below"] is not None for r in results)}
     print(f"rlmq wall-to-threshold / SB3: {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)} (target ≤ 0.5; "
           f"{summary['seeds_both_reached']}/{len(results)} seeds where both reached it; "
           f"{summary['seeds_only_rlmq_reached']} where only rlmq did, ratio below the '<' bound shown)")

@@ -228,7 +228,7 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
 
 def table(results: Sequence[Result]) -> str:
     head = ("P", "device", "minibatches", "vectorized ms/update", "loop ms/update",
-            "loop / vectorized", "target")  # fmt: skip
+            "loop / vectorized", "target")
     rows = ["| " + " | ".join(head) + " |", "|--:|:--:|--:|--:|--:|--:|:--:|"]
     for r in results:
         target = f"≥ {TARGET_RATIO:g}×" if r.population == TARGET_POPULATION else "–"
@@ -294,7 +294,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--pixels", choices=list(SPECS), default="none",
-                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")  # fmt: skip
+                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -37,7 +37,7 @@ CASES = {  # name → (env, algo, target, stop at env steps)
 
 def up(run_dir: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+                            stderr=subprocess.DEVNULL)
 
 
 def env_steps(run_dir: Path) -> int:
@@ -57,7 +57,7 @@ def replay_kept(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor])
     """"N → M, kept" when every transition `before` held is in `after` unchanged (the ring had not
     wrapped: the rows stay where they were written)."""
     kept = all(torch.equal(after[name][m, : int(rows)], before[name][m, : int(rows)])
-               for name in ("_rewards", "_obs_key", "_actions") for m, rows in enumerate(before["_size"]))  # fmt: skip
+               for name in ("_rewards", "_obs_key", "_actions") for m, rows in enumerate(before["_size"]))
     return f"{int(before['_size'].sum()):,} → {int(after['_size'].sum()):,}, {'kept' if kept else 'NOT kept'}"
 
 
@@ -91,7 +91,7 @@ def main() -> None:
             after = newest_replay(broken)
             replay = replay_kept(at_stop, after) if at_stop is not None and after is not None else "—"
             print(f"| {case} | {seed} | {straight:,} | {stopped:,} | {resumed:,} | {resumed / straight:.2f} | {replay} |",
-                  flush=True)  # fmt: skip
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def scrape_run(run_dir: Path) -> dict[str, list[Scrape]]:
 def run_cell(args: argparse.Namespace, actors: int, learners: int, device: str, run_dir: Path) -> dict[str, object]:
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(actors), "--learners", str(learners),
             "--env", args.env, "--algo", args.algo, "--device", device, "--seed", str(args.seed),
-            "--total-steps", str(args.total_steps), "--run-dir", str(run_dir)]  # fmt: skip
+            "--total-steps", str(args.total_steps), "--run-dir", str(run_dir)]
     if args.target_return is not None:
         argv += ["--target-return", str(args.target_return)]
     if args.config:
@@ -113,7 +113,7 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
     """The cell's rates between the first scrape with env steps and the last (module docstring)."""
     actor_scrapes = scrapes.by_role.get("actor", [])
     first = next((i for i in range(len(actor_scrapes)) if scrapes.total("actor", "rlmq_actor_env_steps_total", i)[1] > 0),
-                 None)  # fmt: skip
+                 None)
     if first is None or len(actor_scrapes) - first < 3:
         return {}
     last = len(actor_scrapes) - 1
@@ -131,7 +131,7 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
         "learner_busy": per_s("learner", "rlmq_learner_update_seconds_sum") / learners,
         "credit_wait": per_s("actor", "rlmq_actor_credit_wait_seconds_total") / actors,
         "queue": statistics.mean(scrapes.total("learner", "rlmq_learner_queue_depth", i)[1]
-                                 for i in range(first, last + 1)),  # fmt: skip
+                                 for i in range(first, last + 1)),
         "lag": per_s("learner", "rlmq_learner_policy_lag_sum") / lag_count if lag_count else float("nan"),
         "batch": per_s("learner", "rlmq_learner_samples_total") / updates if updates else float("nan"),
     }
@@ -143,7 +143,7 @@ def outcome(run_dir: Path) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return {"reached": summary.get("reason") == "target", "train_wall_s": summary.get("train_wall_s"),
-            "return": summary.get("mean_return_last_100"), "env_steps": summary.get("env_steps")}  # fmt: skip
+            "return": summary.get("mean_return_last_100"), "env_steps": summary.get("env_steps")}
 
 
 def bottleneck(cell: dict[str, object]) -> str:
@@ -183,7 +183,7 @@ def main() -> None:
             print(f"{actors}x{learners} {device}: {cells[actors, learners, device]}", flush=True)
     print(f"\n{args.env}, {args.algo}, target {args.target_return}, budget {args.total_steps:,} env steps\n")
     print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | queue | batch | lag | "
-          "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|")  # fmt: skip
+          "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|")
     for (actors, learners, device), cell in cells.items():
         rate = cell.get("env_steps_per_s")
         one = cells.get((1, learners, device), {}).get("env_steps_per_s")

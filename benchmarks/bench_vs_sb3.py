@@ -52,10 +52,10 @@ ZOO_TIMESTEPS = 100_000  # RL-Zoo's n_timesteps for PPO on CartPole-v1: the sche
 
 
 def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = ENV_ID, algo: str = "ppo",
-             target: float = TARGET) -> dict[str, Any]:  # fmt: skip
+             target: float = TARGET) -> dict[str, Any]:
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(args.actors), "--learners",
             str(args.learners), "--env", env_id, "--algo", algo, "--target-return", str(target),
-            "--seed", str(seed), "--run-dir", str(run_dir)]  # fmt: skip
+            "--seed", str(seed), "--run-dir", str(run_dir)]
     if args.rlmq_total_steps is not None:
         argv += ["--total-steps", str(args.rlmq_total_steps)]
     if args.rlmq_config is not None:
@@ -86,7 +86,7 @@ def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = E
         "detail": summary.get("detail"), "env_steps": steps, "env_steps_summary": summary.get("env_steps"),
         "startup_s": summary.get("startup_s"), "train_wall_s": train_s, "process_wall_s": wall,
         "steps_per_s": steps / train_s if train_s else None, "run_dir": str(run_dir),
-    }  # fmt: skip
+    }
 
 
 def linear_schedule(initial: float) -> Any:
@@ -149,7 +149,7 @@ def run_sb3(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "train_wall_s": wall, "steps_per_s": steps / wall if wall > 0 else None,
         "mean_return_last_100": sum(returns) / len(returns) if returns else None,
         "torch_threads": torch.get_num_threads(),
-    }  # fmt: skip
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -52,7 +52,7 @@ def _ppo_lunarlander(env: Any, seed: int) -> Any:
     from stable_baselines3 import PPO
 
     return PPO("MlpPolicy", env, n_steps=1024, batch_size=64, gae_lambda=0.98, gamma=0.999, n_epochs=4,
-               ent_coef=0.01, seed=seed, device="cpu", verbose=0)  # fmt: skip
+               ent_coef=0.01, seed=seed, device="cpu", verbose=0)
 
 
 def _dqn_lunarlander(env: Any, seed: int) -> Any:
@@ -62,7 +62,7 @@ def _dqn_lunarlander(env: Any, seed: int) -> Any:
     return DQN("MlpPolicy", env, learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
                gamma=0.99, target_update_interval=250, train_freq=4, gradient_steps=-1, exploration_fraction=0.04,
                exploration_final_eps=0.1, policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu",
-               verbose=0)  # fmt: skip
+               verbose=0)
 
 
 def _sac_lunarlander_continuous(env: Any, seed: int) -> Any:
@@ -71,7 +71,7 @@ def _sac_lunarlander_continuous(env: Any, seed: int) -> Any:
     return SAC("MlpPolicy", env, learning_rate=lambda remaining: 7.3e-4 * remaining, batch_size=256,
                buffer_size=1_000_000, ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
                learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu",
-               verbose=0)  # fmt: skip
+               verbose=0)
 
 
 def _td3_lunarlander_continuous(env: Any, seed: int) -> Any:
@@ -80,7 +80,7 @@ def _td3_lunarlander_continuous(env: Any, seed: int) -> Any:
 
     return TD3("MlpPolicy", env, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
                action_noise=NormalActionNoise(np.zeros(2), 0.1 * np.ones(2)), gradient_steps=1, train_freq=1,
-               learning_rate=1e-3, policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu", verbose=0)  # fmt: skip
+               learning_rate=1e-3, policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu", verbose=0)
 
 
 CASES = {
@@ -93,17 +93,17 @@ CASES = {
 
 def run_rlmq(case: Case, seed: int, run_dir: Path, timeout_s: float) -> dict[str, Any]:
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--env", case.env_id,
-            "--algo", case.algo, "--seed", str(seed), "--total-steps", str(case.budget), "--run-dir", str(run_dir)]  # fmt: skip
+            "--algo", case.algo, "--seed", str(seed), "--total-steps", str(case.budget), "--run-dir", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "wb") as log:
         code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout_s).returncode  # fmt: skip
+                              timeout=timeout_s).returncode
     wall = time.perf_counter() - started
     result = evaluate(load_checkpoint(run_dir), EVAL_EPISODES, EVAL_SEED)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"exit": code, "wall_s": wall, "env_steps": summary["env_steps"], "eval_mean": result.mean,
-            "eval_std": result.std}  # fmt: skip
+            "eval_std": result.std}
 
 
 def run_sb3(case: Case, seed: int, threads: int) -> dict[str, Any]:
@@ -150,10 +150,10 @@ def main() -> None:
             rows.append(row)
         sides = {side: {"eval_mean": median([r[side]["eval_mean"] for r in rows if side in r]),
                         "wall_s": median([r[side]["wall_s"] for r in rows if side in r])}
-                 for side in ("rlmq", "sb3")}  # fmt: skip
+                 for side in ("rlmq", "sb3")}
         rl, sb = sides["rlmq"], sides["sb3"]
         ratios = {"return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
-                  "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None}  # fmt: skip
+                  "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None}
         report[name] = {"budget": case.budget, "seeds": rows, "median": sides, "ratio": ratios}
         print(f"\n{name}: {case.budget:,} env steps, eval {EVAL_EPISODES} episodes deterministic")
         print(f"{'seed':>4} | {'rlmq return':>12} {'wall s':>8} | {'SB3 return':>12} {'wall s':>8}")

@@ -160,7 +160,7 @@ def learner(
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
                             credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
                             checkpoint_dir=checkpoint_dir, experience_fd=experience_fd,
-                            experience_ipc=experience_ipc, keys_dir=keys, failpoint=failpoint)  # fmt: skip
+                            experience_ipc=experience_ipc, keys_dir=keys, failpoint=failpoint)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -239,13 +239,13 @@ def up(
             up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
                                          redis_url=redis_url, torch_threads=torch_threads, device=device,
                                          bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                         transport=transport, secure=secure)  # fmt: skip
+                                         transport=transport, secure=secure)
         else:
             overrides["num_learners"] = learners or 1
             up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
                                     redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
                                     bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                    transport=transport, secure=secure)  # fmt: skip
+                                    transport=transport, secure=secure)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         fix = "" if resume is not None else ". Fix the flag or the --config file (fields: common/config.py)."
         typer.echo(f"error: {exc}{fix}", err=True)

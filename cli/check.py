@@ -52,7 +52,7 @@ def read_health(text: str) -> Health:
     """The loop heartbeat in a /metrics page (the newest, should several series carry it)."""
     try:
         values = [sample.value for family in text_string_to_metric_families(text)
-                  for sample in family.samples if sample.name == HEARTBEAT]  # fmt: skip
+                  for sample in family.samples if sample.name == HEARTBEAT]
     except ValueError as exc:
         raise CheckFailed(f"/metrics is not Prometheus text ({exc}): is the port an rlmq "
                           "service's --metrics-port?") from None

@@ -61,7 +61,7 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
         return Checkpoint(run_config=from_mapping(RunConfig, state["run_config"]),
                           spec=from_mapping(EnvSpec, state["env_spec"]), member=chosen,
                           params={k: v.numpy() for k, v in record["params"].items()}, version=int(record["version"]),
-                          trained_steps=int(record.get("trained_steps", 0)))  # fmt: skip
+                          trained_steps=int(record.get("trained_steps", 0)))
     except ValueError as exc:
         raise ValueError(f"{file}: {exc}") from exc
     except Exception as exc:  # torch.load's unpickling errors, a missing key, a wrong type: not one of ours
@@ -91,7 +91,7 @@ def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
 
 
 def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
-         frames: list[np.ndarray] | None = None) -> Evaluation:  # fmt: skip
+         frames: list[np.ndarray] | None = None) -> Evaluation:
     """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
     episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended."""
     env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
@@ -118,12 +118,12 @@ def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray
 
 
 def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True,
-             video: Path | None = None) -> Evaluation:  # fmt: skip
+             video: Path | None = None) -> Evaluation:
     policy = policy_of(checkpoint)
     found = envs.probe(checkpoint.run_config.env_id)
     if found != checkpoint.spec:
         raise ValueError(f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on "
-                         f"{checkpoint.spec}")  # fmt: skip
+                         f"{checkpoint.spec}")
     rng = np.random.default_rng(seed)
 
     def act(obs: np.ndarray) -> np.ndarray:

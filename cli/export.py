@@ -42,7 +42,7 @@ class ExportedPolicy(nn.Module):
             self.image_shape, self.channels_last, self.pixel_scale = layout.shape, layout.channels_last, layout.scale
             for columns, bias, conv in encoder.convs:  # columns [C·k·k, out], as NumpyEncoder multiplies
                 layer = nn.Conv2d(columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride,
-                                  conv.padding)  # fmt: skip
+                                  conv.padding)
                 layer.weight.data = torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(layer.weight.shape)
                 layer.bias = nn.Parameter(torch.from_numpy(bias))
                 self.convs.append(layer)

@@ -68,7 +68,7 @@ class RedisServer:
             self.url = f"redis://:{secret}@127.0.0.1:{self.port}/0"
         self.args = [server_binary(), *config, "--port", str(self.port), "--bind", "127.0.0.1",
                      "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
-                     "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]  # fmt: skip
+                     "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]
         self._spawn()
 
     def _spawn(self) -> None:

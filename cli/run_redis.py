@@ -75,7 +75,7 @@ class RunRedis:
     """The supervisor's side of its run's Redis."""
 
     def __init__(self, url: str, server: RedisServer | None, outage_s: float, run: str, run_dir: Path,
-                 run_config: RunConfig) -> None:  # fmt: skip
+                 run_config: RunConfig) -> None:
         self.url, self.server, self.outage_s = url, server, outage_s
         self.run, self.run_dir, self.run_config = run, run_dir, run_config
         self.seen = LastSeen()
@@ -147,7 +147,7 @@ class RunRedis:
                   "and summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
             rundir.write_last_seen(self.run_dir, self.run, self.seen.status, self.seen.progress,
                                    self.run_config, launched, outcome, spec, self.seen.weights,
-                                   self.seen.records)  # fmt: skip
+                                   self.seen.records)
         return self.seen.status
 
 

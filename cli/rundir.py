@@ -71,7 +71,7 @@ def write_checkpoint(
 
 
 def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, records: dict[int, MemberRecord],
-                    spec: EnvSpec, run_config: RunConfig) -> int | None:  # fmt: skip
+                    spec: EnvSpec, run_config: RunConfig) -> int | None:
     """`write_checkpoint` from weights and member records in hand; the best member's version."""
     if not published:
         return None

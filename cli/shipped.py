@@ -39,7 +39,7 @@ def shipped() -> list[Shipped]:
         comments = [line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")]
         found.append(Shipped(path=Path(str(entry)).resolve(), env_id=fields.get("env_id", DEFAULTS.env_id),
                              algo=fields.get("algo", DEFAULTS.algo), population=fields.get("population", 1),
-                             summary=comments[0] if comments else ""))  # fmt: skip
+                             summary=comments[0] if comments else ""))
     return found
 
 

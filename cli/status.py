@@ -67,11 +67,11 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
         )
     except NOT_OUTAGES + (redis.exceptions.NoPermissionError,) as exc:
         print(f"error: Redis at {shown_url(redis_url)} refused these credentials ({exc}): give the user in the "
-              "URL and its password with --redis-password-file", file=sys.stderr)  # fmt: skip
+              "URL and its password with --redis-password-file", file=sys.stderr)
         return EXIT_USAGE
     except OUTAGE_ERRORS as exc:
         print(f"error: cannot reach Redis at {shown_url(redis_url)} ({exc}): is the run still up? "
-              "(a TLS server: rediss://)", file=sys.stderr)  # fmt: skip
+              "(a TLS server: rediss://)", file=sys.stderr)
         return EXIT_FAILED
     if not status.state:
         print(f"error: Redis at {shown_url(redis_url)} holds no run {run!r}", file=sys.stderr)

@@ -40,7 +40,7 @@ from rlmq.common.service import (
     RateTimer,
     StopFlag,
     die_with_parent,
-)  # fmt: skip
+)
 from rlmq.common.transport import free_port
 from rlmq.coordinator.records import RunStatus
 from rlmq.coordinator.store import RunStore
@@ -216,7 +216,7 @@ class Supervisor:
             if child.role == "learner":
                 first = child.rank == 0
                 self.spawn(child, ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
-                           [master] if first else [])  # fmt: skip
+                           [master] if first else [])
         master.sock.close()
 
     def spawn(self, child: Child, argv: Sequence[str] = (), listeners: Sequence[Listener] = ()) -> None:
@@ -240,7 +240,7 @@ class Supervisor:
             return f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; see {dead.log_path}"
         self.world_restarts += 1
         print(f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); "
-              f"see {dead.log_path}", flush=True)  # fmt: skip
+              f"see {dead.log_path}", flush=True)
         ranks = [child for child in self.children if child.role == "learner"]
         for child in ranks:  # its state is the checkpoint's: nothing to save on the way down
             self.kill(child, signal.SIGKILL)
@@ -302,7 +302,7 @@ class Supervisor:
                         return f"failed: the coordinator exited with {code}; see {child.log_path}"
                     child.restarts += 1
                     print(f"the coordinator exited with {code}; restarting it ({child.restarts}); see {child.log_path}",
-                          flush=True)  # fmt: skip
+                          flush=True)
                     self.spawn(child)
                     continue
                 self.redis.look(store)
@@ -375,7 +375,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
             return EXIT_FAILED
     if not cfg.resume and any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume them
         print(f"error: {cfg.run_dir} holds an earlier run: continue it with --resume {cfg.run_dir}, or choose "
-              "another --run-dir", file=sys.stderr)  # fmt: skip
+              "another --run-dir", file=sys.stderr)
         return EXIT_USAGE
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
@@ -395,14 +395,14 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
         tmp.write_text(json.dumps({"run": cfg.run, "redis_url": supervisor.redis_address, "pid": os.getpid(),
                                    "redis_password_file": supervisor.redis_password_file,
-                                   "private_redis": redis_server is not None}))  # fmt: skip
+                                   "private_redis": redis_server is not None}))
     supervisor.install_signals()
     launched = time.time()
     try:
         print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
               f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
         print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library defaults "
-              f"(no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` lists them)")  # fmt: skip
+              f"(no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` lists them)")
         if not cfg.secure:
             print("rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
                   "this host can join the run. For a trusted single host only.", file=sys.stderr, flush=True)

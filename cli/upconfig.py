@@ -44,7 +44,7 @@ class UpConfig:
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
               bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0, transport: str = "ipc",
-              secure: bool = True) -> UpConfig:  # fmt: skip
+              secure: bool = True) -> UpConfig:
         if config_file is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
@@ -60,7 +60,7 @@ class UpConfig:
     @classmethod
     def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
                    redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
-                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True) -> UpConfig:  # fmt: skip
+                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True) -> UpConfig:
         """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
         interval if given) and its Redis: the private server's data under `redis/`, else the URL
         it used (or `redis_url`, if the same Redis is reached another way now)."""
@@ -73,17 +73,17 @@ class UpConfig:
         fixed = sorted(set(overrides) - RESUMABLE)
         if fixed:
             raise ValueError(f"--resume goes on with the run's own config: {', '.join(fixed)} cannot change "
-                             "(--total-steps, --target-return and --checkpoint-every can)")  # fmt: skip
+                             "(--total-steps, --target-return and --checkpoint-every can)")
         if learners is not None and learners != saved.num_learners:
             raise ValueError(f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
-                             f"use --learners {saved.num_learners}")  # fmt: skip
+                             f"use --learners {saved.num_learners}")
         run_config = dataclasses.replace(saved, **overrides)
         check_flags(actors, run_config, bind_host, device, transport)
         private = info.get("private_redis", (run_dir / "redis").is_dir())
         return cls(actors=actors, learners=saved.num_learners, run_config=run_config, run=run, run_dir=run_dir,
                    redis_url=redis_url or (None if private else used_url), torch_threads=torch_threads,
                    device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   transport=transport, secure=secure, resume=True)  # fmt: skip
+                   transport=transport, secure=secure, resume=True)
 
 
 def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str) -> None:

@@ -114,7 +114,7 @@ def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Unpacker, bool], ...], f
     hints = typing.get_type_hints(cls)
     fields = tuple(
         (f.name, _unpacker(hints[f.name]),
-         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)  # fmt: skip
+         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         for f in dataclasses.fields(cls)
     )
     return fields, frozenset(hints)

@@ -103,7 +103,7 @@ class PPOConfig:
         refuse_non_finite(self, "ppo")
         problems = [f"ppo.{name} must be at least 1" for name in
                     ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
-                    if getattr(self, name) < 1]  # fmt: skip
+                    if getattr(self, name) < 1]
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
@@ -152,7 +152,7 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
         problems = [f"{name} must be positive" for name in ("batch_size", "buffer_size", "replay_ratio",
-                    "publish_every", "n_step") if getattr(self, name) <= 0]  # fmt: skip
+                    "publish_every", "n_step") if getattr(self, name) <= 0]
         if self.learning_starts < 0 or self.lr_decay_steps < 0:
             problems.append("learning_starts and lr_decay_steps must not be negative")
         if not 0 < self.lr_final_fraction <= 1:
@@ -210,7 +210,7 @@ class TD3Config(ReplayConfig):
             "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0":
                 min(self.target_noise, self.noise_clip, self.exploration_noise) >= 0,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
-        }  # fmt: skip
+        }
         problems = [f"td3: {rule}" for rule, ok in checks.items() if not ok]
         if problems:
             raise ValueError("; ".join(problems))
@@ -258,7 +258,7 @@ class DQNConfig(ReplayConfig):
             "0 <= exploration_final_eps, exploration_initial_eps <= 1":
                 0 <= self.exploration_final_eps <= 1 and 0 <= self.exploration_initial_eps <= 1,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
-        }  # fmt: skip
+        }
         problems = [f"dqn: {rule}" for rule, ok in checks.items() if not ok]
         if problems:
             raise ValueError("; ".join(problems))
@@ -290,7 +290,7 @@ ALGORITHMS = {algorithm.name: algorithm for algorithm in (
     Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
     Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
     Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
-)}  # fmt: skip
+)}
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
 
 
@@ -528,7 +528,7 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.credit_timeout_min_s <= self.credit_timeout_s:
             raise ValueError(f"credit timeouts: need 0 < minimum ({self.credit_timeout_min_s:g} s) <= "
-                             f"maximum ({self.credit_timeout_s:g} s)")  # fmt: skip
+                             f"maximum ({self.credit_timeout_s:g} s)")
 
 
 @dataclass(frozen=True)

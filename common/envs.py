@@ -63,7 +63,7 @@ def atari_wrappers() -> list[Callable[[gym.Env], gym.Env]]:
         lambda env: gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                                                     terminal_on_life_loss=False, grayscale_obs=True),
         lambda env: gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK),
-    ]  # fmt: skip
+    ]
 
 
 def _register_namespace(env_id: str) -> None:
@@ -77,7 +77,7 @@ def _register_namespace(env_id: str) -> None:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise EnvError(f"env {env_id!r} needs the {extra} extra: pip install \"rlmq[{extra}]\" "
-                       f"(it could not import {module_name}: {_one_line(exc)})") from exc  # fmt: skip
+                       f"(it could not import {module_name}: {_one_line(exc)})") from exc
     register = getattr(module, "register_envs", None)
     if env_id not in gym.registry and callable(register):
         register()
@@ -173,11 +173,11 @@ def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         if int(space.start) != 0:
             raise EnvError(f"{env_id}: Discrete observations must start at 0, not {space.start} "
-                           "(wrap the env: TransformObservation)")  # fmt: skip
+                           "(wrap the env: TransformObservation)")
         return {"obs_shape": (), "obs_dtype": "int64", "obs_categories": int(space.n)}
     if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= MAX_OBS_DIMS:
         raise EnvError(f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions "
-                       "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)")  # fmt: skip
+                       "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)")
     dtype = np.dtype(space.dtype)
     travels = {"f": "float32", "b": "bool"}.get(dtype.kind, "uint8" if dtype == np.uint8 else "int64")
     return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travels}
@@ -195,7 +195,7 @@ def probe(env_id: str, algo: str | None = None, encoder: str = "auto") -> EnvSpe
     if algo is not None and spec.action_kind not in ALGORITHMS[algo].action_kinds:
         fitting = [a.name for a in ALGORITHMS.values() if spec.action_kind in a.action_kinds]
         raise EnvError(f"{algo} needs {' or '.join(ALGORITHMS[algo].action_kinds)} actions and {env_id} has "
-                       f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")  # fmt: skip
+                       f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")
     if algo is not None:
         try:
             resolve_encoder(encoder, spec, ALGORITHMS[algo].takes_images)

@@ -154,10 +154,10 @@ def resolve_encoder(choice: str, spec: EnvSpec, takes_images: bool = True) -> st
         raise ValueError(f"this algorithm's networks take flat observations: use encoder = \"mlp\", not {choice!r}")
     if layout is None:
         raise ValueError(f"encoder {choice!r} needs a 3-D Box observation ([C, H, W] or [H, W, C]), "
-                         f"not shape {spec.obs_shape}: use encoder = \"mlp\"")  # fmt: skip
+                         f"not shape {spec.obs_shape}: use encoder = \"mlp\"")
     if min(conv_output(layout, ENCODERS[choice])[1:]) < 1:
         raise ValueError(f"encoder {choice!r} does not fit {layout.height}×{layout.width} images: use "
-                         "\"minatar\" or \"mlp\"")  # fmt: skip
+                         "\"minatar\" or \"mlp\"")
     return choice
 
 
@@ -188,7 +188,7 @@ class NumpyEncoder:
         convs = convolutions(ENCODERS.get(encoder, ()))
         if layout is None or encoder not in ENCODERS or len(names) != len(convs):
             raise ValueError(f"weights hold {len(names)} encoder convolutions, the run's encoder "
-                             f"{encoder!r} for observations {spec.obs_shape} needs {len(convs)}")  # fmt: skip
+                             f"{encoder!r} for observations {spec.obs_shape} needs {len(convs)}")
         self.layout, self.plan = layout, ENCODERS[encoder]
         # (weight [C·k·k, out] in the windows' (C, kh, kw) order, bias [out], the convolution)
         self.convs: list[tuple[np.ndarray, np.ndarray, Conv]] = []
@@ -197,7 +197,7 @@ class NumpyEncoder:
             weight, bias = params[w].astype(np.float32), params[b].astype(np.float32)
             if weight.shape != (conv.channels, channels, conv.kernel, conv.kernel) or bias.shape != (conv.channels,):
                 raise ValueError(f"{w} is {weight.shape}, the encoder needs "
-                                 f"{(conv.channels, channels, conv.kernel, conv.kernel)}")  # fmt: skip
+                                 f"{(conv.channels, channels, conv.kernel, conv.kernel)}")
             self.convs.append((np.ascontiguousarray(weight.reshape(conv.channels, -1).T), bias, conv))
             channels = conv.channels
         self.size = math.prod(conv_output(layout, self.plan))

@@ -39,7 +39,7 @@ def serve(registry: CollectorRegistry, port: int, host: str = "*") -> int:
             raise
         server, _thread = start_http_server(0, addr=addr, registry=registry)
         logging.getLogger("rlmq").warning("metrics port %d is taken; serving /metrics on %d instead", port,
-                                          server.server_port)  # fmt: skip
+                                          server.server_port)
     return int(server.server_port)
 
 

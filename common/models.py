@@ -43,7 +43,7 @@ class NumpyPolicy:
     """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh or ReLU)."""
 
     def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
-                 encoder: str = "mlp", torch_encoder: bool | None = None) -> None:  # fmt: skip
+                 encoder: str = "mlp", torch_encoder: bool | None = None) -> None:
         self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
@@ -221,7 +221,7 @@ def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
     that normalizes observations publishes them with every member's weights, and no other does."""
     if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
         raise ValueError(f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
-                         f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}")  # fmt: skip
+                         f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}")
     return POLICIES[run_config.algo](run_config, params, spec, trained_steps)
 
 

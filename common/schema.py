@@ -42,7 +42,7 @@ class EnvSpec:
     def __post_init__(self) -> None:
         if len(self.obs_shape) > MAX_OBS_DIMS or min(self.obs_shape, default=1) < 1 or self.action_dim < 1:
             raise ValueError(f"obs_shape {self.obs_shape} (at most {MAX_OBS_DIMS} positive dims) or "
-                             f"action_dim {self.action_dim} (positive) out of range")  # fmt: skip
+                             f"action_dim {self.action_dim} (positive) out of range")
         if self.obs_dtype not in OBS_DTYPES:
             raise ValueError(f"obs_dtype {self.obs_dtype!r} is not one of {', '.join(OBS_DTYPES)}")
         if self.obs_categories < 0 or self.obs_categories and (self.obs_shape, self.obs_dtype) != ((), "int64"):
@@ -81,13 +81,13 @@ def rollout_layout(spec: EnvSpec, steps: int, slots: int) -> dict[str, tuple[tup
         "actions": ((*step, *spec.action_shape), spec.action_dtype),
         "logprobs": (step, "float32"), "rewards": (step, "float32"),
         "terminated": (step, "bool"), "truncated": (step, "bool"), "valid": (step, "bool"),
-    }  # fmt: skip
+    }
 
 
 def _every_dtype() -> dict[str, tuple[str, ...]]:
     """name → the dtypes a rollout's array may have under some env spec (what the wire checks)."""
     specs = [EnvSpec(obs_shape=(1,), obs_dtype=dtype, action_kind=kind, action_dim=1)
-             for dtype in OBS_DTYPES for kind in ("discrete", "continuous")]  # fmt: skip
+             for dtype in OBS_DTYPES for kind in ("discrete", "continuous")]
     layouts = [rollout_layout(spec, 1, 1) for spec in specs]
     return {name: tuple(sorted({layout[name][1] for layout in layouts})) for name in layouts[0]}
 

@@ -147,7 +147,7 @@ def load_keys(directory: Path, name: str | None, serves: bool) -> Keys:
     """The keys process `name` (None: a server only, the coordinator) needs; OSError or ValueError
     naming the file for a missing or unreadable one."""
     server_public, server_secret = zmq.auth.load_certificate(directory / f"{SERVER}.key_secret" if serves
-                                                             else directory / f"{SERVER}.key")  # fmt: skip
+                                                             else directory / f"{SERVER}.key")
     public = secret = None
     if name is not None:
         public, secret = zmq.auth.load_certificate(directory / f"{name}.key_secret")

@@ -132,7 +132,7 @@ class RejectLog:
         more = self.unlogged.pop(reason, 0)
         self.log.warning("dropped a message: %s%s%s: %s%s", reason, "" if size is None else f", {size} bytes",
                          f" from {sender[:32].hex()}" if sender else "", detail[: self.DETAIL_CHARS],
-                         f" (and {more} more of this reason in the last {self.period_s:g} s)" if more else "")  # fmt: skip
+                         f" (and {more} more of this reason in the last {self.period_s:g} s)" if more else "")
 
 
 class RateTimer:

@@ -55,7 +55,7 @@ class TorchEncoder:
     def __init__(self, encoder: NumpyEncoder) -> None:
         self.layout, self.plan = encoder.layout, encoder.plan
         self.weights = [(torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(conv.channels, -1, conv.kernel, conv.kernel),
-                         torch.from_numpy(bias)) for columns, bias, conv in encoder.convs]  # fmt: skip
+                         torch.from_numpy(bias)) for columns, bias, conv in encoder.convs]
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         """[N, obs_size] float32 features → [N, size], as `NumpyEncoder`."""

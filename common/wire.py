@@ -193,12 +193,12 @@ class ActorReport:
     def __post_init__(self) -> None:
         _counts(self, "member", "env_steps", "rejected", "session", "steps_total", "episodes_total")
         _require(len(self.episode_returns) <= self.episodes_total or not self.session,
-                 "ActorReport: more returns than episodes")  # fmt: skip
+                 "ActorReport: more returns than episodes")
         _require(self.policy_version >= -1 and self.first_step_at >= 0, "ActorReport: negative field")
         returns, lengths = self.episode_returns, self.episode_lengths
         _require(returns.ndim == 1 and returns.dtype.name == "float64", "episode_returns must be 1-D float64")
         _require(lengths.shape == returns.shape and lengths.dtype.name == "int64",
-                 "episode_lengths must be int64 and match episode_returns")  # fmt: skip
+                 "episode_lengths must be int64 and match episode_returns")
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ class LearnerReport:
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
         for counts in (self.delivered_steps, self.delivered_episodes):
             _require(len(counts) <= MAX_SEQUENCE and all(0 <= n <= MAX_COUNT for n in counts.values()),
-                     f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors")  # fmt: skip
+                     f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors")
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,7 @@ class Decision:
         _counts(self, "target", "source")
         _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
         _require(bool(self.hyperparams) and set(self.hyperparams) <= ALL_TUNABLE,
-                 f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}")  # fmt: skip
+                 f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}")
         _require(self.param_noise >= 0, "Decision.param_noise is negative")
         _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")
 
@@ -326,11 +326,11 @@ def weights_topic(member: int) -> bytes:
 
 
 Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | ReportAck | LearnerReport | LearnerHeartbeat
-           | Directive | Decision)  # fmt: skip
+           | Directive | Decision)
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, ReportAck, LearnerReport, LearnerHeartbeat,
-                Directive, Decision)  # fmt: skip
+                Directive, Decision)
 }
 
 

@@ -116,7 +116,7 @@ class Coordinator:
                 self.publisher = identity
             self.store.put_learner(hello.rank, LearnerRecord(
                 hello.name, hello.experience_endpoint, hello.pid, hello.metrics_port, identity.decode(errors="replace"),
-            ))  # fmt: skip
+            ))
             self.reply_assign(identity, actor_index=-1)
             self.assign_waiting_actors()
         elif not self.learners.complete():
@@ -151,7 +151,7 @@ class Coordinator:
             # The learners' own count: decisions after it are sent to them again and re-applied, so
             # that a restarted world makes the copies its predecessor had not made yet.
             applied_decision=self.population.learner_applied if learner else 0,
-        )  # fmt: skip
+        )
         self.control.send_multipart([identity, wire.encode(assign)])
 
     def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
@@ -165,13 +165,13 @@ class Coordinator:
             returns = []  # the member's weights were replaced since (PBT)
         counted = self.store.add_actor_report(
             report.name, report.member, report.env_steps, returns, report.session, report.steps_total,
-            report.episodes_total, checked=self.gatekeeper is not None)  # fmt: skip
+            report.episodes_total, checked=self.gatekeeper is not None)
         if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
             log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
             os._exit(EXIT_FAILPOINT)
         if report.session:
             ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total,
-                                 episodes_uncounted=counted.uncounted)  # fmt: skip
+                                 episodes_uncounted=counted.uncounted)
             self.control.send_multipart([identity, wire.encode(ack)])
         self.metrics.env_steps.inc(counted.steps)
         self.metrics.member_env_steps.labels(str(report.member)).inc(counted.steps)
@@ -222,7 +222,7 @@ class Coordinator:
             self.metrics.learner_behind.labels(str(rank)).set(rank in behind)
         if behind.keys() != before.keys():
             self.store.set_status(learners_behind="; ".join(
-                f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))  # fmt: skip
+                f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
@@ -310,9 +310,9 @@ class Coordinator:
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
                               learners=self.learners.live(), policy_lag=lag, updated_at=time.time(),
-                              pbt_decisions=self.population.applied)  # fmt: skip
+                              pbt_decisions=self.population.applied)
         self.store.append_progress(ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag,
-                                                  member_means))  # fmt: skip
+                                                  member_means))
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
         if reason == "target":
             who = f" (member {best})" if self.population.size > 1 else ""

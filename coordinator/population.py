@@ -128,7 +128,7 @@ class Population:
             hyperparams=choice.hyperparams, previous=self.records[target].hyperparams,
             generation=self.records[choice.source].generation + 1, env_steps=steps,
             run_env_steps=run_env_steps, fitness={str(m): f for m, f in fitness.items()},
-        )  # fmt: skip
+        )
         if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
             entry = self.store.decisions(after=decision_id - 1)[0]
         if self.failpoint == FAILPOINT_AFTER_APPEND:
@@ -139,14 +139,14 @@ class Population:
     def apply(self, entry: LoggedDecision) -> None:
         target = entry.target
         record = MemberRecord(hyperparams=entry.hyperparams, generation=entry.generation, parent=entry.source,
-                              steps_at_decision=entry.env_steps)  # fmt: skip
+                              steps_at_decision=entry.env_steps)
         self.store.apply_decision(entry.id, target, record, copied=entry.source != target)
         self.records[target], self.applied = record, entry.id
         if self.decisions_metric is not None:
             self.decisions_metric.labels(self.run_config.pbt.selection, entry.kind).inc()
         log.info("PBT decision %d: member %d ← member %d (%s), %s", entry.id, target, entry.source, entry.kind,
                  ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry.hyperparams.items())
-                           if v != entry.previous.get(k)))  # fmt: skip
+                           if v != entry.previous.get(k)))
 
     def for_learners(self) -> list[wire.Decision]:
         """Applied decisions learner rank 0 has not yet reported applying, oldest first."""
@@ -157,7 +157,7 @@ class Population:
     def to_message(self, entry: LoggedDecision) -> wire.Decision:
         noise = self.run_config.pbt.param_noise if entry.kind == "exploit" else 0.0
         return wire.Decision(id=entry.id, target=entry.target, source=entry.source, hyperparams=entry.hyperparams,
-                             param_noise=noise)  # fmt: skip
+                             param_noise=noise)
 
     def learner_reported(self, applied: int) -> list[int]:
         """Learner rank 0 has applied decisions up to `applied` (capped at ours: a report cannot
@@ -166,7 +166,7 @@ class Population:
         applied = min(applied, self.applied)
         if applied < self.learner_applied:
             log.info("the learners resumed with PBT decisions up to %d applied: sending %d to %d again", applied,
-                     applied + 1, self.learner_applied)  # fmt: skip
+                     applied + 1, self.learner_applied)
             self.learner_applied = applied
             self.store.set_status(learner_applied_decision=applied)
             return []

@@ -287,9 +287,9 @@ class RunStore:
             self.key("returns", member), self.key("reports"), self.key("tally", actor),
             actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
             int(checked), *returns,
-        )  # fmt: skip
+        )
         return ReportCounted(int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent],
-                             int(uncounted))  # fmt: skip
+                             int(uncounted))
 
     def add_deliveries(self, steps: dict[str, int], episodes: dict[str, int]) -> None:
         """The env steps and episode ends a learner took in each actor's rollouts (since its last
@@ -399,7 +399,7 @@ class RunStore:
             return False
         self.save_config(config, saved[1])
         self.redis.hdel(self.key("status"), "reason", "detail", "success", "ended_at", "finished_at", "env_steps_at_end",
-                        "first_step_at")  # fmt: skip
+                        "first_step_at")
         self.set_status(state="running")
         return True
 

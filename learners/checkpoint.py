@@ -68,13 +68,13 @@ def restore(obj: Any, saved: Any, path: str = "state") -> Any:
     checkpoint of another config."""
     if isinstance(obj, torch.Tensor):
         _check(isinstance(saved, torch.Tensor) and saved.shape == obj.shape and saved.dtype == obj.dtype, path,
-               obj, saved)  # fmt: skip
+               obj, saved)
         with torch.no_grad():
             obj.copy_(saved)
         return obj
     if isinstance(obj, np.ndarray):
         _check(isinstance(saved, torch.Tensor) and tuple(saved.shape) == obj.shape
-               and saved.numpy().dtype == obj.dtype, path, obj, saved)  # fmt: skip
+               and saved.numpy().dtype == obj.dtype, path, obj, saved)
         obj[...] = saved.numpy()
         return obj
     if isinstance(obj, torch.Generator):

@@ -27,4 +27,4 @@ class Deliveries:
         the next), so that a flood of names cannot make a report the wire refuses."""
         names = list(itertools.islice(self.steps, MAX_SEQUENCE))
         return ({name: self.steps.pop(name) for name in names},
-                {name: self.episodes.pop(name, 0) for name in names})  # fmt: skip
+                {name: self.episodes.pop(name, 0) for name in names})

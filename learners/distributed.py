@@ -53,7 +53,7 @@ def choose_device(requested: str, rank: int, placements: list[Placement]) -> tor
 
 
 def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str,
-               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1) -> torch.device:  # fmt: skip
+               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1) -> torch.device:
     """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
     `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
     is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
@@ -71,7 +71,7 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
         if master_fd < 0:
             master_fd = socket.create_server((bind_host, master_port), backlog=world_size + 8).detach()
         store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT, multi_tenant=True,
-                              master_listen_fd=master_fd)  # fmt: skip
+                              master_listen_fd=master_fd)
     else:  # rank 0 on "*": torch's own server, every interface (IPv6 too)
         # multi_tenant as torch's own tcp:// rendezvous makes its store
         store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, RENDEZVOUS_TIMEOUT, multi_tenant=True)
@@ -120,7 +120,7 @@ class Agreement(NamedTuple):
 
 
 def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-          checkpoint: bool, device: torch.device, batch_rollouts: int, varying: bool = False) -> Agreement:  # fmt: skip
+          checkpoint: bool, device: torch.device, batch_rollouts: int, varying: bool = False) -> Agreement:
     """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length.
     `member_samples`: what this rank would train on if the world updates now; `batch_rollouts`:
     the most rollouts of one member it would take. Where that `varying` from one update to the
@@ -129,13 +129,13 @@ def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], dec
     if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
         return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint, batch_rollouts)
     flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), *member_samples],
-                         dtype=torch.int64, device=device)  # fmt: skip
+                         dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
     ready_ranks, overdue_ranks, stops, length, checkpoints, *samples = (int(v) for v in flags.tolist())
     if varying:
         batch_rollouts = extremes(batch_rollouts, device)[1]
     return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length,
-                     checkpoints > 0, batch_rollouts)  # fmt: skip
+                     checkpoints > 0, batch_rollouts)
 
 
 def extremes(value: int, device: torch.device) -> tuple[int, int]:

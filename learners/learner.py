@@ -85,7 +85,7 @@ class Learner:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
             self.directives.connect(cfg.broadcast)
         self.heartbeat = HeartbeatThread(self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(),
-                                         self.name, cfg.rank, credentials)  # fmt: skip
+                                         self.name, cfg.rank, credentials)
         self.counts = collections.Counter[str]()
         self.log_reject = RejectLog(log)
         self.lags: list[int] = []
@@ -156,7 +156,7 @@ class Learner:
     def weights(self, member: int, final: bool = False) -> wire.Weights:
         return wire.Weights(member=member, version=self.members.versions[member],
                             params=self.trainer.member_params(member), final=final,
-                            trained_steps=self.trainer.trained_steps(member))  # fmt: skip
+                            trained_steps=self.trainer.trained_steps(member))
 
     def weights_frame(self, member: int) -> bytes:
         """The member's current weights as a wire frame, encoded once per version."""
@@ -204,7 +204,7 @@ class Learner:
         assign = transport.request_assignment(self.control, wire.Hello(
             role="learner", name=self.name, pid=os.getpid(), rank=self.cfg.rank,
             experience_endpoint=self.endpoint, metrics_port=self.metrics_port,
-        ), self.stop, on_reject=self.reject)  # fmt: skip
+        ), self.stop, on_reject=self.reject)
         if assign is None:
             return EXIT_OK
         self.run_cfg: RunConfig = assign.config
@@ -216,7 +216,7 @@ class Learner:
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
                                     self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,
-                                    self.run_cfg.rank_wait_s, self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)  # fmt: skip
+                                    self.run_cfg.rank_wait_s, self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)
         base = self.run_cfg.base_hyperparams()
         self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
         self.applied = assign.applied_decision
@@ -227,17 +227,17 @@ class Learner:
         self.heartbeat.enter()  # the rendezvous waits for every rank
         device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port,
                                         self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
-                                        self.cfg.master_fd)  # fmt: skip
+                                        self.cfg.master_fd)
         self.adopt_rank0_state(device)
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
-                 device, self.run_cfg.algo, population, self.endpoint)  # fmt: skip
+                 device, self.run_cfg.algo, population, self.endpoint)
         try:
             self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
-                                                 self.cfg.world_size, device)  # fmt: skip
+                                                 self.cfg.world_size, device)
             self.trainer.set_hyperparams(self.hyperparams)
             self.checkpoints = (checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank,
                                                        self.run_cfg.checkpoints_kept)
-                                if self.cfg.checkpoint_dir else None)  # fmt: skip
+                                if self.cfg.checkpoint_dir else None)
             self.resume(device)
             self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
             code = self.train(device, max_updates)
@@ -253,7 +253,7 @@ class Learner:
         state = {"applied": self.applied, "hyperparams": self.hyperparams, "versions": self.members.versions}
         shared = json.loads(distributed.share_any_length(json.dumps(state).encode(), device))  # never pickle
         self.applied, self.hyperparams, self.members.versions = (
-            shared["applied"], shared["hyperparams"], shared["versions"])  # fmt: skip
+            shared["applied"], shared["hyperparams"], shared["versions"])
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -272,11 +272,11 @@ class Learner:
         saved = state["learner"]
         # A version must name one set of weights: past what the coordinator holds if it is newer.
         self.members.versions = [v if v >= published else published + 1
-                                 for v, published in zip(saved["versions"], self.members.versions, strict=True)]  # fmt: skip
+                                 for v, published in zip(saved["versions"], self.members.versions, strict=True)]
         self.applied, self.hyperparams = int(saved["applied"]), [dict(h) for h in saved["hyperparams"]]
         self.trainer.set_hyperparams(self.hyperparams)
         log.info("rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d", self.cfg.rank,
-                 found, self.checkpoints.path(found), self.members.versions, self.applied)  # fmt: skip
+                 found, self.checkpoints.path(found), self.members.versions, self.applied)
 
     def save_checkpoint(self, device: torch.device) -> None:
         self.checkpoint_number += 1
@@ -291,15 +291,15 @@ class Learner:
                         "hyperparams": self.hyperparams, "rank": self.cfg.rank, "world_size": self.cfg.world_size,
                         "time": time.time()},
             "trainer": checkpoint.capture(self.trainer),
-        }  # fmt: skip
+        }
         if self.cfg.rank == 0:  # and what `rlmq eval` and `rlmq export` read in checkpoint.pt
             members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in self.trainer.member_params(m).items()},
                            "version": self.members.versions[m], "trained_steps": self.trainer.trained_steps(m),
                            "hyperparams": self.hyperparams[m]}
-                       for m in range(self.run_cfg.population)}  # fmt: skip
+                       for m in range(self.run_cfg.population)}
             state |= {"members": members, "best_member": 0, "params": members[0]["params"],
                       "version": members[0]["version"], "env_spec": dataclasses.asdict(self.spec),
-                      "run_config": json.loads(json.dumps(dataclasses.asdict(self.run_cfg)))}  # fmt: skip
+                      "run_config": json.loads(json.dumps(dataclasses.asdict(self.run_cfg)))}
         return state
 
     # --- training -------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ class Learner:
                                        self.members.batch_samples(), len(offer),
                                        self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
                                        device, max(self.members.batch_sizes() + [self.members.need]),
-                                       self.members.most > self.members.need)  # fmt: skip
+                                       self.members.most > self.members.need)
             if agreed.decision_bytes:
                 replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
                 if replaced is not None:  # its queued batch, another policy's, is gone on every rank
@@ -351,7 +351,7 @@ class Learner:
             started = time.perf_counter()
             if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
                 log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
-                          self.checkpoint_number)  # fmt: skip
+                          self.checkpoint_number)
                 os._exit(EXIT_FAILPOINT)
             stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
             self.heartbeat.leave()
@@ -386,7 +386,7 @@ class Learner:
         if self.nonfinite_seen == 0 or skipped // NONFINITE_LOG_EVERY > self.nonfinite_seen // NONFINITE_LOG_EVERY:
             log.warning("skipped %d member step(s) whose gradient was not finite (%d so far); the weights keep "
                         "their values. If this keeps happening, check the env's rewards and observations "
-                        "(docs/architecture.md, non-finite updates)", new, skipped)  # fmt: skip
+                        "(docs/architecture.md, non-finite updates)", new, skipped)
         self.nonfinite_seen = skipped
         self.metrics.nonfinite_skipped.inc(new)
         self.counts["nonfinite"] += new
@@ -427,7 +427,7 @@ class Learner:
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
             nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=steps, delivered_episodes=episodes,
-        ))  # fmt: skip
+        ))
 
     def close(self) -> None:
         self.heartbeat.close()

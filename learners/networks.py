@@ -41,7 +41,7 @@ class ActorCritic(nn.Module):
     `RunConfig.encoder_for`); Gaussian policies learn a state-free log standard deviation."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0,
-                 encoder: str = "mlp", activation: Activation = "tanh") -> None:  # fmt: skip
+                 encoder: str = "mlp", activation: Activation = "tanh") -> None:
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
         self.image = image_encoder(spec, encoder)
@@ -128,7 +128,7 @@ class Stacked(nn.Module):
             return obs
         convs = self.image.conv_names
         return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs], [self.tensor(f"{c}.bias") for c in convs],
-                              self.image)  # fmt: skip
+                              self.image)
 
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
@@ -144,12 +144,12 @@ class Stacked(nn.Module):
         return Tower(tuple(linears), activation, outputs_first)
 
     def mlp(self, layers: list[tuple[str, str]], x: Tensor, activation: Activation, *,
-            outputs_first: bool = False) -> Tensor:  # fmt: skip
+            outputs_first: bool = False) -> Tensor:
         """[P, N, in] → [P, N, out] ([P, out, N] if `outputs_first`) through the named Linears,
         `activation` between them, as one `stacked_mlp`."""
         weights = [self.tensor(weight) for weight, _bias in layers]
         return stacked_mlp(x, weights, [self.tensor(bias) for _weight, bias in layers], activation,
-                           outputs_first=outputs_first)  # fmt: skip
+                           outputs_first=outputs_first)
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """One member's parameters under the member module's names, as actors and Weights take them."""
@@ -171,15 +171,15 @@ class PopulationActorCritic(Stacked):
     """P members of `ActorCritic`, stacked (see `Stacked`)."""
 
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0,
-                 encoder: str = "mlp", activation: Activation = "tanh") -> None:  # fmt: skip
+                 encoder: str = "mlp", activation: Activation = "tanh") -> None:
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
         super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation) for _ in range(population)],
-                         image_encoder(spec, encoder))  # fmt: skip
+                         image_encoder(spec, encoder))
         self.discrete = spec.action_kind == "discrete"
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is ~8×
         # slower than along the middle one (39 µs against 5 µs here). Gaussian means as [P, N, A].
         self.towers = (self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
-                       self.tower(self.linear_names("value"), activation, outputs_first=True))  # fmt: skip
+                       self.tower(self.linear_names("value"), activation, outputs_first=True))
 
     def logp_and_values(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """(log-probability [P, n] of `actions` [P, n, ...] at the first n observations, value

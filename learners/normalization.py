@@ -48,7 +48,7 @@ class RunningMoments:
         x64, weight = x.to(torch.float64), mask.to(torch.float64)
         weight = weight.view(*weight.shape, *([1] * (x.ndim - 2)))
         local = torch.cat([mask.to(torch.float64).sum(1, keepdim=True),
-                           (x64 * weight).sum(1).reshape(len(x), -1), (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)  # fmt: skip
+                           (x64 * weight).sum(1).reshape(len(x), -1), (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(local)
         size = self.mean[0].numel()
@@ -105,7 +105,7 @@ class ObsNormalizer(RunningMoments):
         mean_key, var_key, count_key, clip_key = OBS_NORM_KEYS
         return {mean_key: self.mean[member].float().cpu().numpy().copy(),
                 var_key: self.var[member].float().cpu().numpy().copy(),
-                count_key: np.array(float(self.count[member]), np.float32), clip_key: np.array(self.clip, np.float32)}  # fmt: skip
+                count_key: np.array(float(self.count[member]), np.float32), clip_key: np.array(self.clip, np.float32)}
 
     def load_member(self, member: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Take the statistics published with a member's weights (a restarted world's); returns
@@ -121,7 +121,7 @@ def stacked_observations(per_member: list[list[Rollout]], spec: EnvSpec, device:
     """Every member's rollouts' observations (not the bootstrap row) as features [P, n, F] with
     their validity [P, n], members with fewer padded as invalid."""
     features = [[obs_features(torch.from_numpy(r.obs[:-1]).flatten(0, 1), spec) for r in rollouts]
-                for rollouts in per_member]  # fmt: skip
+                for rollouts in per_member]
     valid = [[torch.from_numpy(r.valid).flatten() for r in rollouts] for rollouts in per_member]
     width = max((sum(len(v) for v in member) for member in valid), default=0)
     x = torch.zeros(len(per_member), width, spec.obs_size)
@@ -180,6 +180,6 @@ class RewardScaler:
                 start += slots
         device = self.moments.mean.device
         self.moments.update(torch.from_numpy(returns.reshape(population, -1)).to(device),
-                            torch.from_numpy(valid.reshape(population, -1)).to(device))  # fmt: skip
+                            torch.from_numpy(valid.reshape(population, -1)).to(device))
         std = (self.moments.var + OBS_NORM_EPS).sqrt().float().view(population, 1, 1)
         return (rewards / std).clamp(-self.clip, self.clip)

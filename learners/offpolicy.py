@@ -45,7 +45,7 @@ class Critic(nn.Module):
 
 
 def q_pair(critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Tensor,
-           action: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+           action: Tensor) -> tuple[Tensor, Tensor]:
     """Both twin critics' values of (obs, action), each [P, B]."""
     x = torch.cat([obs, action], dim=-1)
     q1, q2 = (critic.mlp(q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
@@ -108,7 +108,7 @@ class OffPolicyTrainer:
     STATE = ("algorithm", "obs_norm", "replay", "stored", "due", "rng", "generator")  # learners/checkpoint.py
 
     def __init__(self, algorithm: OffPolicy, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...],
-                 rank: int, world_size: int, device: torch.device) -> None:  # fmt: skip
+                 rank: int, world_size: int, device: torch.device) -> None:
         self.algorithm, self.device, population = algorithm, device, run_cfg.population
         if run_cfg.compile_update != "off":
             algorithm.capture(run_cfg.compile_update)
@@ -148,7 +148,7 @@ class OffPolicyTrainer:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
-              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
         for member, member_rollouts in enumerate(rollouts):
             for rollout in member_rollouts:
                 self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))

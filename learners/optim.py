@@ -92,7 +92,7 @@ class PopulationAdam:
         self.steps += 1
         torch._fused_adam_([self.param], [grad], [self.exp_avg], [self.exp_avg_sq], [], [self.steps], lr=lr,
                            beta1=self.betas[0], beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False,
-                           maximize=False)  # fmt: skip
+                           maximize=False)
 
     def _numerator_and_denominator(self, lr: Tensor) -> tuple[Tensor, Tensor]:
         """(lr / bc1 · m, √v / √bc2 + ε): the update is their quotient, taken by the caller in its
@@ -160,7 +160,7 @@ def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> 
 
 
 def descend(optimizer: PopulationAdam, loss: Tensor | None, lr: Tensor, active: Tensor, sync: Sync,
-            step: Step = clip_then_step, max_norm: Tensor | None = None) -> Tensor:  # fmt: skip
+            step: Step = clip_then_step, max_norm: Tensor | None = None) -> Tensor:
     """One optimizer's step on its own loss [P]: backward (None: the loss's gradient is in
     `param.grad` already, `capture.with_gradient`), the gradient averaged across ranks (each
     optimizer is synced on its own), clipped to `max_norm` (None: not), then Adam (which skips

@@ -89,7 +89,7 @@ def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps:
             start += width
     t = {name: torch.from_numpy(a).to(device) for name, a in arrays.items()}
     return Batch(obs_features(t["obs"], spec), t["actions"], t["logprobs"], t["rewards"], t["terminated"],
-                 t["truncated"], t["valid"])  # fmt: skip
+                 t["truncated"], t["valid"])
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
@@ -182,7 +182,7 @@ def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> 
     if cfg.minibatches == 1:
         return [None] * cfg.epochs
     return [idx for _ in range(cfg.epochs)
-            for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)]  # fmt: skip
+            for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)]
 
 
 def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, cfg: PPOConfig):  # type: ignore[no-untyped-def]
@@ -205,7 +205,7 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
             time_major(batch.truncated), time_major(batch.valid),
             gamma=hp.gamma.repeat_interleave(slots), lam=hp.gae_lambda.repeat_interleave(slots),
             rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
-        )  # fmt: skip
+        )
 
     def member_major(x: Tensor) -> Tensor:  # [T, P·B] → [P, n]
         return x.view(steps, population, slots).transpose(0, 1).reshape(population, steps * slots)
@@ -217,7 +217,7 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
 
 def minibatch_loss(model: nn.Module, discrete: bool, obs: Tensor, actions: Tensor, old_logp: Tensor,
                    advantages: Tensor, value_targets: Tensor, mask: Tensor, norm: Tensor, clip: Tensor,
-                   ent_coef: Tensor, vf_coef: Tensor, normalize: bool) -> tuple[PPOLoss, Tensor]:  # fmt: skip
+                   ent_coef: Tensor, vf_coef: Tensor, normalize: bool) -> tuple[PPOLoss, Tensor]:
     """A minibatch's loss terms [P] and the new log-probabilities [P, n] (for the diagnostics):
     `advantages` normalized here if `normalize`; `model` as `update` says."""
     advantages = normalize_advantages(advantages, mask, normalize)
@@ -225,11 +225,11 @@ def minibatch_loss(model: nn.Module, discrete: bool, obs: Tensor, actions: Tenso
         logits, new_values = model(obs, None)
         total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
             logits, new_values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef=clip,
-            ent_coef=ent_coef, vf_coef=vf_coef)  # fmt: skip
+            ent_coef=ent_coef, vf_coef=vf_coef)
         return PPOLoss(total, pg_loss, v_loss, mean_entropy), new_logp
     new_logp, entropy, new_values = model(obs, actions)
     loss = ppo_loss(new_logp, old_logp, advantages, new_values, value_targets, entropy, mask, norm, clip_coef=clip,
-                    ent_coef=ent_coef, vf_coef=vf_coef)  # fmt: skip
+                    ent_coef=ent_coef, vf_coef=vf_coef)
     return loss, new_logp
 
 
@@ -252,7 +252,7 @@ def capture(mode: str, sync: Sync, backend: str = "") -> CapturedSteps:
         return out
 
     return CapturedSteps(captured(_targets, mode), captured(loss_and_gradient, mode), sync,
-                         captured(compiled(clip_and_step, mode, backend), mode, written_by_step))  # fmt: skip
+                         captured(compiled(clip_and_step, mode, backend), mode, written_by_step))
 
 
 def update(
@@ -292,7 +292,7 @@ def update(
                 model, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx),
                 whole_batch_advantages if whole else pick(advantages, idx), pick(vs, idx), pick(mask, idx),
                 norm, clip, hp.ent_coef, hp.vf_coef, normalize and not whole,
-            )  # fmt: skip
+            )
             optimizer.zero_grad()
             loss.total.sum().backward()  # under DDP, all-reduced in backward
             clip_then_step(optimizer, hp.max_grad_norm, lr, active)
@@ -300,7 +300,7 @@ def update(
         loss, new_logp = captured.gradient(
             core, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx), pick(advantages, idx),
             pick(vs, idx), pick(mask, idx), norm, clip, hp.ent_coef, hp.vf_coef, normalize,
-        )  # fmt: skip
+        )
         assert core.flat.grad is not None
         captured.sync(core.flat.grad)
         captured.step(optimizer, hp.max_grad_norm, lr, active)
@@ -336,7 +336,7 @@ def update_each_member(
             old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
             returns = vtrace(batch.behaviour_logp[m], old_logp.view(rows - 1, slots), batch.rewards[m], values,
                              batch.terminated[m], batch.truncated[m], batch.valid[m], gamma=float(hp.gamma[m]),
-                             lam=float(hp.gae_lambda[m]), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)  # fmt: skip
+                             lam=float(hp.gae_lambda[m]), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
         obs = obs_all[: (rows - 1) * slots]
         advantages, vs = returns.pg_advantages.reshape(1, -1), returns.vs.reshape(1, -1)
         mask = batch.valid[m].reshape(1, -1).to(torch.float32)
@@ -349,7 +349,7 @@ def update_each_member(
                 new_logp, pick(old_logp.unsqueeze(0), idx), normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
                 new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
                 ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
-            )  # fmt: skip
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.total.sum().backward()
             nn.utils.clip_grad_norm_(net.parameters(), float(hp.max_grad_norm[m]))

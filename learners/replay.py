@@ -48,7 +48,7 @@ class Transitions(NamedTuple):
 
 
 def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
-           n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+           n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n-step returns of every step of a [T, N] rollout (Sutton & Barto §7.1; Ape-X, Rainbow):
     G[t] = Σ_{j<k} γ^j r[t + j] over k ≤ n steps, stopping after the step that ends the episode
     (terminated or truncated) and at the rollout's end. Returns (G, k, terminated within the k
@@ -116,7 +116,7 @@ class Replay:
         # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.
         # An n-step transition never crosses an episode's end, so it never reaches an invalid step.
         returns, horizon, terminated = n_step(rollout.rewards, rollout.terminated, rollout.truncated, gamma,
-                                              self.n_step)  # fmt: skip
+                                              self.n_step)
         keys = self.frames.add(member, rollout.obs)  # [N, T + 1]
         # Everything below walks [N, T] slot by slot, oldest step first, as the frames were written:
         # the transitions' keys then grow in the order they are stored.
@@ -182,13 +182,13 @@ class Replay:
         index %= self.capacity
         arrays = [self.frames.gather(owner, self._obs_key[owner, index]), self._actions[owner, index],
                   self._rewards[owner, index], self.frames.gather(owner, self._next_key[owner, index]),
-                  self._terminated[owner, index], self._horizon[owner, index]]  # fmt: skip
+                  self._terminated[owner, index], self._horizon[owner, index]]
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
         obs, actions, rewards, next_obs, terminated, horizon = (torch.from_numpy(array).to(device) for array in arrays)
         # Observations cross to the device in their own dtype (a quarter of the bytes for uint8).
         batch = Transitions(obs_features(obs, self.spec), actions, rewards, obs_features(next_obs, self.spec),
-                            terminated, horizon)  # fmt: skip
+                            terminated, horizon)
         return batch, torch.from_numpy(active).to(device)
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -199,7 +199,7 @@ class Replay:
         uniform = rng.random((self.population, batch_size))
         if not self.shared:
             order = np.minimum(np.floor(uniform * self._size[:, None]).astype(np.int64),
-                               np.maximum(self._size - 1, 0)[:, None])  # fmt: skip
+                               np.maximum(self._size - 1, 0)[:, None])
             owner = np.broadcast_to(np.arange(self.population)[:, None], order.shape)
             return owner, order, self._size > 0
         # All members' transitions as one list, member by member: the i-th lies with the member

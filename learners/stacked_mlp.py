@@ -48,7 +48,7 @@ def traced() -> bool:
 
 
 def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                *, outputs_first: bool = False) -> Tensor:  # fmt: skip
+                *, outputs_first: bool = False) -> Tensor:
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
     `activation` between them (not after the last). `outputs_first`: return [P, out, N] instead,
     the faster layout for a narrow last layer and for a softmax over its outputs."""
@@ -61,7 +61,7 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
 
 
 def _autograd_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool) -> Tensor:  # fmt: skip
+                  outputs_first: bool) -> Tensor:
     """The network in plain autograd ops: a small ReLU one (under `HAND_WRITTEN_MIN_ROWS`), or any
     while `traced`."""
     act = torch.relu if activation == "relu" else torch.tanh
@@ -115,7 +115,7 @@ def use_cpu_matmul(backend: CpuMatmul, min_macs: int = NUMPY_MIN_MACS) -> None:
 
 def _in_numpy(a: Tensor, b: Tensor) -> bool:
     return (_cpu_matmul == "numpy" and a.device.type == "cpu" and a.dtype in _NUMPY_FLOATS and b.dtype == a.dtype
-            and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs)  # fmt: skip
+            and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs)
 
 
 def bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -151,7 +151,7 @@ def refuse_second_derivative(name: str) -> None:
     time grad mode is on in a backward) say so, rather than hand back a gradient without a graph."""
     if torch.is_grad_enabled():
         raise RuntimeError(f"{name} has no second derivative (its backward is written by hand): "
-                           "use plain autograd ops where create_graph=True is needed")  # fmt: skip
+                           "use plain autograd ops where create_graph=True is needed")
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
@@ -164,7 +164,7 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
 
 def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                 outputs_first: bool) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+                 outputs_first: bool) -> tuple[Tensor, list[Tensor]]:
     """(output, each activation's output): tanh′ and ReLU′ come from the output, and each hidden
     output is the next weight's input."""
     hidden: list[Tensor] = []
@@ -178,7 +178,7 @@ def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
 
 
 def _mlp_backward(grad: Tensor, inputs: Sequence[Tensor], weights: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool, needs: Sequence[bool], needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:  # fmt: skip
+                  outputs_first: bool, needs: Sequence[bool], needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:
     """Walk the layers in reverse from `grad` at the output: ([∂W₀, …, ∂b₀, …], ∂x), computing
     only the gradients `needs` (weights', then biases') and `needs_x` ask for."""
     layers = len(weights)
@@ -214,7 +214,7 @@ class _StackedMLP(torch.autograd.Function):
         x, *saved = ctx.saved_tensors
         layers = (len(saved) + 1) // 2
         grads, x_grad = _mlp_backward(grad, [x, *saved[layers:]], saved[:layers], ctx.activation, ctx.outputs_first,
-                                      ctx.needs_input_grad[3:], ctx.needs_input_grad[0])  # fmt: skip
+                                      ctx.needs_input_grad[3:], ctx.needs_input_grad[0])
         return (x_grad, None, None, *grads)
 
 
@@ -252,7 +252,7 @@ class _StackedTowers(torch.autograd.Function):
         outs, hidden = [], []
         for tower in towers:
             out, tower_hidden = _mlp_forward(x, tower.weights(flat), tower.biases(flat), tower.activation,
-                                             tower.outputs_first)  # fmt: skip
+                                             tower.outputs_first)
             outs.append(out)
             hidden += tower_hidden
         ctx.towers = towers
@@ -270,7 +270,7 @@ class _StackedTowers(torch.autograd.Function):
             layers = len(tower.linears)
             tower_hidden, hidden = hidden[: layers - 1], hidden[layers - 1 :]
             tower_grads, tower_x_grad = _mlp_backward(grad, [x, *tower_hidden], tower.weights(flat), tower.activation,
-                                                      tower.outputs_first, [needs_flat] * (2 * layers), needs_x)  # fmt: skip
+                                                      tower.outputs_first, [needs_flat] * (2 * layers), needs_x)
             if flat_grad is not None:
                 for slot, part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), tower_grads, strict=True):
                     slot.add_(part)  # added, not copied: towers may share a tensor

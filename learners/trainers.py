@@ -46,7 +46,7 @@ class Trainer(Protocol):
     def copy_member(self, decision: wire.Decision) -> None: ...
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
-              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
         """One iteration on this rank's share; (stats, the members whose policy changed).
         `batch_rollouts`: the most rollouts of one member any rank trains on now."""
         ...
@@ -76,18 +76,18 @@ class PPOTrainer:
     STATE = ("core", "optimizer", "obs_norm", "reward_scaler", "generator", "trained")  # learners/checkpoint.py
 
     def __init__(self, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...], rank: int,
-                 world_size: int, device: torch.device) -> None:  # fmt: skip
+                 world_size: int, device: torch.device) -> None:
         self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, run_cfg.ppo, device
         self.world_size, population = world_size, run_cfg.population
         self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init,
-                                          run_cfg.encoder_for(spec), cast(Activation, self.cfg.activation)).to(device)  # fmt: skip
+                                          run_cfg.encoder_for(spec), cast(Activation, self.cfg.activation)).to(device)
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
         for w in weights:  # a restarted world carries on from the last publication
             self.load_member(w.member, dict(w.params))
         self.model: torch.nn.Module = self.core
         self.captured = None if run_cfg.compile_update == "off" else ppo.capture(run_cfg.compile_update,
-                                                                                        allreduce_mean)  # fmt: skip
+                                                                                        allreduce_mean)
         if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
             if self.captured is None:
                 self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
@@ -122,7 +122,7 @@ class PPOTrainer:
         return int(self.optimizer.nonfinite)
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
-              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:  # fmt: skip
+              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
         cfg, steps = ppo.for_batch(self.cfg, batch_rollouts), self.run_cfg.rollout_length
         slots = batch_rollouts * self.run_cfg.num_envs
         samples = torch.tensor(member_samples, device=self.device)
@@ -137,7 +137,7 @@ class PPOTrainer:
         plan = [None if idx is None else idx.to(self.device) for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, self.world_size)
         stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active,
-                           self.captured)  # fmt: skip
+                           self.captured)
         updated = [int(m) for m in active.nonzero().flatten().tolist()]
         for member in updated:
             self.trained[member] += member_samples[member]
@@ -151,7 +151,7 @@ def from_replay(algorithm: Callable[[EnvSpec, RunConfig, torch.device], OffPolic
     """An off-policy algorithm's trainer: the algorithm, fed from this rank's replay shard."""
 
     def make(spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...], rank: int, world_size: int,
-             device: torch.device) -> Trainer:  # fmt: skip
+             device: torch.device) -> Trainer:
         return OffPolicyTrainer(algorithm(spec, run_cfg, device), spec, run_cfg, weights, rank, world_size, device)
 
     return make
@@ -169,5 +169,5 @@ TRAINERS: dict[str, MakeTrainer] = {
 
 
 def make_trainer(spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...], rank: int,
-                 world_size: int, device: torch.device) -> Trainer:  # fmt: skip
+                 world_size: int, device: torch.device) -> Trainer:
     return TRAINERS[run_cfg.algo](spec, run_cfg, weights, rank, world_size, device)

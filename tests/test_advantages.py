@@ -233,7 +233,7 @@ HAND_CASES = [
     ("running", (False, False), (False, False), (True, True), (4.5, 3.0), (3.5, 1.0), (4.0, 2.0)),
     ("truncated", (False, False), (True, False), (True, False), (4.0, 2.0), (3.0, 0.0), (3.0, 0.0)),
     ("terminated", (True, False), (False, False), (True, False), (3.0, 2.0), (2.0, 0.0), (2.0, 0.0)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

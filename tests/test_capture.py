@@ -40,11 +40,11 @@ def members(device: str) -> ppo.MemberHyperparams:
     return per_member(ppo.MemberHyperparams, [
         {**dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.2), "learning_rate": lr, "gamma": 0.99, "gae_lambda": 0.95,
          "ent_coef": 0.01 * m, "max_grad_norm": 0.5 + m}
-        for m, lr in enumerate((1e-3, 3e-3, 1e-2))], torch.device(device))  # fmt: skip
+        for m, lr in enumerate((1e-3, 3e-3, 1e-2))], torch.device(device))
 
 
 def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None,
-          minibatches: int = 2) -> tuple[PopulationActorCritic, PopulationAdam]:  # fmt: skip
+          minibatches: int = 2) -> tuple[PopulationActorCritic, PopulationAdam]:
     """Three updates of 2 epochs × `minibatches` from the same start and data; member 2 has data in
     the first update only (then inactive, with momentum)."""
     torch.manual_seed(3)
@@ -75,7 +75,7 @@ def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str, mi
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == graphs, {k: dict(v) for k, v in counters.items()}
     for (name, want), got in zip(
             {"flat": eager[0].flat.detach(), "exp_avg": eager[1].exp_avg, "exp_avg_sq": eager[1].exp_avg_sq}.items(),
-            (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq), strict=True):  # fmt: skip
+            (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq), strict=True):
         # Fused kernels sum in other orders than eager ones: float32 roundings, which Adam's steps
         # (lr up to 1e-2) carry into the weights.
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
@@ -103,7 +103,7 @@ def test_a_trainer_with_compile_update_trains_as_an_eager_one(algo: str, monkeyp
     for mode in ("off", "default"):
         torch.manual_seed(0)
         run_cfg = RunConfig(algo=algo, compile_update=mode, num_envs=SLOTS, rollout_length=STEPS, hidden_sizes=SMALL,
-                            dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32))  # fmt: skip
+                            dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32))
         trainer = make_trainer(SPEC, run_cfg, (), 0, 1, CPU)
         trainer.set_hyperparams([run_cfg.base_hyperparams()])
         rng = np.random.default_rng(1)
@@ -162,7 +162,7 @@ OFF_POLICY = {  # P = 3 members, each algorithm as small as it comes, on a devic
     "td3": lambda d: td3.TD3(BOUNDED, TD3Config(hidden_sizes=SMALL), POPULATION, d),
     "dqn": lambda d: dqn.DQN(DISCRETE, DQNConfig(hidden_sizes=SMALL, max_grad_norm=1.0, target_update_interval=2), POPULATION, d),
     "dqn-image": lambda d: dqn.DQN(IMAGE, DQNConfig(hidden_sizes=SMALL, target_update_interval=2), POPULATION, d, "minatar"),
-}  # fmt: skip
+}
 
 
 def transitions(spec: EnvSpec, seed: int) -> Transitions:
@@ -174,7 +174,7 @@ def transitions(spec: EnvSpec, seed: int) -> Transitions:
         actions = low + (high - low) * torch.rand(*shape, spec.action_dim, generator=g)
     return Transitions(obs=torch.randn(*shape, spec.obs_size, generator=g), actions=actions,
                        rewards=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, spec.obs_size, generator=g),
-                       terminated=(torch.rand(shape, generator=g) < 0.3).float(), horizon=torch.ones(shape))  # fmt: skip
+                       terminated=(torch.rand(shape, generator=g) < 0.3).float(), horizon=torch.ones(shape))
 
 
 @pytest.mark.parametrize("mode", ["default", "cuda-graphs"])
@@ -221,4 +221,4 @@ def assert_same_off_policy_steps(name: str, device: torch.device, mode: str, bac
         other = captured.optimizers[key]
         torch.testing.assert_close(other.exp_avg_sq, optimizer.exp_avg_sq, rtol=1e-4, atol=1e-8)
         assert torch.equal(other.steps, optimizer.steps) and other.steps.tolist() == [other.steps[0].item()] * 2 + [
-            other.steps[2].item()] and other.steps[2] < other.steps[0], f"{key}: member 2 stepped while inactive"  # fmt: skip
+            other.steps[2].item()] and other.steps[2] < other.steps[0], f"{key}: member 2 stepped while inactive"

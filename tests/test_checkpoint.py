@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 STEPS, SLOTS, POPULATION = 6, 3, 2
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-1.0, -1.0),
-                     action_high=(1.0, 1.0))  # fmt: skip
+                     action_high=(1.0, 1.0))
 CONFIGS = {
     "ppo": (DISCRETE, {"ppo": PPOConfig(epochs=2, minibatches=2, normalize_reward=True)}),
     "dqn": (DISCRETE, {"dqn": DQNConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0,
@@ -49,7 +49,7 @@ def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int)
 def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
     spec, sections = CONFIGS[algo]
     run_cfg = RunConfig(algo=algo, num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, normalize_obs=True,
-                        hidden_sizes=(8,), **sections)  # fmt: skip
+                        hidden_sizes=(8,), **sections)
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * POPULATION)
     return trainer, run_cfg, spec
@@ -93,9 +93,9 @@ def test_a_checkpoint_of_another_config_is_refused_naming_the_field(tmp_path: Pa
     small, _, _ = trainer_for("sac")
     spec, _ = CONFIGS["sac"]
     wider = make_trainer(spec, RunConfig(algo="sac", num_envs=SLOTS, rollout_length=STEPS, population=POPULATION,
-                                         normalize_obs=True, sac=SACConfig(hidden_sizes=(16,))), (), 0, 1, CPU)  # fmt: skip
+                                         normalize_obs=True, sac=SACConfig(hidden_sizes=(16,))), (), 0, 1, CPU)
     with pytest.raises(ValueError, match=r"trainer\.algorithm\.actor\.flat: the checkpoint holds float32\[2, \d+\], "
-                                         r"this run float32\[2, \d+\]"):  # fmt: skip
+                                         r"this run float32\[2, \d+\]"):
         checkpoint.restore(wider, checkpoint.capture(small), "trainer")
 
 

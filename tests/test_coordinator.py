@@ -20,7 +20,7 @@ from rlmq.coordinator.store import RunStore
 def coordinator(redis_url: str, run_id: str) -> Iterator[Coordinator]:
     run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000)
     cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
-                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")  # fmt: skip
+                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")
     store = RunStore.connect(redis_url, run_id)
     coordinator = Coordinator(cfg, store, StopFlag())
     yield coordinator
@@ -31,7 +31,7 @@ def coordinator(redis_url: str, run_id: str) -> Iterator[Coordinator]:
 def report(returns: list[float], env_steps: int = 1_000) -> bytes:
     return wire.encode(wire.ActorReport(name="actor-0", member=0, env_steps=env_steps,
                                         episode_returns=np.asarray(returns, np.float64),
-                                        episode_lengths=np.full(len(returns), 500, np.int64)))  # fmt: skip
+                                        episode_lengths=np.full(len(returns), 500, np.int64)))
 
 
 def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_tick(
@@ -67,7 +67,7 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
     endpoints of learners that are gone."""
     run_config = RunConfig(env_id="CartPole-v1", num_learners=2)
     cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
-                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")  # fmt: skip
+                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")
     coordinator = Coordinator(cfg, RunStore.connect(redis_url, run_id), StopFlag())
     ctx = zmq.Context.instance()
     sockets: list[zmq.Socket] = []
@@ -84,7 +84,7 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
 
     def learner(rank: int, world: str) -> None:
         say(f"learner-{rank}-{world}".encode(), wire.Hello(role="learner", name=f"learner-{rank}", pid=1, rank=rank,
-                                                          experience_endpoint=f"tcp://{world}:{rank}"))  # fmt: skip
+                                                          experience_endpoint=f"tcp://{world}:{rank}"))
 
     def assigned(actor: zmq.Socket) -> tuple[str, ...] | None:
         if not actor.poll(200, zmq.POLLIN):

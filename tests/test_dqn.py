@@ -88,7 +88,7 @@ def test_epsilon_schedule() -> None:
     # Through make_policy: the horizon is fraction × total_steps / population env steps of the member.
     run = RunConfig(algo="dqn", total_steps=100_000, population=2,
                     dqn=DQNConfig(exploration_fraction=0.1, exploration_initial_eps=0.9, exploration_final_eps=0.1),
-                    pbt=PBTConfig(ranges={}))  # fmt: skip
+                    pbt=PBTConfig(ranges={}))
     params = dqn.DQN(SPEC, run.dqn, 1, CPU).member_params(0)
     for steps, want in ((0, 0.9), (2_500, 0.5), (5_000, 0.1), (50_000, 0.1)):
         policy = make_policy(run, params, SPEC, trained_steps=steps)
@@ -235,7 +235,7 @@ def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:
     batch = Transitions(*(torch.stack([t[0], torch.zeros_like(t[1])]) for t in batch))
     grads: list[torch.Tensor] = []
     algo.step(batch, hyperparams([1e-3, 1e-3]), torch.tensor([True, True]), torch.tensor([True, False]),
-              lambda grad: grads.append(grad.clone()), None)  # fmt: skip
+              lambda grad: grads.append(grad.clone()), None)
     (grad,) = grads
     assert grad[0].abs().sum() > 0 and not grad[1].any()
 
@@ -268,7 +268,7 @@ def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
                            "--learners", "1", "--config", str(CONFIG), "--total-steps", "3000"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -277,6 +277,6 @@ def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     run = from_mapping(RunConfig, checkpoint["run_config"])
     policy = make_policy(run, {k: v.numpy() for k, v in checkpoint["params"].items()},
-                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=3000)  # fmt: skip
+                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=3000)
     assert isinstance(policy, EpsilonGreedyPolicy) and policy.epsilon == pytest.approx(run.dqn.exploration_final_eps)
     assert run.dqn.n_step == 3, "the shipped config's n-step returns went through the run"

@@ -68,7 +68,7 @@ def test_continuous_spec_carries_bounds() -> None:
     ("NoSuchEnv-v9", "unknown env"),
     ("no_such_module_xyz:Env", "cannot import"),
     ("Blackjack-v1", "not a Box"),
-])  # fmt: skip
+])
 def test_unsupported_envs_fail_clearly(env_id: str, words: str) -> None:
     with pytest.raises(envs.EnvError, match=words):
         envs.probe(env_id)

@@ -41,18 +41,18 @@ print(json.dumps(actions.tolist()))
 def run_plain_torch(model: Path, obs: np.ndarray, tmp_path: Path) -> np.ndarray:
     np.save(tmp_path / "obs.npy", obs)
     out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH, str(model), str(tmp_path / "obs.npy")],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     return np.asarray(json.loads(out.stdout))
 
 
 def checkpoint(algo: str, spec: EnvSpec, params: dict[str, np.ndarray], **stats: np.ndarray) -> Checkpoint:
     return Checkpoint(run_config=RunConfig(algo=algo, normalize_obs=bool(stats)), spec=spec, member=0,
-                      params={**params, **stats}, version=1, trained_steps=0)  # fmt: skip
+                      params={**params, **stats}, version=1, trained_steps=0)
 
 
 STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32), "obs_norm.var": np.array([4.0, 0.25, 9.0], np.float32),
-         "obs_norm.count": np.array(100.0, np.float32), "obs_norm.clip": np.array(1.5, np.float32)}  # fmt: skip
+         "obs_norm.count": np.array(100.0, np.float32), "obs_norm.clip": np.array(1.5, np.float32)}
 
 
 @pytest.mark.parametrize(("algo", "spec", "params", "stats"), [
@@ -62,9 +62,9 @@ STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32), "obs_norm.var"
     ("td3", CONTINUOUS, lambda: to_numpy_params(TD3Actor(CONTINUOUS, (16,))), {}),
     ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
     ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
-])  # fmt: skip
+])
 def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(tmp_path: Path, algo: str, spec: EnvSpec,
-                                                                    params: object, stats: dict[str, np.ndarray]) -> None:  # fmt: skip
+                                                                    params: object, stats: dict[str, np.ndarray]) -> None:
     rng = np.random.default_rng(1)
     if spec.obs_categories:
         obs = np.arange(spec.obs_categories).repeat(4)
@@ -90,7 +90,7 @@ def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(tmp_path: Pa
 def test_eval_of_a_file_that_is_no_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     out = subprocess.run([sys.executable, "-m", "rlmq.cli", "eval", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+                         timeout=60)
     assert out.returncode == 2 and "is not a checkpoint of rlmq up" in out.stderr and "Traceback" not in out.stderr
     with pytest.raises(ValueError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "elsewhere")
@@ -102,7 +102,7 @@ def test_eval_and_export_run_on_a_checkpoint_a_short_run_wrote(tmp_path: Path) -
     config.write_text('env_id = "CartPole-v1"\nalgo = "ppo"\nnormalize_obs = true\n')
     run_dir = tmp_path / "run"
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                         "--config", str(config), "--total-steps", "4000"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                         "--config", str(config), "--total-steps", "4000"], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr  # no target: the budget ends it
     point = load_checkpoint(run_dir)
     assert {"obs_norm.mean", "obs_norm.var", "obs_norm.clip"} <= set(point.params)
@@ -110,12 +110,12 @@ def test_eval_and_export_run_on_a_checkpoint_a_short_run_wrote(tmp_path: Path) -
     assert point.trained_steps > 0
 
     evaluated = subprocess.run([sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--episodes", "5"],
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+                               capture_output=True, text=True, timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "over 5 episodes" in evaluated.stdout and f"trained on {point.trained_steps:,} env steps" in evaluated.stdout
 
     exported = subprocess.run([sys.executable, "-m", "rlmq.cli", "export", str(run_dir), "--out", str(tmp_path / "p.pt")],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+                              capture_output=True, text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
     obs = np.random.default_rng(0).uniform(-0.2, 0.2, (32, 4)).astype(np.float32)
     assert run_plain_torch(tmp_path / "p.pt", obs, tmp_path).tolist() == policy_of(point).mode(obs).tolist()

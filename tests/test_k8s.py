@@ -43,7 +43,7 @@ CLI: Any = typer.main.get_command(app)
 
 def kustomize(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+                          timeout=60, check=False)
 
 
 def render(path: Path) -> list[dict[str, Any]]:
@@ -65,7 +65,7 @@ def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text()) if doc["kind"] == "StatefulSet"]
     made = subprocess.run([sys.executable, "-m", "rlmq.cli", "keys", str(k8s / "base/keys"), "--learners",
                            str(learners["spec"]["replicas"]), "--kubernetes"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     return k8s
 
@@ -84,7 +84,7 @@ def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The rlmq services' pod templates by role (from the component label)."""
     return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]
             for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-            and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "rlmq"}  # fmt: skip
+            and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "rlmq"}
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def test_renders_every_part(build: tuple[str, list[dict[str, Any]]]) -> None:
                    ("Deployment", "rlmq-coordinator"), ("Service", "rlmq-coordinator"),
                    ("StatefulSet", "rlmq-learner"), ("Service", "rlmq-learner"),
                    ("Deployment", "rlmq-actor"), ("NetworkPolicy", "rlmq-default-deny-ingress"),
-                   ("PodMonitor", "rlmq")]:  # fmt: skip
+                   ("PodMonitor", "rlmq")]:
         assert wanted in kinds
     assert all(d["metadata"].get("namespace") == "rlmq" for d in docs if d["kind"] != "Namespace")
     redis = find(docs, "StatefulSet", "rlmq-redis")
@@ -120,7 +120,7 @@ def kubernetes_validate(docs: list[dict[str, Any]], path: Path) -> tuple[int, li
     path.write_text(yaml.safe_dump_all(docs))
     versions = [arg for version in KUBERNETES_VERSIONS for arg in ("-k", version)]
     out = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", *versions, str(path)], capture_output=True,
-                         text=True, timeout=60, check=False)  # fmt: skip
+                         text=True, timeout=60, check=False)
     return out.returncode, (out.stdout + out.stderr).splitlines()
 
 
@@ -178,7 +178,7 @@ def test_podmonitor_passes_the_operator_schema(build: tuple[str, list[dict[str, 
     podmonitor_validator.validate(monitor)
     # Strict, and for the right reason: a misspelt field is unknown, a bad duration breaks its pattern.
     for field, value, validator, where in [("intervall", "15s", "additionalProperties", "$.spec.podMetricsEndpoints[0]"),
-                                           ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval")]:  # fmt: skip
+                                           ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval")]:
         broken = copy.deepcopy(monitor)
         broken["spec"]["podMetricsEndpoints"][0][field] = value
         error = jsonschema.exceptions.best_match(podmonitor_validator.iter_errors(broken))
@@ -247,14 +247,14 @@ def test_learner_world_and_coordinator_wiring(build: tuple[str, list[dict[str, A
     coordinator_pod = pods["coordinator"]["spec"]
     coordinator = env_of(coordinator_pod["containers"][0])
     mount = next(m for m in coordinator_pod["containers"][0]["volumeMounts"]
-                 if coordinator["RLMQ_RUN_CONFIG"] == f"{m['mountPath']}/{run_toml}")  # fmt: skip
+                 if coordinator["RLMQ_RUN_CONFIG"] == f"{m['mountPath']}/{run_toml}")
     volume = next(v for v in coordinator_pod["volumes"] if v["name"] == mount["name"])
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     front = find(docs, "Service", "rlmq-coordinator")
     ports = {p["name"]: p["port"] for p in front["spec"]["ports"]}
     coordinator_ports = ports_of(coordinator_pod["containers"][0])
     for bind, name, option in [("RLMQ_CONTROL_BIND", "control", "RLMQ_COORDINATOR"),
-                               ("RLMQ_BROADCAST_BIND", "broadcast", "RLMQ_BROADCAST")]:  # fmt: skip
+                               ("RLMQ_BROADCAST_BIND", "broadcast", "RLMQ_BROADCAST")]:
         assert coordinator[bind] == f"tcp://*:{coordinator_ports[name]}"
         for role in ("learner", "actor"):
             assert env_of(pods[role]["spec"]["containers"][0])[option] == f"tcp://rlmq-coordinator:{ports[name]}"
@@ -284,13 +284,13 @@ def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, 
             for source in relabel.get("sourceLabels", []):
                 label = source.removeprefix("__meta_kubernetes_pod_label_")
                 assert all(any(label == k.replace(".", "_").replace("/", "_").replace("-", "_") for k in labels)
-                           for labels in selected), source  # fmt: skip
+                           for labels in selected), source
 
     policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
     assert any(p["podSelector"] == {} and "ingress" not in p for p in policies)  # deny by default
     for policy in policies:  # every named port a policy opens exists on the pods it selects
         chosen = [d["spec"]["template"]["spec"]["containers"][0] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                  and policy["podSelector"].get("matchLabels", {}).items() <= d["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+                  and policy["podSelector"].get("matchLabels", {}).items() <= d["spec"]["template"]["metadata"]["labels"].items()]
         for rule in policy.get("ingress", []):
             for port in rule.get("ports", []):
                 assert all(port["port"] in ports_of(c) for c in chosen), port
@@ -347,7 +347,7 @@ def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict
     secret and projected volumes (items pick and rename keys; without items, every key); and
     `env:NAME` for a secretKeyRef."""
     secrets = {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
-               for d in docs if d["kind"] == "Secret"}  # fmt: skip
+               for d in docs if d["kind"] == "Secret"}
 
     def files(name: str, items: list[dict[str, str]] | None) -> dict[str, bytes]:
         data = secrets[name]
@@ -391,7 +391,7 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
         keys = root / env["RLMQ_KEYS_DIR"].lstrip("/")
         serves = role != "actor"
         names = {"coordinator": [None], "learner": [f"learner-{r}" for r in range(world)],
-                 "actor": [env.get("RLMQ_KEY_NAME")]}[role]  # fmt: skip
+                 "actor": [env.get("RLMQ_KEY_NAME")]}[role]
         loaded[role] = {name: load_keys(keys, name, serves) for name in names}
         needed = {f"{SERVER}.key_secret", ALLOWED_FILE} if serves else {f"{SERVER}.key"}
         needed |= {f"{name}.key_secret" for name in names if name is not None}

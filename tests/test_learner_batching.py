@@ -28,7 +28,7 @@ def rollout(rng: np.random.Generator, member: int, valid_steps: int = STEPS) -> 
                         actions=rng.integers(0, 2, (STEPS, SLOTS)), logprobs=np.full((STEPS, SLOTS), -0.69, np.float32),
                         rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
                         terminated=np.zeros((STEPS, SLOTS), bool), truncated=np.zeros((STEPS, SLOTS), bool),
-                        valid=valid)  # fmt: skip
+                        valid=valid)
 
 
 def queues(need: int, most: int) -> MemberQueues:
@@ -40,7 +40,7 @@ def queues(need: int, most: int) -> MemberQueues:
     (4, 3, 3),  # all that came, up to the most
     (4, 6, 4),
     (0, 6, 2),  # batching off: exactly rollouts_per_batch
-])  # fmt: skip
+])
 def test_a_batch_takes_every_rollout_queued_up_to_the_most(most: int, queued: int, size: int) -> None:
     rng = np.random.default_rng(0)
     members = queues(2, most)
@@ -87,7 +87,7 @@ def test_a_grown_batch_trains_on_every_rollout_in_more_minibatch_steps() -> None
     each member's trained steps count every sample, and each took epochs × 3 optimizer steps (one
     rollout a minibatch) where a batch of one takes epochs × 1."""
     run_cfg = RunConfig(num_envs=SLOTS, rollout_length=STEPS, population=2, rollouts_in_flight=4,
-                        ppo=PPOConfig(epochs=2, minibatches=1, max_rollouts_per_batch=4))  # fmt: skip
+                        ppo=PPOConfig(epochs=2, minibatches=1, max_rollouts_per_batch=4))
     trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device("cpu"))
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rng = np.random.default_rng(1)

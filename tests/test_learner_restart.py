@@ -16,14 +16,14 @@ from rlmq.learners.learner import EXIT_FAILPOINT, FAILPOINT_IN_UPDATE
 
 
 def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Path, tag: str,
-                failpoint: str = "") -> list[Any]:  # fmt: skip
+                failpoint: str = "") -> list[Any]:
     master = free_port()
     return [start_service(
         f"learner-{rank}-{tag}", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
         "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--rank", str(rank), "--world-size", "2",
         "--master-port", str(master), "--metrics-port", "-1", "--checkpoint-dir", str(root),
         *(["--failpoint", failpoint] if rank == 1 and failpoint else []),
-    ) for rank in range(2)]  # fmt: skip
+    ) for rank in range(2)]
 
 
 def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoint_exactly(
@@ -37,7 +37,7 @@ def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoi
     coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0)
     first = start_world(start_service, coord, run_id, root, "first", FAILPOINT_IN_UPDATE)
     actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
-                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")  # fmt: skip
+                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")
     wait_for(lambda: not first[1].alive(), 120, "rank 1 to exit at its failpoint")
     assert first[1].process.returncode == EXIT_FAILPOINT, first[1].log()
     wait_for(lambda: not first[0].alive(), 60, "rank 0 to fail in the all-reduce")

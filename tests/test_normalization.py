@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 
 def all_valid_observations(member: int, ranks: int) -> np.ndarray:
     rows = [r.obs[:-1][r.valid].reshape(-1, norm_rank.SPEC.obs_size) for rank in range(ranks)
-            for update in range(norm_rank.UPDATES) for r in norm_rank.per_member(rank, update)[member]]  # fmt: skip
+            for update in range(norm_rank.UPDATES) for r in norm_rank.per_member(rank, update)[member]]
     return np.concatenate(rows).astype(np.float64)
 
 
@@ -35,7 +35,7 @@ def test_statistics_merged_over_two_ranks_equal_numpy_over_all_actors_data(tmp_p
     port, world = free_port(), 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(outs[r])])
-             for r in range(world)]  # fmt: skip
+             for r in range(world)]
     for p in procs:
         assert p.wait(timeout=120) == 0
     a, b = (torch.load(o, weights_only=True) for o in outs)
@@ -53,7 +53,7 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     a checkpoint) takes them back; the actors' NumPy policy normalizes exactly as the learner."""
     spec = norm_rank.SPEC
     run_cfg = RunConfig(num_envs=norm_rank.SLOTS, rollout_length=norm_rank.STEPS, population=2, normalize_obs=True,
-                        obs_clip=3.0, hidden_sizes=(8,))  # fmt: skip
+                        obs_clip=3.0, hidden_sizes=(8,))
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
@@ -110,7 +110,7 @@ def test_off_policy_statistics_move_the_version_before_the_member_trains() -> No
     statistics moved counts as updated (a new version), though it has not reached learning_starts."""
     spec = norm_rank.SPEC
     run_cfg = RunConfig(algo="dqn", num_envs=norm_rank.SLOTS, rollout_length=norm_rank.STEPS, population=2,
-                        normalize_obs=True, dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000))  # fmt: skip
+                        normalize_obs=True, dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000))
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
@@ -142,7 +142,7 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
         return Rollout(member=0, policy_version=0, actor=actor, obs=np.zeros((steps + 1, r.shape[1], 1), np.float32),
                        actions=np.zeros(r.shape, np.int64), logprobs=np.zeros(r.shape, np.float32), rewards=r,
                        terminated=terminated, truncated=np.zeros(r.shape, bool), valid=np.ones(r.shape, bool),
-                       sequence=sequence)  # fmt: skip
+                       sequence=sequence)
 
     first = rollout("a", [[1.0], [2.0], [3.0], [4.0]], sequence=1, done_at=1)
     second = rollout("a", [[1.0], [1.0], [1.0], [1.0]], sequence=2)

@@ -148,7 +148,7 @@ def test_every_dashboard_query_parses() -> None:
     promtool = tool("promtool")
     rules = {"groups": [{"name": "dashboards", "rules": [
         {"record": f"rlmq:dashboard_query:{i}", "expr": substitute(expr)}
-        for i, (_, expr, _) in enumerate(dashboard_queries())]}]}  # fmt: skip
+        for i, (_, expr, _) in enumerate(dashboard_queries())]}]}
     check = subprocess.run([promtool, "check", "rules", "/dev/stdin"], input=json.dumps(rules),
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -221,14 +221,14 @@ def start_prometheus(workdir: Path, targets_file: Path) -> tuple[subprocess.Pope
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rlmq",
                             "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]}],
-    }  # fmt: skip
+    }
     (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     with open(workdir / "prometheus.log", "wb") as log:
         process = subprocess.Popen(
             [prometheus, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -262,7 +262,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
             [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--config", str(workdir / "run.toml"),
              "--actors", "2", "--learners", "1"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     prometheus = None
     try:
         targets_file = run_dir / "prometheus_targets.json"
@@ -275,7 +275,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         prometheus, url = start_prometheus(workdir, targets_file)
         coordinator = found["coordinator"][0]
         wait_for(lambda: up.poll() is None and sample(scrape(coordinator), "rlmq_env_steps_total") > 0,
-                 90, "the run to take env steps")  # fmt: skip
+                 90, "the run to take env steps")
         yield LiveRun(run_dir, found, url)
     finally:
         stop(up, signal.SIGINT)
@@ -353,7 +353,7 @@ def test_batch_histogram_buckets_as_prometheus_does() -> None:
         theirs.observe(value)
     def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
         return [(s.name, s.labels, s.value) for family in registry.collect() for s in family.samples
-                if not s.name.endswith("_created")]  # fmt: skip
+                if not s.name.endswith("_created")]
 
     assert samples(ours_registry) == samples(theirs_registry)
     assert ("rlmq_x_bucket", {"le": "10.0"}, 5.0) in samples(ours_registry)

@@ -43,7 +43,7 @@ def stacked_from(nets: list[ActorCritic], spec: EnvSpec, activation: Activation 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE, IMAGE_CONTINUOUS],
-                         ids=["discrete", "continuous", "image", "image-continuous"])  # fmt: skip
+                         ids=["discrete", "continuous", "image", "image-continuous"])
 def test_stacked_forward_is_each_members_forward(spec: EnvSpec, activation: Activation) -> None:
     torch.manual_seed(0)
     nets = [ActorCritic(spec, (16, 16), encoder=encoder_of(spec), activation=activation) for _ in range(3)]
@@ -88,9 +88,9 @@ def cpu_matmul(request: pytest.FixtureRequest) -> str:
     pytest.param(IMAGE, 2, "cuda", True, marks=CUDA),
 ], ids=["discrete-2mb", "continuous", "continuous-raw-advantages", "image-2mb", "image-continuous", "resnet-2mb",
         "discrete-2mb-cuda",
-        "continuous-cuda", "image-2mb-cuda"])  # fmt: skip
+        "continuous-cuda", "image-2mb-cuda"])
 def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str, normalize: bool,
-                                                        cpu_matmul: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                        cpu_matmul: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four members with different learning rates, clip ranges, discounts and anneal fractions;
     one of them inactive after its first update (no data): after several updates each member's
     weights and Adam moments equal those of its own ActorCritic + torch.optim.Adam +
@@ -110,7 +110,7 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     optimizer = PopulationAdam(pop.flat)
     members = [{"learning_rate": lr, "ent_coef": 0.01 * m, "clip_coef": 0.1 + 0.05 * m, "vf_coef": 0.5,
                 "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
-               for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]  # fmt: skip
+               for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]
     hp = per_member(ppo.MemberHyperparams, members, torch.device(device))
     # Through IMPALA's max-pools one update of one epoch: which input of a window is the largest can
     # flip with a float32 rounding, and then that window's gradient goes elsewhere, so each further
@@ -205,11 +205,11 @@ def test_a_ppo_update_on_absurd_rewards_leaves_the_weights_finite() -> None:
     batch = batch._replace(rewards=batch.rewards.index_fill(0, torch.tensor([0]), 3e38))  # member 0 only
     cfg = PPOConfig(epochs=2)
     hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.2), "learning_rate": 1e-3,
-                                             "gamma": 0.99, "gae_lambda": 0.95}] * 2, torch.device("cpu"))  # fmt: skip
+                                             "gamma": 0.99, "gae_lambda": 0.95}] * 2, torch.device("cpu"))
     before = pop.flat.detach().clone()
     active = torch.ones(2, dtype=torch.bool)
     ppo.update(pop, pop, optimizer, batch, hp, cfg, ppo.minibatch_plan(8 * 4, cfg, torch.Generator()), torch.ones(2),
-               ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1), active)  # fmt: skip
+               ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1), active)
     assert torch.equal(pop.flat.detach()[0], before[0]) and int(optimizer.nonfinite) == cfg.epochs
     assert not torch.equal(pop.flat.detach()[1], before[1]), "the healthy member must still learn"
     assert bool(torch.isfinite(pop.flat).all())

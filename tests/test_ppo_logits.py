@@ -29,7 +29,7 @@ def inputs(old_from_logits: bool) -> dict[str, Tensor]:
         "clip_coef": torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
         "ent_coef": torch.tensor([0.0, 0.01, 0.5], dtype=torch.float64),
         "vf_coef": torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64),
-    }  # fmt: skip
+    }
 
 
 def reference(x: dict[str, Tensor], logits: Tensor, values: Tensor) -> tuple[ppo.PPOLoss, Tensor]:
@@ -38,7 +38,7 @@ def reference(x: dict[str, Tensor], logits: Tensor, values: Tensor) -> tuple[ppo
     logp = log_probs.gather(1, x["actions"].unsqueeze(1)).squeeze(1)
     entropy = -(log_probs.exp() * log_probs).sum(1)
     loss = ppo.ppo_loss(logp, x["old_logp"], x["advantages"], values, x["value_targets"], entropy, x["mask"],
-                        x["norm"], clip_coef=x["clip_coef"], ent_coef=x["ent_coef"], vf_coef=x["vf_coef"])  # fmt: skip
+                        x["norm"], clip_coef=x["clip_coef"], ent_coef=x["ent_coef"], vf_coef=x["vf_coef"])
     return loss, logp
 
 
@@ -49,7 +49,7 @@ def test_loss_and_gradient_match_ppo_loss_through_autograd(first_epoch: bool) ->
     want_in = [x["logits"].clone().requires_grad_(), x["values"].clone().requires_grad_()]
     *ours, logp = ppo_loss_from_logits(*ours_in, x["actions"], x["old_logp"], x["advantages"], x["value_targets"],
                                        x["mask"], x["norm"], clip_coef=x["clip_coef"], ent_coef=x["ent_coef"],
-                                       vf_coef=x["vf_coef"])  # fmt: skip
+                                       vf_coef=x["vf_coef"])
     want, want_logp = reference(x, *want_in)
     for name, got, expected in zip(ppo.PPOLoss._fields, ours, want, strict=True):
         torch.testing.assert_close(got, expected, msg=lambda m, name=name: f"{name}: {m}")

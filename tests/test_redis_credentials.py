@@ -86,7 +86,7 @@ def tls_redis(redis_url: str) -> Iterator[int]:
 
 def rlmq(command: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rlmq.cli", command, *args], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+                          timeout=60, check=False)
 
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:
@@ -94,7 +94,7 @@ def status(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, redis_url: str, run_id: str,
-                                                    tls_redis: int, tmp_path: Path) -> None:  # fmt: skip
+                                                    tls_redis: int, tmp_path: Path) -> None:
     """A read-only ACL user (the issue's `rlmq status` user) whose password comes from a file:
     `rlmq status` reads the run, and `rlmq check` (the coordinator's readiness probe) pings
     Redis, over plain TCP and over TLS with the server's CA; the same user's URL without TLS on
@@ -103,7 +103,7 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
     RunStore(redis_client, run_id).set_status(state="running", env_steps=1234)
     user, password = f"status-{run_id}", "a-read-only-secret"
     redis_client.execute_command("ACL", "SETUSER", user, "on", f">{password}", f"~rlmq:{run_id}:*", "+@read",
-                                 "+ping", "+info", "+client")  # fmt: skip
+                                 "+ping", "+info", "+client")
     password_file = tmp_path / "password"
     password_file.write_text(password + "\n")
     port = urllib.parse.urlsplit(redis_url).port
@@ -115,12 +115,12 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
             shown = status("--redis-url", url, "--redis-password-file", str(password_file), "--run", run_id)
             assert shown.returncode == 0 and "state running" in shown.stdout and "1,234" in shown.stdout, shown
             probed = rlmq("check", "--metrics-port", str(metrics), "--redis-url", url,
-                          "--redis-password-file", str(password_file))  # fmt: skip
+                          "--redis-password-file", str(password_file))
             assert probed.returncode == 0 and probed.stdout.rstrip().endswith("Redis answers"), probed
         with pytest.raises(redis.exceptions.NoPermissionError):  # read-only indeed
             redis.Redis.from_url(f"redis://{user}:{password}@127.0.0.1:{port}/0").set(f"rlmq:{run_id}:x", 1)
         for url, file, fix in ((f"redis://{user}@127.0.0.1:{tls_redis}/0", str(password_file), "rediss://"),
-                               (f"redis://{user}@127.0.0.1:{port}/0", "", "--redis-password-file")):  # fmt: skip
+                               (f"redis://{user}@127.0.0.1:{port}/0", "", "--redis-password-file")):
             failed = status("--redis-url", url, "--redis-password-file", file, "--run", run_id)
             (line,) = failed.stderr.splitlines()
             assert failed.returncode != 0 and line.startswith("error: ") and fix in line and password not in line, line

@@ -142,7 +142,7 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
 
 
 def coordinator_at_work(start_service: Any, tmp_path: Path, own_redis: RedisServer, run_id: str,
-                        outage_s: float) -> Any:  # fmt: skip
+                        outage_s: float) -> Any:
     """A coordinator service that has written its first status."""
     coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=outage_s)
     store = RunStore.connect(own_redis.url, run_id)

@@ -246,7 +246,7 @@ def test_bad_arguments_raise() -> None:
 
 
 def n_step_reference(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
-                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step by step, as the textbook defines it: add γ^j r[t + j] until n rewards, the episode's
     end (that step included) or the rollout's end."""
     steps, slots = rewards.shape
@@ -289,7 +289,7 @@ def test_n_step_transitions_bootstrap_from_obs_k_steps_on_and_stop_at_an_episode
     batch, _ = replay.sample(2000, np.random.default_rng(0), torch.device("cpu"))
     got = {(int(o[1]), int(o[2])): (float(r), int(nxt[1]), float(k), float(d))
            for o, r, nxt, k, d in zip(batch.obs[0], batch.rewards[0], batch.next_obs[0], batch.horizon[0],
-                                      batch.terminated[0], strict=True)}  # fmt: skip
+                                      batch.terminated[0], strict=True)}
     r = lambda t, n: 10 * t + n + 0.5  # noqa: E731
     assert got == {
         # (t, slot): (return, t of next_obs, k, terminated)

@@ -67,7 +67,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
 
     budget = before.env_steps + 2_000
     resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--resume", str(run_dir), "--actors", "2",
-                              "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)  # fmt: skip
+                              "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"rlmq up: run {json.loads((run_dir / 'run.json').read_text())['run']} in {run_dir}" in resumed.stdout
     log = (run_dir / "logs" / "learner-0.log").read_text()

@@ -100,7 +100,7 @@ def poisoned_rollout(version: int, steps: int = 32, slots: int = 8) -> wire.Roll
         actions=np.zeros((steps, slots), np.int64), logprobs=np.full((steps, slots), np.log(0.5), np.float32),
         rewards=np.full((steps, slots), 3e38, np.float32), terminated=np.zeros((steps, slots), bool),
         truncated=np.zeros((steps, slots), bool), valid=np.ones((steps, slots), bool),
-    )  # fmt: skip
+    )
 
 
 def test_churn_stray_hellos_and_an_absurd_rollout_neither_stall_nor_poison_learning(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_a_killed_and_then_a_hung_learner_rank_the_world_comes_back_each_time_an
     the run still reaches its target."""
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "8", "--target-return", "475",
-                  "--checkpoint-every", "1", "--total-steps", "2000000")  # fmt: skip
+                  "--checkpoint-every", "1", "--total-steps", "2000000")
     stopped = None
 
     def rank1() -> int:

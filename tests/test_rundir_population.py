@@ -58,7 +58,7 @@ def population_run(store: RunStore) -> dict[str, Any]:
     run_config = RunConfig(population=3, target_return=475.0, pbt=PBTConfig(ranges=ranges))
     store.save_config(run_config, SPEC)
     records = {0: MemberRecord(hyperparams(3.0e-3, 0.004)), 1: MemberRecord(hyperparams(1.2e-3, 0.002)),
-               2: MemberRecord(hyperparams(4.5e-3, 0.009))}  # fmt: skip
+               2: MemberRecord(hyperparams(4.5e-3, 0.009))}
     store.put_members(records)
     for member, steps in {0: 41_000, 1: 43_000, 2: 36_000}.items():
         store.add_actor_report(f"actor-{member}", member, steps, [])
@@ -73,7 +73,7 @@ def population_run(store: RunStore) -> dict[str, Any]:
         LoggedDecision(id=2, time=T0 + 6.0, target=0, source=0, kind="explore", hyperparams=hyperparams(3.0e-3, 0.005),
                        previous=records[0].hyperparams, generation=1, env_steps=21_000, run_env_steps=60_000,
                        fitness={"0": 115.0}),
-    ]  # fmt: skip
+    ]
     for entry in decisions:
         assert store.append_decision(entry)
         record = MemberRecord(entry.hyperparams, entry.generation, entry.source, entry.env_steps)
@@ -87,9 +87,9 @@ def population_run(store: RunStore) -> dict[str, Any]:
             "2": None if 4 <= second <= 5 else 50.0 + 20 * second,
         }
         store.append_progress(ProgressSample(T0 + second, 10_000 * second, 10 * second, members["1"], 10_000.0, 0.5,
-                                             members))  # fmt: skip
+                                             members))
     store.set_status(state="running", env_steps=120_000, mean_return=464.5, best_member=1,
-                     pbt_decisions=2, policy_version=12, updated_at=time.time())  # fmt: skip
+                     pbt_decisions=2, policy_version=12, updated_at=time.time())
     params = {m: member_params(m) for m in range(3)}
     for member in range(3):
         weights = wire.Weights(member=member, version=10 + member, params=params[member])
@@ -100,7 +100,7 @@ def population_run(store: RunStore) -> dict[str, Any]:
 def test_status_lists_every_member_marks_the_best_and_shows_the_decisions(
     store: RunStore, population_run: dict[str, Any], redis_url: str, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     assert show_status(tmp_path, redis_url, store.run) == 0
     out = capsys.readouterr().out
     assert all(len(line) <= 100 for line in out.splitlines()), out
@@ -127,7 +127,7 @@ def test_status_of_a_single_agent_has_no_population_table(
     store.put_members({0: MemberRecord(BASE)})
     store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
     store.set_status(state="running", env_steps=5_000, mean_return=25.0, best_member=0,
-                     pbt_decisions=0, updated_at=time.time())  # fmt: skip
+                     pbt_decisions=0, updated_at=time.time())
     assert show_status(tmp_path, redis_url, store.run) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5, lines  # run, config, steps, policy, updated: as before populations

@@ -60,7 +60,7 @@ SEMANTIC_FRAMES = [
                     **{k: array(np.zeros((8, 0), bool)) for k in ("terminated", "truncated", "valid")},
                     "obs": array(np.zeros((9, 0, 4), np.float32)), "actions": array(np.zeros((8, 0), np.int64)),
                     "logprobs": array(np.zeros((8, 0), np.float32)), "rewards": array(np.zeros((8, 0), np.float32))}),
-]  # fmt: skip
+]
 
 
 def rejected_total(metrics_port: int) -> float:
@@ -126,7 +126,7 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
         "learner", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
         "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--master-port", str(free_port()),
         "--metrics-port", str(learner_metrics),
-    )  # fmt: skip
+    )
     store = RunStore.connect(redis_url, run_id)
     endpoint = wait_for(lambda: (rank_0 := store.learners().get(0)) and rank_0.endpoint, 60, "learner registration")
     wait_for(lambda: store.weights(0) is not None, 60, "the learner's first weights")
@@ -167,7 +167,7 @@ def _rollout(obs_size: int = 4, actions: np.ndarray | None = None, steps: int = 
         logprobs=np.full((steps, slots), -0.69, np.float32), rewards=np.ones((steps, slots), np.float32),
         terminated=np.zeros((steps, slots), bool), truncated=np.zeros((steps, slots), bool),
         valid=np.ones((steps, slots), bool),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     actor = start_service("actor", "actor", env={
         "RLMQ_NAME": "actor-3", "RLMQ_COORDINATOR": f"tcp://127.0.0.1:{control_port}",
         "RLMQ_BROADCAST": f"tcp://127.0.0.1:{pub_port}", "RLMQ_METRICS_PORT": str(metrics_port),
-    })  # fmt: skip
+    })
     identity, hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
     assert wire.decode(hello) == wire.Hello(role="actor", name="actor-3", pid=actor.process.pid,
                                             metrics_port=metrics_port)
@@ -235,7 +235,7 @@ def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, f
     data, so it must ask the coordinator again."""
     control, _pub, sink, (control_port, pub_port, sink_port) = fake_peers
     actor = start_service("actor", "actor", "--name", "actor-1", "--coordinator", f"tcp://127.0.0.1:{control_port}",
-                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", "-1")  # fmt: skip
+                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", "-1")
     identity, _hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
     assign = wire.Assign(run="t", member=0, actor_index=1, config=RunConfig(num_envs=4, rollout_length=8),
                          env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",))
@@ -280,7 +280,7 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
         "--run-config", str(write_run_config(tmp_path, num_envs=99)),  # ignored: Redis holds the config
         "--control-bind", f"tcp://127.0.0.1:{first['control']}", "--metrics-port", "-1",
         "--broadcast-bind", f"tcp://127.0.0.1:{first['broadcast']}",
-    )  # fmt: skip
+    )
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
     actor.send(wire.encode(wire.Hello(role="actor", name="actor-5", pid=5)))
@@ -315,7 +315,7 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     config = {"population": 3, "pbt": {"interval": 100, "fitness_episodes": 2}}
     ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
     first = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="first",
-                              env={"RLMQ_FAILPOINT": "pbt-after-append"}, **config)  # fmt: skip
+                              env={"RLMQ_FAILPOINT": "pbt-after-append"}, **config)
     store = RunStore.connect(redis_url, run_id)
     wait_for(lambda: store.members(), 30, "the population in Redis")
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -323,7 +323,7 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     for member, value in enumerate((10.0, 100.0, 50.0)):  # fitness first, then the steps
         sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=0,
                                                episode_returns=np.full(2, value),
-                                               episode_lengths=np.full(2, 10, np.int64))))  # fmt: skip
+                                               episode_lengths=np.full(2, 10, np.int64))))
     wait_for(lambda: all(len(store.recent_returns(m)) == 2 for m in range(3)), 10, "the returns")
     for member in range(3):
         sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=200)))
@@ -347,7 +347,7 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     # Learner rank 0 reports it applied: the coordinator stops repeating it. Only rank 0's own
     # socket is believed, and never beyond what the coordinator applied.
     report = wire.LearnerReport(name="learner-0", rank=0, policy_version=0, updates=0, samples=0,
-                                stale_dropped=0, mean_policy_lag=0.0, applied_decision=10**6)  # fmt: skip
+                                stale_dropped=0, mean_policy_lag=0.0, applied_decision=10**6)
     sock.send(wire.encode(report))  # not (yet) learner rank 0: ignored
     time.sleep(1.0)
     assert store.status().learner_applied_decision == 0
@@ -355,7 +355,7 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     assert isinstance(receive(sock), wire.Assign)
     sock.send(wire.encode(report))
     wait_for(lambda: store.status().learner_applied_decision == store.applied_decision(), 10,
-             "the learner's report, capped")  # fmt: skip
+             "the learner's report, capped")
     assert second["service"].stop() == 0
 
     # Meanwhile member 2, now the worst judged member, was replaced too (decision 2): fine, as long
@@ -401,16 +401,16 @@ def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_count
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
     report = wire.ActorReport(name="actor-0", member=0, env_steps=100, episode_returns=np.array([9.0]),
                               episode_lengths=np.array([9], np.int64), session=77, steps_total=100,
-                              episodes_total=1)  # fmt: skip
+                              episodes_total=1)
     actor.send(wire.encode(report))
     assert first["service"].process.wait(30) == 86, first["service"].log()
     assert store.status().env_steps == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
     start_coordinator(start_service, tmp_path, redis_url, run_id, name="second",
-                      ports={k: first[k] for k in ("control", "broadcast", "metrics")})  # fmt: skip
+                      ports={k: first[k] for k in ("control", "broadcast", "metrics")})
     actor.send(wire.encode(report))  # unacknowledged: sent again
     assert receive(actor, timeout_ms=30_000) == wire.ReportAck(steps_total=100, episodes_total=1)
     later = dataclasses.replace(report, env_steps=5, steps_total=105, episode_returns=np.array([]),
-                                episode_lengths=np.array([], np.int64))  # fmt: skip
+                                episode_lengths=np.array([], np.int64))
     actor.send(wire.encode(later))
     assert receive(actor) == wire.ReportAck(steps_total=105, episodes_total=1)
     status = store.status()
@@ -429,7 +429,7 @@ def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
 
     def mmapped_blocks(mode: str) -> int:
         done = subprocess.run([sys.executable, "-c", MMAPPED_BLOCKS_FOR_AN_ACTIVATION, mode], capture_output=True,
-                              text=True, check=True, timeout=60)  # fmt: skip
+                              text=True, check=True, timeout=60)
         return int(done.stdout)
 
     assert mmapped_blocks("default") == 1, "glibc's defaults changed: this test's premise no longer holds"

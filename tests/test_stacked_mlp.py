@@ -56,7 +56,7 @@ def cpu_matmul(request: pytest.FixtureRequest) -> Iterator[CpuMatmul]:
 @pytest.mark.parametrize("outputs_first", [False, True])
 @pytest.mark.parametrize("input_grad", [False, True])
 def test_forward_and_every_gradient_match_autograd(activation: Activation, outputs_first: bool, input_grad: bool,
-                                                   cpu_matmul: CpuMatmul) -> None:  # fmt: skip
+                                                   cpu_matmul: CpuMatmul) -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     x.requires_grad_(input_grad)
@@ -123,7 +123,7 @@ def test_gradcheck_in_float64() -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True),
-                                    (x, *weights, *biases))  # fmt: skip
+                                    (x, *weights, *biases))
 
 
 def two_towers_in_one_flat(dtype: torch.dtype) -> tuple[Tensor, tuple[Tower, ...], list[Tensor]]:

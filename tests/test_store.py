@@ -46,7 +46,7 @@ def test_an_actor_sessions_totals_count_each_step_and_episode_once(store: RunSto
     from nothing; a report without one counts as it is."""
 
     def report(actor: str, steps: int, returns: list[float], session: int, steps_total: int,
-               episodes_total: int) -> tuple[int, int, int, list[float]]:  # fmt: skip
+               episodes_total: int) -> tuple[int, int, int, list[float]]:
         counted = store.add_actor_report(actor, 0, steps, returns, session, steps_total, episodes_total)
         assert counted.uncounted == 0  # unchecked: everything heard is counted
         return counted[:4]

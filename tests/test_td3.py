@@ -86,7 +86,7 @@ def member_modules(algo: td3.TD3, member: int) -> dict[str, torch.nn.Module]:
     for name, stacked, module in (("actor", algo.actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
                                   ("critic", algo.critic, Critic(SPEC, algo.cfg.hidden_sizes)),
                                   ("target_actor", algo.target_actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
-                                  ("target_critic", algo.target_critic, Critic(SPEC, algo.cfg.hidden_sizes))):  # fmt: skip
+                                  ("target_critic", algo.target_critic, Critic(SPEC, algo.cfg.hidden_sizes))):
         module.load_state_dict({k: torch.from_numpy(v) for k, v in stacked.member_params(member).items()})
         modules[name] = module
     return modules
@@ -130,7 +130,7 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
     active = torch.tensor([True, True, False])
     nets = [member_modules(algo, m) for m in range(population)]
     adams = [{name: torch.optim.Adam(n[name].parameters(), lr=float(hp.learning_rate[m]), eps=1e-8)
-              for name in ("actor", "critic")} for m, n in enumerate(nets)]  # fmt: skip
+              for name in ("actor", "critic")} for m, n in enumerate(nets)]
     scale, bias = algo.action_scale, algo.action_bias
     algo_noise, ref_noise = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     for step in range(1, steps + 1):
@@ -166,7 +166,7 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
                             t.lerp_(p, tau)
     for m in range(2):
         for name, stacked in (("actor", algo.actor), ("critic", algo.critic), ("target_actor", algo.target_actor),
-                              ("target_critic", algo.target_critic)):  # fmt: skip
+                              ("target_critic", algo.target_critic)):
             got = stacked.member_params(m)
             for key, want in nets[m][name].state_dict().items():
                 np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"member {m} {name} {key}")
@@ -228,7 +228,7 @@ def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:
     batch = Transitions(*(torch.stack([t[0], torch.zeros_like(t[1])]) for t in batch))
     grads: list[torch.Tensor] = []
     algo.step(batch, hyperparams([1e-3, 1e-3]), torch.tensor([True, True]), torch.tensor([True, False]),
-              lambda grad: grads.append(grad.clone()), None)  # fmt: skip
+              lambda grad: grads.append(grad.clone()), None)
     assert len(grads) == 2  # critic, then actor
     for grad in grads:
         assert grad[0].abs().sum() > 0 and not grad[1].any()
@@ -240,9 +240,9 @@ def test_copy_member_copies_every_network_and_optimizer_state() -> None:
     hp = hyperparams([1e-3, 2e-3, 3e-3])
     for step in range(3):
         algo.step(transitions(3, 8, seed=step), hp, torch.tensor([True, True, False]), torch.tensor([True, True, False]),
-                  no_sync, None)  # fmt: skip
+                  no_sync, None)
     states = [*(s.flat for s in (algo.actor, algo.critic, algo.target_actor, algo.target_critic)),
-              *(t for o in algo.optimizers.values() for t in (o.exp_avg, o.exp_avg_sq, o.steps))]  # fmt: skip
+              *(t for o in algo.optimizers.values() for t in (o.exp_avg, o.exp_avg_sq, o.steps))]
     assert all(not torch.equal(t[2], t[0]) for t in states)  # or the copy would prove nothing
     member_1 = [t[1].clone() for t in states]
     algo.copy_member(0, 2)
@@ -262,7 +262,7 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
     obs = np.random.default_rng(0).standard_normal((64, SPEC.obs_size)).astype(np.float32)
     with torch.no_grad():
         want = (algo.act(algo.actor, torch.from_numpy(obs)[None].expand(2, -1, -1))[1] * algo.action_scale
-                + algo.action_bias).numpy()  # fmt: skip
+                + algo.action_bias).numpy()
     greedy = DeterministicPolicy(algo.member_params(1), SPEC, noise=0.0, warmup=False)
     actions, logp = greedy.act(obs, np.random.default_rng(1))
     assert actions.dtype == np.float32 and logp.shape == (64,)
@@ -300,11 +300,11 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
 def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
     config = tmp_path / "td3.json"
     config.write_text(json.dumps({"env_id": "Pendulum-v1", "algo": "td3", "num_envs": 4, "rollout_length": 16,
-                                  "td3": {"hidden_sizes": [32, 32], "learning_starts": 200}}))  # fmt: skip
+                                  "td3": {"hidden_sizes": [32, 32], "learning_starts": 200}}))
     run_dir = tmp_path / "run"
     up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
                            "--learners", "1", "--config", str(config), "--total-steps", "2000"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -313,5 +313,5 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     run = from_mapping(RunConfig, checkpoint["run_config"])
     policy = make_policy(run, {k: v.numpy() for k, v in checkpoint["params"].items()},
-                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=2000)  # fmt: skip
+                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=2000)
     assert isinstance(policy, DeterministicPolicy) and run.td3.hidden_sizes == (32, 32)

@@ -130,7 +130,7 @@ def test_experience_goes_over_unix_sockets_or_loopback_tcp(tmp_path: Path, trans
     (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete
     (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
     (["--transport", "udp"], "use ipc or tcp"),
-])  # fmt: skip
+])
 def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
     up = start_up(tmp_path / "run", *args)
     output, _ = up.communicate(timeout=60)
@@ -141,7 +141,7 @@ def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], wo
 def test_resume_and_a_used_run_directory_are_refused_naming_the_fix(tmp_path: Path) -> None:
     def up(*args: str) -> tuple[int, str]:
         done = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", *args], capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+                              timeout=60)
         return done.returncode, done.stdout + done.stderr
 
     code, out = up("--resume", str(tmp_path / "nothing"))

@@ -227,7 +227,7 @@ def test_round_trip_of_views_that_are_not_contiguous() -> None:
     obs = np.arange(3 * 2 * 4, dtype=np.float32).reshape(4, 2, 3).transpose(2, 1, 0)  # [T + 1 = 3, N = 2, 4]
     flags = np.zeros((2, 2), bool)
     rollout = wire.Rollout(0, 0, "a", obs, np.zeros((2, 2), np.int64), np.zeros((2, 2), np.float32),
-                           np.ones((2, 2), np.float32), flags, flags, ~flags)  # fmt: skip
+                           np.ones((2, 2), np.float32), flags, flags, ~flags)
     assert not obs.flags.c_contiguous
     np.testing.assert_array_equal(wire.decode(wire.encode(rollout)).obs, obs)
 
@@ -396,7 +396,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         logprobs=np.zeros((0, N), np.float32), rewards=np.zeros((0, N), np.float32),
         terminated=np.zeros((0, N), bool), truncated=np.zeros((0, N), bool),
         valid=np.zeros((0, N), bool)), "bad_shape"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

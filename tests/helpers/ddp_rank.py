@@ -25,7 +25,7 @@ TUNABLE = ALGORITHMS["ppo"].tunable
 
 # Flat observations, or [H, W, C] byte images through MinAtar's convolutional encoder (argv[6]).
 SPECS = {"mlp": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
-         "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)}  # fmt: skip
+         "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)}
 SPEC = SPECS["mlp"]
 POPULATION, STEPS, SLOTS = 3, 16, 8
 DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
@@ -44,18 +44,18 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
         rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
         terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool),
         valid=valid,
-    )  # fmt: skip
+    )
 
 
 def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
           rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator, ready: bool = True,
-          overdue: bool = False, captured: ppo.CapturedSteps | None = None) -> int:  # fmt: skip
+          overdue: bool = False, captured: ppo.CapturedSteps | None = None) -> int:
     """One update as a learner makes it, the batch as wide as the most rollouts of a member any
     rank holds (learner batching), its minibatches as many more (`ppo.for_batch`)."""
     device = torch.device("cpu")
     local = [sum(r.num_steps for r in rs) for rs in rollouts]
     agreed = distributed.agree(ready, overdue, False, local, 0, False, device, max(len(rs) for rs in rollouts),
-                               varying=True)  # fmt: skip
+                               varying=True)
     assert agreed.update and not agreed.stop
     width = agreed.batch_rollouts
     cfg = ppo.for_batch(cfg, width)
@@ -64,7 +64,7 @@ def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: P
                                        "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
     ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device), hp, cfg,
                ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator), torch.ones(POPULATION),
-               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0, captured)  # fmt: skip
+               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0, captured)
     return width
 
 
@@ -98,7 +98,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
         # state has momentum.
         width = train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
                                                [rollout(rng, 1)] if rank == 0 else [],
-                                               [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)  # fmt: skip
+                                               [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)
         assert width == 2, width
         if i == 0:
             after_first = core.flat.detach()[2].clone()
@@ -131,7 +131,7 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
     torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
                 "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
                 "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),
-                "inactive_unmoved": inactive_unmoved}, out)  # fmt: skip
+                "inactive_unmoved": inactive_unmoved}, out)
     distributed.shutdown(together=True)
 
 

@@ -41,7 +41,7 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
         obs=rng.standard_normal((STEPS + 1, SLOTS, spec.obs_size)).astype(np.float32), actions=actions,
         logprobs=np.zeros((STEPS, SLOTS), np.float32), rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
         terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool), valid=valid,
-    )  # fmt: skip
+    )
 
 
 def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
@@ -60,7 +60,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     run_cfg = RunConfig(algo=algo, num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, seed=7,
                         td3=TD3Config(**shared, policy_delay=2),  # type: ignore[arg-type]
                         dqn=DQNConfig(**shared, target_update_interval=3, max_grad_norm=0.5),  # type: ignore[arg-type]
-                        pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}))  # fmt: skip
+                        pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}))
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     trainer = make_trainer(spec, run_cfg, (), rank, world, device)
     assert isinstance(trainer, OffPolicyTrainer)
@@ -75,7 +75,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
         # trains from rank 0's data alone (rank 1's loss for it counts 0, but it joins every sync);
         # member 2 has no data anywhere: it never starts, and must not move at all.
         assert train(trainer, [[rollout(rng, spec, 0) for _ in range(1 + rank)],
-                               [rollout(rng, spec, 1)] if rank == 0 else [], []]) == 2  # fmt: skip
+                               [rollout(rng, spec, 1)] if rank == 0 else [], []]) == 2
     after = algorithm.replicated()
     moved = min(float((a - b)[:2].abs().sum(1).min()) for a, b in zip(after, before, strict=True))
     inactive_unmoved = all(torch.equal(a[2], b[2]) for a, b in zip(after, before, strict=True))
@@ -85,7 +85,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     train(trainer, [[rollout(rng, spec, 0)], [rollout(rng, spec, 1)], [rollout(rng, spec, 2)] if rank == 1 else []])
     torch.save({"replicated": [t.detach().clone() for t in algorithm.replicated()],
                 "optimizers": [t.clone() for o in optimizers for t in (o.exp_avg, o.exp_avg_sq, o.steps)],
-                "moved": moved, "inactive_unmoved": inactive_unmoved, "copied": copied}, out)  # fmt: skip
+                "moved": moved, "inactive_unmoved": inactive_unmoved, "copied": copied}, out)
     distributed.shutdown(together=True)
 
 

@@ -26,7 +26,7 @@ def main(rank: int, world: int, port: int, out: str) -> None:
         torch.distributed.broadcast(tensor.data, src=0)
     start = algo.actor.flat.detach().clone()
     hp = algo.hyperparams([{"learning_rate": 3e-3, "gamma": 0.99, "tau": 0.01},
-                           {"learning_rate": 1e-3, "gamma": 0.9, "tau": 0.05}], device)  # fmt: skip
+                           {"learning_rate": 1e-3, "gamma": 0.9, "tau": 0.05}], device)
     g = torch.Generator().manual_seed(rank)  # different data and policy noise on each rank
     everyone = torch.tensor([True, True])
     has_data = torch.tensor([True, rank == 0])  # member 1's data are all on rank 0
