@@ -1,8 +1,8 @@
 """The run's records in Redis as typed shapes: a member's record, a PBT decision as logged, the
-run's status, a learner rank's registration, a progress sample. `coordinator/store.py` writes and reads them (and names the keys); the coordinator,
-`rlmq up`, `rlmq status` and a resumed run read them through these declarations, checked field
-by field when read (`loading.from_mapping`: a record of another shape is a ValueError that names
-the field)."""
+run's status, a learner rank's registration, a progress sample. `coordinator/store.py` writes and
+reads them (and names the keys); the coordinator, `rlmq up`, `rlmq status` and a resumed run read
+them through these declarations, checked field by field when read (`loading.from_mapping`: a
+record of another shape is a ValueError that names the field)."""
 
 from __future__ import annotations
 
