@@ -17,6 +17,9 @@ ratios rlmq / SB3 (return: ≥ 1 wanted; wall time: ≤ 0.5 wanted). The case's 
 `rlmq up` as --total-steps (the SAC config's own is 200 k).
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
+
+The JSON is written after every seed; `--resume` keeps the seeds it already holds, so a case longer
+than one sitting (SB3's SAC and TD3 take about an hour a seed on one core) can go on later.
 """
 
 from __future__ import annotations
@@ -125,6 +128,34 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def summarize(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each side's medians over the seeds run so far, and the ratios rlmq / SB3."""
+    sides = {side: {"eval_mean": median([r[side]["eval_mean"] for r in rows if side in r]),
+                    "wall_s": median([r[side]["wall_s"] for r in rows if side in r])}
+             for side in ("rlmq", "sb3")}
+    rl, sb = sides["rlmq"], sides["sb3"]
+    ratios = {"return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
+              "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None}
+    return {"budget": case.budget, "seeds": rows, "median": sides, "ratio": ratios}
+
+
+def print_table(name: str, summary: dict[str, Any]) -> None:
+    rl, sb, ratios = summary["median"]["rlmq"], summary["median"]["sb3"], summary["ratio"]
+    print(f"\n{name}: {summary['budget']:,} env steps, eval {EVAL_EPISODES} episodes deterministic")
+    print(f"{'seed':>4} | {'rlmq return':>12} {'wall s':>8} | {'SB3 return':>12} {'wall s':>8}")
+    for r in summary["seeds"]:
+        s = r.get("sb3", {})
+        print(f"{r['seed']:>4} | {r['rlmq']['eval_mean']:>12.1f} {r['rlmq']['wall_s']:>8.1f} | "
+              f"{s.get('eval_mean', float('nan')):>12.1f} {s.get('wall_s', float('nan')):>8.1f}")
+    print(f"median | {rl['eval_mean']:>10.1f} {rl['wall_s']:>8.1f} | {sb['eval_mean'] or float('nan'):>12.1f} "
+          f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}\n")
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
@@ -133,13 +164,24 @@ def main() -> None:
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--rlmq-timeout-s", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-zoo-{time.strftime('%Y%m%d-%H%M%S')}")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="written after every seed")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the seeds that --json already holds whole (both sides), run the rest: a bench "
+                             "longer than a session, each seed's pair still run one after the other")
     args = parser.parse_args()
+    if args.resume and args.json is None:
+        parser.error("--resume needs --json, the file that holds the seeds already run")
 
+    done: dict[str, Any] = json.loads(args.json.read_text()) if args.resume and args.json.exists() else {}
     report: dict[str, Any] = {}
     for name in args.cases:
         case, rows = CASES[name], []
+        kept = {r["seed"]: r for r in done.get(name, {}).get("seeds", []) if "rlmq" in r and ("sb3" in r or args.skip_sb3)}
         for seed in args.seeds:
+            if seed in kept:
+                print(f"{name} seed {seed}: kept from {args.json}", flush=True)
+                rows.append(kept[seed])
+                continue
             print(f"{name} seed {seed}: rlmq ...", flush=True)
             row = {"seed": seed, "rlmq": run_rlmq(case, seed, args.out_dir / f"{name}-seed{seed}", args.rlmq_timeout_s)}
             print(f"  rlmq {row['rlmq']}", flush=True)
@@ -148,24 +190,13 @@ def main() -> None:
                 row["sb3"] = run_sb3(case, seed, args.sb3_threads)
                 print(f"  SB3  {row['sb3']}", flush=True)
             rows.append(row)
-        sides = {side: {"eval_mean": median([r[side]["eval_mean"] for r in rows if side in r]),
-                        "wall_s": median([r[side]["wall_s"] for r in rows if side in r])}
-                 for side in ("rlmq", "sb3")}
-        rl, sb = sides["rlmq"], sides["sb3"]
-        ratios = {"return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
-                  "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None}
-        report[name] = {"budget": case.budget, "seeds": rows, "median": sides, "ratio": ratios}
-        print(f"\n{name}: {case.budget:,} env steps, eval {EVAL_EPISODES} episodes deterministic")
-        print(f"{'seed':>4} | {'rlmq return':>12} {'wall s':>8} | {'SB3 return':>12} {'wall s':>8}")
-        for r in rows:
-            s = r.get("sb3", {})
-            print(f"{r['seed']:>4} | {r['rlmq']['eval_mean']:>12.1f} {r['rlmq']['wall_s']:>8.1f} | "
-                  f"{s.get('eval_mean', float('nan')):>12.1f} {s.get('wall_s', float('nan')):>8.1f}")
-        print(f"median | {rl['eval_mean']:>10.1f} {rl['wall_s']:>8.1f} | {sb['eval_mean'] or float('nan'):>12.1f} "
-              f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}\n")
+            report[name] = summarize(case, rows)
+            if args.json is not None:  # a seed's pair is kept even if a later one never finishes
+                write_json(args.json, {**done, **report})
+        report[name] = summarize(case, rows)
+        print_table(name, report[name])
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, {**done, **report})
         print(f"wrote {args.json}")
 
 
