@@ -310,7 +310,8 @@ def main() -> None:
     assign = wire.Assign(run="bench-actor", member=0, actor_index=0, config=run_config, env_spec=spec,
                          learner_endpoints=(), weights=wire.Weights(member=0, version=0, params=params))
 
-    print(f"{args.env} × {args.num_envs}, policy {encoder} → {'×'.join(map(str, hidden))}, rollout {args.rollout_length}, "
+    print(f"{args.env} × {args.num_envs}, policy {encoder} → {'×'.join(map(str, hidden))}, "
+          f"rollout {args.rollout_length}, "
           f"warm-up {args.warmup_s:g} s, turns of {args.ramp_s:g} + {args.window_s:g} s, {args.pairs} pairs, "
           f"cpu {'any' if args.cpu is None else args.cpu}", flush=True)
     pairs = run_pairs(assign, params, args, child_env)
@@ -320,7 +321,8 @@ def main() -> None:
     target = 0.9 if encoder == "mlp" else 0.8  # pixels: the issue's target
     print(f"bare loop : {bare_median:>12,.0f} env steps/s (median)")
     print(f"actor     : {actor_median:>12,.0f} env steps/s (median)")
-    print(f"actor/bare: {ratio:12.3f}  median of the pairs' ratios (target ≥ {target}: {'met' if ratio >= target else 'NOT met'}); "
+    print(f"actor/bare: {ratio:12.3f}  median of the pairs' ratios "
+          f"(target ≥ {target}: {'met' if ratio >= target else 'NOT met'}); "
           f"ratio of the medians {actor_median / bare_median:.3f}")
 
 

@@ -78,7 +78,8 @@ def off_policy_side(population: int, args: argparse.Namespace, device: torch.dev
     g, shape = torch.Generator().manual_seed(args.seed), (population, size)
     batches = [Transitions(
         obs=torch.randn(*shape, spec.obs_size, generator=g),
-        actions=(torch.randint(0, 2, shape, generator=g) if args.algo == "dqn" else 4 * torch.rand(*shape, 1, generator=g) - 2),
+        actions=(torch.randint(0, 2, shape, generator=g) if args.algo == "dqn"
+                 else 4 * torch.rand(*shape, 1, generator=g) - 2),
         rewards=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, spec.obs_size, generator=g),
         terminated=(torch.rand(shape, generator=g) < 0.01).float(), horizon=torch.ones(shape),
     ) for _ in range(8)]
@@ -97,7 +98,8 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
     torch._dynamo.reset()
     if args.algo == "ppo":
         problem = bp.make_problem(population, args, device)
-        built = {name: ppo_side(population, problem, args, device, name == "captured") for name in ("eager", "captured")}
+        built = {name: ppo_side(population, problem, args, device, name == "captured")
+                 for name in ("eager", "captured")}
     else:
         built = {name: off_policy_side(population, args, device, name == "captured") for name in ("eager", "captured")}
     sides = {name: run for name, (_, run) in built.items()}
@@ -124,7 +126,8 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--populations", type=int, nargs="+", default=[1, 8], help="population sizes P")
-    parser.add_argument("--algo", choices=["ppo", *OFF_POLICY], default="ppo", help="whose update (off-policy: one gradient step)")
+    parser.add_argument("--algo", choices=["ppo", *OFF_POLICY], default="ppo",
+                        help="whose update (off-policy: one gradient step)")
     parser.add_argument("--mode", choices=COMPILE_MODES[1:], default="default", help="torch.compile's mode")
     bp.add_problem_arguments(parser)
     args = parser.parse_args()

@@ -189,7 +189,8 @@ def main() -> None:
         elapsed = time.monotonic() - (watch.first_update_at or 0)
         while schedule and schedule[0][0] <= elapsed:
             _, kind = schedule.pop(0)
-            name = {"learner": "learner-1", "coordinator": "coordinator", "redis": "redis"}.get(kind) or f"actor-{rng.randrange(4)}"
+            name = ({"learner": "learner-1", "coordinator": "coordinator", "redis": "redis"}.get(kind)
+                    or f"actor-{rng.randrange(4)}")
             watch.kill(kind, name)
         watch.poll()
         time.sleep(POLL_S)

@@ -36,7 +36,8 @@ from procs import descendants  # noqa: E402  (the tests' helper, on the path abo
 
 def updates(port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rlmq_learner_updates_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("rlmq_learner_updates_total"))
 
 
 def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool,
@@ -52,7 +53,8 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
         time.sleep(0.1)
         try:
             groups = json.loads((run_dir / "prometheus_targets.json").read_text())
-            port = next(int(t.rsplit(":", 1)[1]) for g in groups if g["labels"]["role"] == "learner" for t in g["targets"])
+            port = next(int(t.rsplit(":", 1)[1])
+                        for g in groups if g["labels"]["role"] == "learner" for t in g["targets"])
             updates(port)
         except (OSError, ValueError, StopIteration):
             port = None
@@ -103,7 +105,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_window:
             base = run(Path(tmp) / "window-calm", args.window, None, 0, False, args.config)
-            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config, args.first_kill)
+            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config,
+                        args.first_kill)
             print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
                   f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
                   f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",

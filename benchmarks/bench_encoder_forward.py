@@ -2,10 +2,10 @@
 `NumpyEncoder`) against torch's (`ActorCritic`, no_grad), on one thread, at an actor's batch.
 
 For each case (MinAtar's 10×10×4 frames through its convolution, Atari's 4×84×84 stacks through
-the Nature CNN, and each of them through IMPALA's ResNet), both sides take the same weights and the same observations in the env's dtype
-(torch's side converts them as the learners do: `obs_features`), and `--rounds` rounds alternate
-`--calls` timed calls of each side. Prints the median µs per call of each and the ratio
-torch / NumPy (> 1: NumPy is faster).
+the Nature CNN, and each of them through IMPALA's ResNet), both sides take the same weights and the
+same observations in the env's dtype (torch's side converts them as the learners do:
+`obs_features`), and `--rounds` rounds alternate `--calls` timed calls of each side. Prints the
+median µs per call of each and the ratio torch / NumPy (> 1: NumPy is faster).
 
 With `--env ALE/Pong-v5` (needs `rlmq[atari]`), then an actor's loop for the Atari-sized cases: a
 vector env of the case's batch of slots stepped by the policy's sampled actions, with the encoder

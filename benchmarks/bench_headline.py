@@ -8,9 +8,9 @@ and their descendants (parent links from /proc/PID/stat) and reads each one's Vm
 coordinator, redis). Reported: per-actor RSS (median and max over actors of each actor's peak),
 each learner's peak, the coordinator's, Redis's, and the peak of the total (the sum over all the
 supervisor's descendants at one sample); the supervisor's own peak is shown apart (it imports torch
-and matplotlib at the end to write the checkpoint and plot). RSS counts shared pages (libraries, NumPy) in every process,
-so the total overstates what the run needs; `--pss` also samples the proportional set size
-(/proc/PID/smaps_rollup), whose sum does not. From DIR/summary.json: `startup_s` (launch → first
+and matplotlib at the end to write the checkpoint and plot). RSS counts shared pages (libraries,
+NumPy) in every process, so the total overstates what the run needs; `--pss` also samples the
+proportional set size (/proc/PID/smaps_rollup), whose sum does not. From DIR/summary.json: `startup_s` (launch → first
 env step), `train_wall_s`, `success`, env steps at the end (parsed from `detail`: `env_steps` keeps
 counting while actors wind down); and the `up` process's wall time and exit code.
 
@@ -155,7 +155,8 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
         "actor_processes": len(actors),  # restarted actors count once per process
         "actor_rss_mib_median": mib(statistics.median(actors)) if actors else None,
         "actor_rss_mib_max": mib(max(actors)) if actors else None,
-        "learner_rss_mib": {p.label: mib(p.peak_rss_kb) for p in sorted(by_role.get("learner", []), key=lambda p: p.label)},
+        "learner_rss_mib": {p.label: mib(p.peak_rss_kb)
+                            for p in sorted(by_role.get("learner", []), key=lambda p: p.label)},
         "other_rss_mib": {p.label: mib(p.peak_rss_kb) for role, ps in by_role.items()
                           if role not in ("actor", "learner") for p in ps},
         "total_rss_mib_peak": mib(sampler.peak_total_rss_kb),
@@ -169,7 +170,8 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
               f"max {result['actor_rss_mib_max']:.1f} MiB")
     for name, value in {**result["learner_rss_mib"], **result["other_rss_mib"]}.items():
         print(f"{name:<9}: peak RSS {value:.1f} MiB")
-    print(f"total    : peak RSS {result['total_rss_mib_peak']:.1f} MiB (sum over the supervisor's descendants at one sample; "
+    print(f"total    : peak RSS {result['total_rss_mib_peak']:.1f} MiB "
+          "(sum over the supervisor's descendants at one sample; "
           f"{sampler.samples} samples)" + (f", peak PSS {result['total_pss_mib_peak']:.1f} MiB" if with_pss else ""))
     return result
 
@@ -180,7 +182,8 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--total-steps", type=int, default=200_000)
-    parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"bench-headline-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--run-dir", type=Path,
+                        default=Path("runs") / f"bench-headline-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--interval-s", type=float, default=0.5, help="memory sampling period")
     parser.add_argument("--pss", action="store_true", help="also sample PSS (smaps_rollup; costlier)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="then SIGINT (warm stop)")

@@ -122,7 +122,8 @@ def main() -> None:
     parser.add_argument("--sb3-threads", type=int, default=1)
     parser.add_argument("--sb3-steps", type=int, default=None, help="SB3's budget; default: RL-Zoo's n_timesteps")
     parser.add_argument("--skip-sb3", action="store_true")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-offpolicy-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--out-dir", type=Path,
+                        default=Path("runs") / f"bench-offpolicy-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     env_id, threshold, window, config, _ = TASKS[args.algo]
@@ -137,7 +138,8 @@ def main() -> None:
             print(f"seed {seed}: SB3 {args.algo.upper()} ...", flush=True)
             row["sb3"] = run_sb3(args.algo, seed, args.sb3_threads, args.sb3_steps)
         rl, sb = row["rlmq"], row.get("sb3", {})
-        row["wall_ratio"] = ratio(rl.get("train_wall_s"), sb.get("train_wall_s")) if rl["success"] and sb.get("success") else None
+        row["wall_ratio"] = (ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))
+                             if rl["success"] and sb.get("success") else None)
         # SB3 missed the threshold within its whole budget: its time to it is longer than the
         # budget took, so rlmq's time over the budget's bounds the ratio from above.
         row["wall_ratio_below"] = (ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))

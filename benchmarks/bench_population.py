@@ -273,7 +273,8 @@ def blas_kernels() -> str:
     except ImportError:
         return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
-    return ", ".join(f"{i['internal_api']} {i.get('architecture')} kernels × {i['num_threads']} thread(s)" for i in blas)
+    return ", ".join(f"{i['internal_api']} {i.get('architecture')} kernels × {i['num_threads']} thread(s)"
+                     for i in blas)
 
 
 def pick_device(name: str) -> torch.device:

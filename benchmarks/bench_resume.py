@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rlmq-resume-"))
-    print("| case | seed | env steps to target, uninterrupted | stopped at | env steps to target, stopped and resumed | "
+    print("| case | seed | env steps to target, uninterrupted | stopped at | "
+          "env steps to target, stopped and resumed | "
           "resumed ÷ uninterrupted | replay at the stop → after resuming |")
     print("|---|--:|--:|--:|--:|--:|---|")
     for case in args.cases:
@@ -90,7 +91,8 @@ def main() -> None:
             resumed = summary["env_steps"] if summary.get("success") else float("nan")
             after = newest_replay(broken)
             replay = replay_kept(at_stop, after) if at_stop is not None and after is not None else "—"
-            print(f"| {case} | {seed} | {straight:,} | {stopped:,} | {resumed:,} | {resumed / straight:.2f} | {replay} |",
+            print(f"| {case} | {seed} | {straight:,} | {stopped:,} | {resumed:,} | "
+                  f"{resumed / straight:.2f} | {replay} |",
                   flush=True)
 
 

@@ -112,7 +112,8 @@ def run_cell(args: argparse.Namespace, actors: int, learners: int, device: str, 
 def rates(scrapes: Scrapes) -> dict[str, float]:
     """The cell's rates between the first scrape with env steps and the last (module docstring)."""
     actor_scrapes = scrapes.by_role.get("actor", [])
-    first = next((i for i in range(len(actor_scrapes)) if scrapes.total("actor", "rlmq_actor_env_steps_total", i)[1] > 0),
+    first = next((i for i in range(len(actor_scrapes))
+                  if scrapes.total("actor", "rlmq_actor_env_steps_total", i)[1] > 0),
                  None)
     if first is None or len(actor_scrapes) - first < 3:
         return {}
@@ -172,7 +173,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scrape-s", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
-    parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-scaling-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--out-dir", type=Path,
+                        default=Path("runs") / f"bench-scaling-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     cells: dict[tuple[int, int, str], dict[str, object]] = {}
@@ -182,7 +184,8 @@ def main() -> None:
             cells[actors, learners, device] = run_cell(args, actors, learners, device, run_dir)
             print(f"{actors}x{learners} {device}: {cells[actors, learners, device]}", flush=True)
     print(f"\n{args.env}, {args.algo}, target {args.target_return}, budget {args.total_steps:,} env steps\n")
-    print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | queue | batch | lag | "
+    print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | "
+          "queue | batch | lag | "
           "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|")
     for (actors, learners, device), cell in cells.items():
         rate = cell.get("env_steps_per_s")

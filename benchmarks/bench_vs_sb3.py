@@ -173,7 +173,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write all results here as JSON")
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--learners", type=int, default=2)
-    parser.add_argument("--rlmq-total-steps", type=int, default=None, help="rlmq step budget (default: the run config's)")
+    parser.add_argument("--rlmq-total-steps", type=int, default=None,
+                        help="rlmq step budget (default: the run config's)")
     parser.add_argument("--rlmq-timeout-s", type=float, default=1800.0)
     parser.add_argument("--rlmq-config", type=Path, default=None,
                         help="run config for rlmq, as RL-Zoo's per-env hyperparameters are for SB3 "

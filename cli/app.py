@@ -199,7 +199,8 @@ def up(
     env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
     algo: Annotated[str | None, _opt("Algorithm: ppo, sac, td3 or dqn.")] = None,
     total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
-    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) reaches it.")] = None,
+    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) "
+                                                "reaches it.")] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
     population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
@@ -210,7 +211,8 @@ def up(
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
     torch_threads: Annotated[int, _opt("Intra-op threads per learner.", min=1)] = 1,
-    device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.", "DEVICE")] = "auto",
+    device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.",
+                                "DEVICE")] = "auto",
     redis_outage_s: RedisOutage = 30.0,
     bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
     collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
@@ -267,7 +269,8 @@ def eval_(
     member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
     sample: Annotated[bool, _opt("Sample actions as the actors do, rather than the deterministic policy.")] = False,
     seed: Annotated[int, _opt("Episode i starts from reset(seed=SEED + i).")] = 0,
-    video: Annotated[Path | None, _opt("Write the first episode to this .mp4 or .gif (envs that render rgb_array).")] = None,
+    video: Annotated[Path | None, _opt("Write the first episode to this .mp4 or .gif (envs that render "
+                                       "rgb_array).")] = None,
 ) -> None:
     """Play a checkpoint's policy for N episodes; print the mean return ± std and episode lengths."""
     from rlmq.cli.evaluate import evaluate, load_checkpoint, summary

@@ -130,7 +130,8 @@ def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic
         return policy.mode(obs) if deterministic else policy.act(obs, rng)[0]
 
     spec = checkpoint.spec
-    clip = (np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)) if spec.action_low else None
+    clip = ((np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
+            if spec.action_low else None)
     frames: list[np.ndarray] | None = [] if video is not None else None
     result = play(checkpoint.run_config.env_id, act, episodes, seed, clip, frames)
     if video is not None and frames:

@@ -80,7 +80,8 @@ class ExportedPolicy(nn.Module):
         if self.head == "argmax":
             return x.argmax(-1)
         if self.head == "mean":
-            return torch.maximum(torch.minimum(x, self.bias + self.scale), self.bias - self.scale) if self.bounded else x
+            return (torch.maximum(torch.minimum(x, self.bias + self.scale), self.bias - self.scale)
+                    if self.bounded else x)
         if self.head == "squashed_mean":
             x = x.chunk(2, dim=-1)[0]
         return torch.tanh(x) * self.scale + self.bias

@@ -140,7 +140,8 @@ class Supervisor:
                 "--collective-timeout", str(self.cfg.collective_timeout_s),
                 "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
         for index in range(self.cfg.actors):
-            self.children.append(Child(f"actor-{index}", "actor", [*base, "actor", "--name", f"actor-{index}", *endpoints]))
+            self.children.append(Child(f"actor-{index}", "actor",
+                                       [*base, "actor", "--name", f"actor-{index}", *endpoints]))
         if self.cfg.secure:  # the keys' directory, never a key, on the command lines
             keys = self.cfg.run_dir / "keys"
             if not (keys / "server.key_secret").exists():  # a resumed run keeps its keys
@@ -215,7 +216,8 @@ class Supervisor:
         for child in self.children:
             if child.role == "learner":
                 first = child.rank == 0
-                self.spawn(child, ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
+                self.spawn(child,
+                           ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
                            [master] if first else [])
         master.sock.close()
 
@@ -237,7 +239,8 @@ class Supervisor:
         behind = self.redis.seen.status.learners_behind
         why = f"{dead.name} exited with {code}" + (f" (before that, the coordinator saw {behind})" if behind else "")
         if self.world_restarts >= MAX_WORLD_RESTARTS:
-            return f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; see {dead.log_path}"
+            return (f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; "
+                    f"see {dead.log_path}")
         self.world_restarts += 1
         print(f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); "
               f"see {dead.log_path}", flush=True)

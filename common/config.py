@@ -287,8 +287,10 @@ ALGORITHMS = {algorithm.name: algorithm for algorithm in (
     Algorithm("ppo", PPOConfig, ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda",
                                  "max_grad_norm"), ("discrete", "continuous"), on_policy=True,
               takes_images=True),
-    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
-    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False),
+    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False,
+              takes_images=False),
+    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False,
+              takes_images=False),
     Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
 )}
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
@@ -342,7 +344,8 @@ class PBTConfig:
                 continue
             lo, hi, lo_inclusive = _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
             if not (r.low <= r.high and (lo <= r.low if lo_inclusive else lo < r.low) and r.high <= hi):
-                problems.append(f"pbt.ranges.{name}: need {lo:g} {'≤' if lo_inclusive else '<'} low ≤ high ≤ {hi:g}")
+                bound = "≤" if lo_inclusive else "<"
+                problems.append(f"pbt.ranges.{name}: need {lo:g} {bound} low ≤ high ≤ {hi:g}")
             elif r.log and r.low <= 0:
                 problems.append(f"pbt.ranges.{name}: a log range needs low > 0")
         if problems:
@@ -444,7 +447,8 @@ class RunConfig:
         if self.population > 1 and any(name not in tunable for name in self.pbt.ranges):
             problems.append(f"pbt.ranges: {self.algo} tunes only {', '.join(tunable)}")
         section = self.algo_config
-        if isinstance(section, ReplayConfig) and section.share_replay and section.n_step > 1 and "gamma" in self.pbt.ranges:
+        shares_n_step = isinstance(section, ReplayConfig) and section.share_replay and section.n_step > 1
+        if shares_n_step and "gamma" in self.pbt.ranges:
             # n-step returns are summed with the storing member's γ: another member's γ would differ.
             problems.append(f"{self.algo}.share_replay with n_step > 1 needs one γ: take gamma out of pbt.ranges")
         for name in ("num_learners", "num_envs", "rollout_length", "total_steps", "rollouts_in_flight"):

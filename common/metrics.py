@@ -236,7 +236,8 @@ class CoordinatorMetrics:
         )
         self.weights_latency = Histogram(
             f"{PREFIX}_weights_broadcast_seconds",
-            "From a learner's Weights arriving to their rebroadcast (decoding and checks included; the Redis copy is written after).",
+            "From a learner's Weights arriving to their rebroadcast (decoding and checks included; "
+            "the Redis copy is written after).",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
             registry=r,
         )

@@ -65,7 +65,8 @@ class NumpyPolicy:
             from rlmq.common.torch_images import TorchEncoder
 
             self._encode = TorchEncoder(self.encoder)
-        width = spec.obs_size if self.encoder is None else self.encoder.size  # each layer takes what the one before gives
+        # Each layer takes what the one before gives.
+        width = spec.obs_size if self.encoder is None else self.encoder.size
         for weight, bias in self.layers:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
                 raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")

@@ -92,10 +92,12 @@ def _every_dtype() -> dict[str, tuple[str, ...]]:
     return {name: tuple(sorted({layout[name][1] for layout in layouts})) for name in layouts[0]}
 
 
-def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (), zeros: bool = False) -> dict[str, np.ndarray]:
+def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (),
+             zeros: bool = False) -> dict[str, np.ndarray]:
     """Arrays for a rollout (with `lead` dimensions in front: PPO's [P, ...] batch)."""
     make = np.zeros if zeros else np.empty
-    return {name: make((*lead, *shape), np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
+    return {name: make((*lead, *shape), np.dtype(dtype))
+            for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
 
 
 ROLLOUT_DTYPES = _every_dtype()
@@ -107,7 +109,8 @@ def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slo
     for name, shape, dtype in _checked_layout(spec, steps, slots):
         array = arrays[name]
         if array.shape != shape or array.dtype != dtype:
-            return "bad_shape", f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}"
+            return ("bad_shape",
+                    f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}")
     if spec.action_kind == "discrete" and not _within(arrays["actions"], spec.action_dim):
         return "bad_value", "an action index out of range"
     if spec.obs_categories and not _within(arrays["obs"], spec.obs_categories):

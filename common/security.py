@@ -106,7 +106,8 @@ def refusal(peer: Peer | None, message: wire.Message) -> str:
 
 def clients(learners: int, actors: int, fleet: bool) -> dict[str, Peer]:
     """Key file name → the peer it speaks as."""
-    named = [Peer("learner", f"learner-{r}") for r in range(learners)] + [Peer("actor", f"actor-{i}") for i in range(actors)]
+    named = ([Peer("learner", f"learner-{r}") for r in range(learners)]
+             + [Peer("actor", f"actor-{i}") for i in range(actors)])
     return {peer.name: peer for peer in named} | ({FLEET: Peer("actor", ANY_ACTOR)} if fleet else {})
 
 

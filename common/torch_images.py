@@ -54,7 +54,8 @@ class TorchEncoder:
 
     def __init__(self, encoder: NumpyEncoder) -> None:
         self.layout, self.plan = encoder.layout, encoder.plan
-        self.weights = [(torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(conv.channels, -1, conv.kernel, conv.kernel),
+        self.weights = [(torch.from_numpy(np.ascontiguousarray(columns.T))
+                         .reshape(conv.channels, -1, conv.kernel, conv.kernel),
                          torch.from_numpy(bias)) for columns, bias, conv in encoder.convs]
 
     def __call__(self, features: np.ndarray) -> np.ndarray:

@@ -316,7 +316,8 @@ class Coordinator:
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
         if reason == "target":
             who = f" (member {best})" if self.population.size > 1 else ""
-            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps", True, steps)
+            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps",
+                        True, steps)
         elif reason == "budget":
             self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
         return False

@@ -4,7 +4,8 @@
     rlmq:{run}:status              hash: RunStatus's fields, each JSON (state, env_steps, mean_return, ...)
     rlmq:{run}:members             hash: member → JSON MemberRecord (coordinator/records.py)
     rlmq:{run}:member_steps        hash: member → env steps its actors collected
-    rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0", field "decision" (JSON LoggedDecision)
+    rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0",
+                                   field "decision" (JSON LoggedDecision)
     rlmq:{run}:pbt_applied         the id of the last decision applied to the member records
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
@@ -398,8 +399,8 @@ class RunStore:
         if saved is None:
             return False
         self.save_config(config, saved[1])
-        self.redis.hdel(self.key("status"), "reason", "detail", "success", "ended_at", "finished_at", "env_steps_at_end",
-                        "first_step_at")
+        self.redis.hdel(self.key("status"), "reason", "detail", "success", "ended_at", "finished_at",
+                        "env_steps_at_end", "first_step_at")
         self.set_status(state="running")
         return True
 

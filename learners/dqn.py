@@ -126,7 +126,8 @@ class DQN:
 
     def capture(self, mode: str, backend: str = "") -> None:
         """The loss with its gradient, and the optimizer's step, in `mode` (learners/capture.py)."""
-        self.loss_of = captured(with_gradient(compiled(self.loss, mode, backend), lambda out: out[0].sum(), self.q.flat),
+        self.loss_of = captured(with_gradient(compiled(self.loss, mode, backend), lambda out: out[0].sum(),
+                                              self.q.flat),
                                 mode)
         self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
         self.gradients_taken = True

@@ -100,5 +100,6 @@ def stacked_encode(features: Tensor, weights: Sequence[Tensor], biases: Sequence
 
     x = images(features.reshape(population * samples, -1), image.layout)  # [P·N, C, H, W]
     x = x.reshape(population, samples, *x.shape[1:]).transpose(0, 1)  # [N, P, C, H, W]
-    x = run_plan(image.plan, x.reshape(samples, -1, *x.shape[3:]), grouped_conv)  # members side by side along the channels
+    # members side by side along the channels
+    x = run_plan(image.plan, x.reshape(samples, -1, *x.shape[3:]), grouped_conv)
     return x.reshape(samples, population, -1).transpose(0, 1).contiguous()

@@ -216,7 +216,8 @@ class Learner:
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
                                     self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,
-                                    self.run_cfg.rank_wait_s, self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)
+                                    self.run_cfg.rank_wait_s,
+                                    self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)
         base = self.run_cfg.base_hyperparams()
         self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
         self.applied = assign.applied_decision
@@ -415,7 +416,8 @@ class Learner:
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""
-        transport.send_frame(self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
+        transport.send_frame(self.control,
+                             wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
 
     def report(self) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device

@@ -127,8 +127,8 @@ class Stacked(nn.Module):
         if self.image is None:
             return obs
         convs = self.image.conv_names
-        return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs], [self.tensor(f"{c}.bias") for c in convs],
-                              self.image)
+        return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs],
+                              [self.tensor(f"{c}.bias") for c in convs], self.image)
 
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
@@ -173,7 +173,8 @@ class PopulationActorCritic(Stacked):
     def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0,
                  encoder: str = "mlp", activation: Activation = "tanh") -> None:
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation) for _ in range(population)],
+        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation)
+                          for _ in range(population)],
                          image_encoder(spec, encoder))
         self.discrete = spec.action_kind == "discrete"
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is ~8×

@@ -48,7 +48,8 @@ class RunningMoments:
         x64, weight = x.to(torch.float64), mask.to(torch.float64)
         weight = weight.view(*weight.shape, *([1] * (x.ndim - 2)))
         local = torch.cat([mask.to(torch.float64).sum(1, keepdim=True),
-                           (x64 * weight).sum(1).reshape(len(x), -1), (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)
+                           (x64 * weight).sum(1).reshape(len(x), -1),
+                           (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(local)
         size = self.mean[0].numel()

@@ -172,7 +172,8 @@ def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     `minibatch_growth = "size"`, `cfg.minibatches` of them, as large as the batch makes them."""
     if cfg.minibatch_growth == "size":
         return cfg
-    return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch, cfg.minibatches))
+    return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch,
+                                                    cfg.minibatches))
 
 
 def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:
@@ -185,7 +186,8 @@ def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> 
             for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)]
 
 
-def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, cfg: PPOConfig):  # type: ignore[no-untyped-def]
+def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams,  # type: ignore[no-untyped-def]
+             cfg: PPOConfig):
     """π_old's log-probabilities, V-trace advantages and value targets, each [P, n], and the mean
     clipped importance weight over the valid steps."""
     population, rows, slots = batch.obs.shape[:3]
@@ -193,7 +195,8 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams, c
     with torch.no_grad():
         # Rows are time-major, so the first steps · slots are the steps that have actions.
         old_logp, values = core.logp_and_values(batch.obs.reshape(population, rows * slots, -1),
-                                                batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]))
+                                                batch.actions.reshape(population, steps * slots,
+                                                                      *batch.actions.shape[3:]))
         values = values.view(population, rows, slots)
 
         def time_major(x: Tensor) -> Tensor:  # [P, T, B] → [T, P·B], as vtrace takes it
@@ -346,9 +349,10 @@ def update_each_member(
             sel = slice(None) if idx is None else idx
             new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
             loss = ppo_loss(
-                new_logp, pick(old_logp.unsqueeze(0), idx), normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
-                new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one], clip_coef=hp.clip_coef[one] * anneal[one],
-                ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
+                new_logp, pick(old_logp.unsqueeze(0), idx),
+                normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
+                new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one],
+                clip_coef=hp.clip_coef[one] * anneal[one], ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
             )
             optimizer.zero_grad(set_to_none=True)
             loss.total.sum().backward()

@@ -83,7 +83,8 @@ class Replay:
         self.population, self.capacity, self.spec, self.n_step = population, capacity, spec, n_step
         self.shared = shared  # every member samples from every member's transitions (ReplayConfig.share_replay)
         # One step of the rollout layout: what a transition's observation and action look like.
-        self.layout = {name: (shape[2:], np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
+        self.layout = {name: (shape[2:], np.dtype(dtype))
+                       for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
         shape = (population, capacity)
         # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
         # never written stay zero, which is what `sample` hands out for an empty member.
@@ -110,7 +111,8 @@ class Replay:
         for name in ("obs", "actions"):
             array, (shape, dtype) = getattr(rollout, name), self.layout[name]
             if (array.shape[2:], array.dtype) != (shape, dtype):
-                raise ValueError(f"rollout {name} are {array.dtype}{list(array.shape[2:])}, replay holds {dtype}{list(shape)}")
+                raise ValueError(f"rollout {name} are {array.dtype}{list(array.shape[2:])}, "
+                                 f"replay holds {dtype}{list(shape)}")
         # Next-step autoreset: obs[t + 1] is the final observation of an episode ending at t, and the
         # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
         # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.

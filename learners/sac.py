@@ -176,11 +176,13 @@ class SAC:
         self.critic.flat.requires_grad_(True)
 
         losses["temperature"] = self.temperature_loss_of(logp, weight)
-        descend(self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync, self.step_of)
+        descend(self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync,
+                self.step_of)
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)
-        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha, "entropy": -logp.detach().mean(-1)}
+        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha,
+                "entropy": -logp.detach().mean(-1)}
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the policy network."""

@@ -178,7 +178,8 @@ def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
 
 
 def _mlp_backward(grad: Tensor, inputs: Sequence[Tensor], weights: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool, needs: Sequence[bool], needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:
+                  outputs_first: bool, needs: Sequence[bool],
+                  needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:
     """Walk the layers in reverse from `grad` at the output: ([∂W₀, …, ∂b₀, …], ∂x), computing
     only the gradients `needs` (weights', then biases') and `needs_x` ask for."""
     layers = len(weights)

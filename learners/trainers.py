@@ -82,7 +82,8 @@ class PPOTrainer:
         self.core = PopulationActorCritic(spec, run_cfg.hidden_sizes, population, self.cfg.log_std_init,
                                           run_cfg.encoder_for(spec), cast(Activation, self.cfg.activation)).to(device)
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
-        self.reward_scaler = RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
+        self.reward_scaler = (RewardScaler(population, self.cfg.reward_clip, device)
+                              if self.cfg.normalize_reward else None)
         for w in weights:  # a restarted world carries on from the last publication
             self.load_member(w.member, dict(w.params))
         self.model: torch.nn.Module = self.core
@@ -90,7 +91,8 @@ class PPOTrainer:
                                                                                         allreduce_mean)
         if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
             if self.captured is None:
-                self.model = DistributedDataParallel(self.core, device_ids=[device.index] if device.type == "cuda" else None)
+                self.model = DistributedDataParallel(self.core,
+                                                     device_ids=[device.index] if device.type == "cuda" else None)
             else:  # `ppo.update` all-reduces between the captured steps (`captured.sync`)
                 dist.broadcast(self.core.flat.data, src=0)
             self.obs_norm.broadcast()
@@ -134,7 +136,8 @@ class PPOTrainer:
         batch = batch._replace(obs=self.obs_norm(batch.obs))
         if self.reward_scaler is not None:
             batch = batch._replace(rewards=self.reward_scaler.scale(rollouts, batch.rewards, self.hp.gamma.tolist()))
-        plan = [None if idx is None else idx.to(self.device) for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
+        plan = [None if idx is None else idx.to(self.device)
+                for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, self.world_size)
         stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active,
                            self.captured)

@@ -58,7 +58,8 @@ def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None,
             batch.valid[2] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), cfg.minibatches, world_size=1)
-        plan = [None if i is None else i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        plan = [None if i is None else i.to(device)
+                for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
         anneal = torch.tensor([1.0, 0.5, 0.8], device=device)
         ppo.update(core, core, optimizer, batch, members(device), cfg, plan, anneal, norm, active, captured)
     return core, optimizer
@@ -72,14 +73,16 @@ def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str, mi
     # Compiled whole: the loss (forward and backward) and the step, each one graph ("cuda-graphs"
     # compiles nothing).
     graphs = 0 if capture.KERNELS[mode] is None else 2
-    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == graphs, {k: dict(v) for k, v in counters.items()}
+    assert (not counters["graph_break"]
+            and counters["stats"]["unique_graphs"] == graphs), {k: dict(v) for k, v in counters.items()}
     for (name, want), got in zip(
             {"flat": eager[0].flat.detach(), "exp_avg": eager[1].exp_avg, "exp_avg_sq": eager[1].exp_avg_sq}.items(),
             (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq), strict=True):
         # Fused kernels sum in other orders than eager ones: float32 roundings, which Adam's steps
         # (lr up to 1e-2) carry into the weights.
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
-    assert torch.equal(captured[1].steps, eager[1].steps) and int(captured[1].steps[2]) == 2 * minibatches  # inactive after one update
+    # inactive after one update
+    assert torch.equal(captured[1].steps, eager[1].steps) and int(captured[1].steps[2]) == 2 * minibatches
 
 
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE], ids=["discrete", "continuous", "image"])
@@ -155,13 +158,16 @@ def test_a_run_config_names_a_compile_mode_that_exists() -> None:
 
 # --- the off-policy algorithms ----------------------------------------------------------------
 
-BOUNDED = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0))
+BOUNDED = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
+                  action_high=(2.0, 1.0))
 SMALL = (16, 16)
 OFF_POLICY = {  # P = 3 members, each algorithm as small as it comes, on a device
     "sac": lambda d: sac.SAC(BOUNDED, SACConfig(hidden_sizes=SMALL), POPULATION, d),
     "td3": lambda d: td3.TD3(BOUNDED, TD3Config(hidden_sizes=SMALL), POPULATION, d),
-    "dqn": lambda d: dqn.DQN(DISCRETE, DQNConfig(hidden_sizes=SMALL, max_grad_norm=1.0, target_update_interval=2), POPULATION, d),
-    "dqn-image": lambda d: dqn.DQN(IMAGE, DQNConfig(hidden_sizes=SMALL, target_update_interval=2), POPULATION, d, "minatar"),
+    "dqn": lambda d: dqn.DQN(DISCRETE, DQNConfig(hidden_sizes=SMALL, max_grad_norm=1.0, target_update_interval=2),
+                             POPULATION, d),
+    "dqn-image": lambda d: dqn.DQN(IMAGE, DQNConfig(hidden_sizes=SMALL, target_update_interval=2), POPULATION, d,
+                                   "minatar"),
 }
 
 
@@ -173,7 +179,8 @@ def transitions(spec: EnvSpec, seed: int) -> Transitions:
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         actions = low + (high - low) * torch.rand(*shape, spec.action_dim, generator=g)
     return Transitions(obs=torch.randn(*shape, spec.obs_size, generator=g), actions=actions,
-                       rewards=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, spec.obs_size, generator=g),
+                       rewards=torch.randn(shape, generator=g),
+                       next_obs=torch.randn(*shape, spec.obs_size, generator=g),
                        terminated=(torch.rand(shape, generator=g) < 0.3).float(), horizon=torch.ones(shape))
 
 
@@ -203,7 +210,8 @@ def assert_same_off_policy_steps(name: str, device: torch.device, mode: str, bac
         if captured_side:
             algorithm.capture(mode, backend)
         spec = IMAGE if name == "dqn-image" else BOUNDED if name in ("sac", "td3") else DISCRETE
-        hp = algorithm.hyperparams([{"learning_rate": 1e-2 * (m + 1), "gamma": 0.9, "tau": 0.1} for m in range(POPULATION)], device)
+        hp = algorithm.hyperparams([{"learning_rate": 1e-2 * (m + 1), "gamma": 0.9, "tau": 0.1}
+                                    for m in range(POPULATION)], device)
         generator = torch.Generator(device).manual_seed(7)
         for i in range(4):
             has_data = torch.tensor([True, True, i == 0], device=device)

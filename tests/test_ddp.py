@@ -24,8 +24,8 @@ def train_world(tmp_path: Path, encoder: str, backend: str = "") -> tuple[dict[s
     port, world, updates = free_port(), 2, 4
     outs = [tmp_path / f"{backend or 'eager'}-rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]), encoder,
-                          backend], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]),
+                          encoder, backend], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)
     ]
     for r, p in enumerate(procs):

@@ -174,7 +174,8 @@ def test_vectorized_steps_equal_the_loop_over_members(spec: EnvSpec) -> None:
                 np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=atol, err_msg=f"member {m} {key}")
         moments = torch.cat([adams[m].state[p]["exp_avg"].reshape(-1) for p in q.parameters()])
         # (behind an encoder, gradients summed in another order than a member's own: float32 roundings)
-        torch.testing.assert_close(algo.optimizers["q"].exp_avg[m], moments, rtol=1e-4, atol=1e-7 if algo.q.image else 1e-8)
+        torch.testing.assert_close(algo.optimizers["q"].exp_avg[m], moments, rtol=1e-4,
+                                   atol=1e-7 if algo.q.image else 1e-8)
         assert int(algo.optimizers["q"].steps[m]) == steps
     for old, new in zip(before, algo.replicated(), strict=True):
         assert torch.equal(old[2], new[2]), "the inactive member moved"

@@ -21,7 +21,8 @@ from rlmq.learners.networks import ActorCritic, to_numpy_params
 from rlmq.learners.sac import Actor as SACActor
 from rlmq.learners.td3 import Actor as TD3Actor
 
-CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0))
+CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
+                     action_high=(2.0, 1.0))
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3)
 IMAGE = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)
 ONE_HOT = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=7, action_kind="discrete", action_dim=4)
@@ -51,7 +52,8 @@ def checkpoint(algo: str, spec: EnvSpec, params: dict[str, np.ndarray], **stats:
                       params={**params, **stats}, version=1, trained_steps=0)
 
 
-STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32), "obs_norm.var": np.array([4.0, 0.25, 9.0], np.float32),
+STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32),
+         "obs_norm.var": np.array([4.0, 0.25, 9.0], np.float32),
          "obs_norm.count": np.array(100.0, np.float32), "obs_norm.clip": np.array(1.5, np.float32)}
 
 
@@ -63,8 +65,8 @@ STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32), "obs_norm.var"
     ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
     ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
 ])
-def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(tmp_path: Path, algo: str, spec: EnvSpec,
-                                                                    params: object, stats: dict[str, np.ndarray]) -> None:
+def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(
+        tmp_path: Path, algo: str, spec: EnvSpec, params: object, stats: dict[str, np.ndarray]) -> None:
     rng = np.random.default_rng(1)
     if spec.obs_categories:
         obs = np.arange(spec.obs_categories).repeat(4)
@@ -114,7 +116,8 @@ def test_eval_and_export_run_on_a_checkpoint_a_short_run_wrote(tmp_path: Path) -
     assert evaluated.returncode == 0, evaluated.stderr
     assert "over 5 episodes" in evaluated.stdout and f"trained on {point.trained_steps:,} env steps" in evaluated.stdout
 
-    exported = subprocess.run([sys.executable, "-m", "rlmq.cli", "export", str(run_dir), "--out", str(tmp_path / "p.pt")],
+    exported = subprocess.run([sys.executable, "-m", "rlmq.cli", "export", str(run_dir), "--out",
+                               str(tmp_path / "p.pt")],
                               capture_output=True, text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr
     obs = np.random.default_rng(0).uniform(-0.2, 0.2, (32, 4)).astype(np.float32)

@@ -62,7 +62,8 @@ def assert_sampled_as_stored(replay: Replay, rollouts: list[wire.Rollout], draws
         rollout, t, n = by_action[int(batch.actions[0, i])]
         horizon = int(batch.horizon[0, i])
         torch.testing.assert_close(batch.obs[0, i], obs_features(torch.from_numpy(rollout.obs[t, n]), SPEC))
-        torch.testing.assert_close(batch.next_obs[0, i], obs_features(torch.from_numpy(rollout.obs[t + horizon, n]), SPEC))
+        torch.testing.assert_close(batch.next_obs[0, i],
+                                   obs_features(torch.from_numpy(rollout.obs[t + horizon, n]), SPEC))
 
 
 @pytest.mark.parametrize("n_step", [1, 3])
@@ -148,7 +149,8 @@ def test_frame_keys_that_name_rows_not_sent_or_too_many_bytes_are_wire_errors() 
                       hostile(rollout, frame_stack=True)],
         "bad_shape": [hostile(rollout, frame_keys=["float32", [2, 7], keys.astype(np.float32).tobytes()])],
         # 4 M keys that all name the last stack: 16 MB to send, 72 MB of stacks to rebuild.
-        "too_large": [hostile(rollout, frame_keys=["int32", [4, 10**6], np.full((4, 10**6), rows - 1, np.int32).tobytes()])],
+        "too_large": [hostile(rollout, frame_keys=["int32", [4, 10**6],
+                                                   np.full((4, 10**6), rows - 1, np.int32).tobytes()])],
     }
     for reason, frames in cases.items():
         for frame in frames:

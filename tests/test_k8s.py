@@ -62,7 +62,8 @@ def copy_of_deploy(to: Path) -> Path:
 def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy/k8s with a run's keys made as the base's kustomization tells a user to."""
     k8s = copy_of_deploy(tmp_path_factory.mktemp("deploy") / "k8s")
-    (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text()) if doc["kind"] == "StatefulSet"]
+    (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text())
+                   if doc["kind"] == "StatefulSet"]
     made = subprocess.run([sys.executable, "-m", "rlmq.cli", "keys", str(k8s / "base/keys"), "--learners",
                            str(learners["spec"]["replicas"]), "--kubernetes"],
                           capture_output=True, text=True, timeout=60)
@@ -177,8 +178,9 @@ def test_podmonitor_passes_the_operator_schema(build: tuple[str, list[dict[str, 
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     podmonitor_validator.validate(monitor)
     # Strict, and for the right reason: a misspelt field is unknown, a bad duration breaks its pattern.
-    for field, value, validator, where in [("intervall", "15s", "additionalProperties", "$.spec.podMetricsEndpoints[0]"),
-                                           ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval")]:
+    for field, value, validator, where in [
+            ("intervall", "15s", "additionalProperties", "$.spec.podMetricsEndpoints[0]"),
+            ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval")]:
         broken = copy.deepcopy(monitor)
         broken["spec"]["podMetricsEndpoints"][0][field] = value
         error = jsonschema.exceptions.best_match(podmonitor_validator.iter_errors(broken))
@@ -225,7 +227,8 @@ def test_learner_world_and_coordinator_wiring(build: tuple[str, list[dict[str, A
     headless = find(docs, "Service", learners["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
     assert learners["spec"]["podManagementPolicy"] == "Parallel"
-    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rlmq-run-config")]
+    (config_map,) = [d for d in docs
+                     if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rlmq-run-config")]
     (run_toml,) = config_map["data"]
     (tmp_path / run_toml).write_text(config_map["data"][run_toml])
     run_config = load_run_config(tmp_path / run_toml, {})  # the coordinator can read it
@@ -274,7 +277,8 @@ def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, 
     pods = workloads(docs)
     monitor = find(docs, "PodMonitor", "rlmq")["spec"]
     selector = monitor["selector"]["matchLabels"]
-    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs
+                  if d["kind"] in ("Deployment", "StatefulSet")]
     selected = [labels for labels in pod_labels if selector.items() <= labels.items()]
     assert sorted(labels["app.kubernetes.io/component"] for labels in selected) == sorted(SERVICES)  # not Redis
     for endpoint in monitor["podMetricsEndpoints"]:
@@ -289,14 +293,18 @@ def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, 
     policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
     assert any(p["podSelector"] == {} and "ingress" not in p for p in policies)  # deny by default
     for policy in policies:  # every named port a policy opens exists on the pods it selects
-        chosen = [d["spec"]["template"]["spec"]["containers"][0] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-                  and policy["podSelector"].get("matchLabels", {}).items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        chosen = [d["spec"]["template"]["spec"]["containers"][0] for d in docs
+                  if d["kind"] in ("Deployment", "StatefulSet")
+                  and policy["podSelector"].get("matchLabels", {}).items()
+                  <= d["spec"]["template"]["metadata"]["labels"].items()]
         for rule in policy.get("ingress", []):
             for port in rule.get("ports", []):
                 assert all(port["port"] in ports_of(c) for c in chosen), port
-    redis = next(p for p in policies if p["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "redis")
+    redis = next(p for p in policies
+                 if p["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "redis")
     (rule,) = redis["ingress"]
-    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]] == ["coordinator"]
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for peer in rule["from"]] == ["coordinator"]
 
 
 def test_pods_are_locked_down(build: tuple[str, list[dict[str, Any]]]) -> None:
@@ -360,7 +368,8 @@ def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict
         sources = [volume["secret"] | {"name": volume["secret"]["secretName"]}] if "secret" in volume else [
             source["secret"] for source in volume.get("projected", {}).get("sources", []) if "secret" in source]
         for source in sources:
-            seen |= {f"{mount['mountPath']}/{path}": data for path, data in files(source["name"], source.get("items")).items()}
+            seen |= {f"{mount['mountPath']}/{path}": data
+                     for path, data in files(source["name"], source.get("items")).items()}
     for entry in container.get("env", []):
         ref = entry.get("valueFrom", {}).get("secretKeyRef")
         if ref:
@@ -415,7 +424,8 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
     (server,) = redis_pod["containers"]
     redis_files = secret_files(redis_pod, server, docs)
     assert {Path(path).name for path in redis_files} == {REDIS_CONFIG, "env:REDISCLI_AUTH"}
-    password = held["coordinator"][env_of(pods["coordinator"]["spec"]["containers"][0])["RLMQ_REDIS_PASSWORD_FILE"]].strip()
+    password = held["coordinator"][
+        env_of(pods["coordinator"]["spec"]["containers"][0])["RLMQ_REDIS_PASSWORD_FILE"]].strip()
     conf_path = next(path for path in redis_files if path.endswith(REDIS_CONFIG))
     assert server["command"][:2] == ["valkey-server", conf_path]
     assert redis_files[conf_path].decode().split() == ["requirepass", password.decode()]

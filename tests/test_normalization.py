@@ -70,13 +70,15 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     assert all(np.array_equal(restarted.member_params(0)[k], params[k]) for k in params)
 
     obs = rollouts[0][0].obs[0] * 3  # [N, 2, 3], some features beyond the clip
-    learner_view = trainer.obs_norm(torch.from_numpy(obs.reshape(1, len(obs), -1)).expand(2, -1, -1))[0]  # type: ignore[attr-defined]
+    learner_view = trainer.obs_norm(  # type: ignore[attr-defined]
+        torch.from_numpy(obs.reshape(1, len(obs), -1)).expand(2, -1, -1))[0]
     normalized = NumpyPolicy(params, spec).norm(obs.reshape(len(obs), -1))  # type: ignore[misc]
     np.testing.assert_array_equal(learner_view.numpy(), normalized)  # bit for bit: actors act as the learner trained
     assert np.abs(normalized).max() == 3.0
     net = trainer.core  # type: ignore[attr-defined]
     with torch.no_grad():
-        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1), "tanh")[0].numpy()
+        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1),
+                           "tanh")[0].numpy()
     np.testing.assert_allclose(NumpyPolicy(params, spec).forward(obs), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -156,7 +158,8 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
             returns.append(running)
             running = 0.0 if r.terminated[t, 0] else running
         scaled = scaler.scale([[r]], torch.from_numpy(r.rewards)[None], [gamma])
-        np.testing.assert_allclose(scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8), rtol=1e-5)
+        np.testing.assert_allclose(scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8),
+                                   rtol=1e-5)
     assert returns[:4] == pytest.approx([1.0, 2.9, 3.0, 6.7]) and returns[4] == pytest.approx(6.7 * 0.9 + 1)
     assert returns[8] == 2.0
 

@@ -314,7 +314,8 @@ def test_prometheus_scrapes_the_run_through_file_sd(live_run: LiveRun) -> None:
         return up if ok else []
 
     up = wait_for(all_up, 30, "every target up", period=1)
-    assert {series["metric"]["run"] for series in up} == {json.loads((live_run.run_dir / "run.json").read_text())["run"]}
+    assert ({series["metric"]["run"] for series in up}
+            == {json.loads((live_run.run_dir / "run.json").read_text())["run"]})
 
 
 @pytest.mark.slow

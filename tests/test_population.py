@@ -124,7 +124,8 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
             batch.valid[3] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
-        plan = [None if i is None else i.to(device) for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        plan = [None if i is None else i.to(device)
+                for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         ppo.update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())
@@ -137,7 +138,8 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     for m, (net, adam) in enumerate(zip(nets, adams, strict=True)):
         got = pop.member_params(m)
         for name, want in net.state_dict().items():
-            np.testing.assert_allclose(got[name], want.cpu().numpy(), rtol=2e-4, atol=atol[0], err_msg=f"member {m} {name}")
+            np.testing.assert_allclose(got[name], want.cpu().numpy(), rtol=2e-4, atol=atol[0],
+                                       err_msg=f"member {m} {name}")
         moments = torch.cat([adam.state[p]["exp_avg"].reshape(-1) for p in net.parameters()])
         # parameters() and state_dict() share an order here (no buffers)
         torch.testing.assert_close(optimizer.exp_avg[m], moments, rtol=2e-4, atol=atol[1])

@@ -281,7 +281,8 @@ def test_n_step_transitions_bootstrap_from_obs_k_steps_on_and_stop_at_an_episode
     """Slot 0 terminates at t = 1 (reset at t = 2), slot 1 is truncated at t = 2; three steps each
     at most, discounted by 0.5. make_rollout's obs hold their own t, its rewards 10·t + n + 0.5."""
     steps, slots = 5, 2
-    valid, terminated, truncated = np.ones((steps, slots), bool), np.zeros((steps, slots), bool), np.zeros((steps, slots), bool)
+    valid, terminated, truncated = (np.ones((steps, slots), bool), np.zeros((steps, slots), bool),
+                                    np.zeros((steps, slots), bool))
     terminated[1, 0], valid[2, 0] = True, False
     truncated[2, 1], valid[3, 1] = True, False
     replay = Replay(1, 100, spec(), n_step=3)

@@ -112,7 +112,8 @@ def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
     config.write_text(json.dumps({
         "env_id": "Pendulum-v1", "algo": "sac", "population": 2, "total_steps": 8000, "num_envs": 4,
         "rollout_length": 16, "sac": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64},
-        "pbt": {"interval": 1200, "fitness_episodes": 4, "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}},
+        "pbt": {"interval": 1200, "fitness_episodes": 4,
+                "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}},
     }))
     run_dir = tmp_path / "run"
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--config",

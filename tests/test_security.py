@@ -213,15 +213,17 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
     ctx = zmq.Context()
     try:
         for what, keys in intruders.items():
-            for endpoint, messages in [(control, to_coordinator), *[(e, [wire.Hello(role="actor", name="actor-0", pid=1,
-                                                                                    member=0), ROLLOUT]) for e in experience]]:
+            for endpoint, messages in [(control, to_coordinator),
+                                       *[(e, [wire.Hello(role="actor", name="actor-0", pid=1, member=0), ROLLOUT])
+                                         for e in experience]]:
                 sock = client(ctx, endpoint, keys)
                 for message in messages:
                     sock.send(wire.encode(message))
                 assert not sock.poll(1000), f"{endpoint} answered a client with {what}"
                 sock.close(0)
             assert not listens(ctx, broadcast, keys, 2000), f"the broadcast reached a client with {what}"
-        assert listens(ctx, broadcast, ours, 30_000), "the run's own actor key hears no broadcast: the test proves nothing"
+        assert listens(ctx, broadcast, ours, 30_000), (
+            "the run's own actor key hears no broadcast: the test proves nothing")
         sock = client(ctx, control, ours)
         sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
                                          experience_endpoint="tcp://127.0.0.1:9")))
@@ -271,7 +273,8 @@ FLEET = Peer("actor", security.ANY_ACTOR)
     (LEARNER_1, WEIGHTS, False),  # only rank 0 publishes
     (LEARNER_0, WEIGHTS, True),
     (LEARNER_0, wire.ActorReport(name="actor-3", member=0, env_steps=10), False),
-    (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),  # the coordinator's
+    # the coordinator's
+    (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),
     (None, WEIGHTS, True),  # a run without keys trusts its network
     (FLEET, wire.Hello(role="actor", name="rlmq-actor-7d9f-x2k4q", pid=1), True),  # the fleet's key: any actor
     (FLEET, wire.ActorReport(name="rlmq-actor-7d9f-x2k4q", member=0, env_steps=10), True),
@@ -280,7 +283,8 @@ FLEET = Peer("actor", security.ANY_ACTOR)
     (ACTOR, dataclasses.replace(ROLLOUT, actor="actor-3"), True),
     (ACTOR, ROLLOUT, False),  # another actor's rollout
 ])
-def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message, allowed: bool) -> None:
+def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message,
+                                                        allowed: bool) -> None:
     assert (security.refusal(peer, message) == "") == allowed
 
 
@@ -308,7 +312,8 @@ def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() 
     names = [f"pod-{i}" for i in range(MAX_SEQUENCE + 10)]
     deliveries = Deliveries()
     for i, name in enumerate(names):  # 32 valid steps each; every other one ends an episode
-        deliveries.add(dataclasses.replace(ROLLOUT, actor=name, terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0)))
+        deliveries.add(dataclasses.replace(ROLLOUT, actor=name,
+                                           terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0)))
     reported: list[dict[str, int]] = []
     while deliveries.steps:
         steps, episodes = deliveries.take()

@@ -84,7 +84,8 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     sock.send_multipart([b"two", b"frames"])
     expected = len(BAD_FRAMES) + len(SEMANTIC_FRAMES) + 1
     wait_for(lambda: rejected_total(coord["metrics"]) >= expected, 10, "rejects counted")
-    sock.send(wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9")))
+    sock.send(wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0,
+                                     experience_endpoint="tcp://127.0.0.1:9")))
     answer = receive(sock)
     assert isinstance(answer, wire.Assign) and answer.env_spec == CARTPOLE
 
@@ -153,7 +154,8 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     assert isinstance(credit, wire.Credit) and credit.policy_version == first_weights.version
     sock.send(wire.encode(_rollout()))
     trained, credit = receive(sock), receive(sock)
-    assert isinstance(trained, wire.Weights) and isinstance(credit, wire.Credit), "a valid rollout after garbage is accepted"
+    assert (isinstance(trained, wire.Weights)
+            and isinstance(credit, wire.Credit)), "a valid rollout after garbage is accepted"
     assert trained.version == credit.policy_version == first_weights.version + 1  # it trained on it
     assert learner.alive(), learner.log()
     sock.close()

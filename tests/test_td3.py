@@ -40,7 +40,8 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
 
 
 def hyperparams(learning_rates: list[float]) -> ActorCriticHyperparams:
-    members = [{"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)} for m, lr in enumerate(learning_rates)]
+    members = [{"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)}
+               for m, lr in enumerate(learning_rates)]
     return per_member(ActorCriticHyperparams, members, CPU)
 
 
@@ -77,7 +78,8 @@ def test_critic_and_actor_losses() -> None:
     q2 = torch.tensor([[1.0, 1.0, 1.0], [1.0, 2.0, 3.0]])
     target = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(td3.critic_loss(q1, q2, target), torch.tensor([5 / 3, 14 / 3]))
-    torch.testing.assert_close(td3.actor_loss(torch.tensor([[1.0, 2.0, 3.0], [-3.0, 0.0, 0.0]])), torch.tensor([-2.0, 1.0]))
+    torch.testing.assert_close(td3.actor_loss(torch.tensor([[1.0, 2.0, 3.0], [-3.0, 0.0, 0.0]])),
+                               torch.tensor([-2.0, 1.0]))
 
 
 def member_modules(algo: td3.TD3, member: int) -> dict[str, torch.nn.Module]:
@@ -146,7 +148,8 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
             obs, next_obs, actions = batch.obs[m], batch.next_obs[m], (batch.actions[m] - bias) / scale
             with torch.no_grad():
                 next_action = torch.tanh(n["target_actor"].policy(next_obs))
-                next_action = (next_action + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)).clamp(-1, 1)
+                next_action = (next_action
+                               + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)).clamp(-1, 1)
                 x = torch.cat([next_obs, next_action], -1)
                 next_q = torch.min(n["target_critic"].q1(x), n["target_critic"].q2(x)).squeeze(-1)
                 y = batch.rewards[m] + gamma * (1 - batch.terminated[m]) * next_q
@@ -169,7 +172,8 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
                               ("target_critic", algo.target_critic)):
             got = stacked.member_params(m)
             for key, want in nets[m][name].state_dict().items():
-                np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"member {m} {name} {key}")
+                np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=1e-6,
+                                           err_msg=f"member {m} {name} {key}")
         for name, want_steps in (("critic", steps), ("actor", steps // delay)):
             optimizer = algo.optimizers[name]
             assert int(optimizer.steps[m]) == want_steps
@@ -204,7 +208,8 @@ def test_the_learning_rate_decays_over_gradient_steps(algo_name: str) -> None:
     def build(**decay: float) -> td3.TD3 | sac.SAC:
         torch.manual_seed(3)
         if algo_name == "td3":
-            return td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1, **decay), 1, CPU)  # type: ignore[arg-type]
+            return td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1, **decay),  # type: ignore[arg-type]
+                           1, CPU)
         return sac.SAC(SPEC, SACConfig(hidden_sizes=(16,), **decay), 1, CPU)  # type: ignore[arg-type]
 
     decaying, constant = build(lr_decay_steps=4, lr_final_fraction=0.1), build()
@@ -239,8 +244,8 @@ def test_copy_member_copies_every_network_and_optimizer_state() -> None:
     algo = td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1), 3, CPU)
     hp = hyperparams([1e-3, 2e-3, 3e-3])
     for step in range(3):
-        algo.step(transitions(3, 8, seed=step), hp, torch.tensor([True, True, False]), torch.tensor([True, True, False]),
-                  no_sync, None)
+        algo.step(transitions(3, 8, seed=step), hp, torch.tensor([True, True, False]),
+                  torch.tensor([True, True, False]), no_sync, None)
     states = [*(s.flat for s in (algo.actor, algo.critic, algo.target_actor, algo.target_critic)),
               *(t for o in algo.optimizers.values() for t in (o.exp_avg, o.exp_avg_sq, o.steps))]
     assert all(not torch.equal(t[2], t[0]) for t in states)  # or the copy would prove nothing

@@ -221,7 +221,8 @@ def test_round_trip_of_views_that_are_not_contiguous() -> None:
     for returns in (base.T[2], base[1, ::2], base[::2, 1]):
         lengths = np.arange(len(returns), dtype=np.int64)[::-1]
         assert not returns.flags.c_contiguous and not lengths.flags.c_contiguous
-        decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns, episode_lengths=lengths)))
+        decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns,
+                                                           episode_lengths=lengths)))
         assert decoded.episode_returns.tolist() == returns.tolist()
         assert decoded.episode_lengths.tolist() == lengths.tolist()
     obs = np.arange(3 * 2 * 4, dtype=np.float32).reshape(4, 2, 3).transpose(2, 1, 0)  # [T + 1 = 3, N = 2, 4]
@@ -375,16 +376,23 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("length-itemsize", with_field(REPORT, episode_returns=array("float64", [3], F32_3)), "bad_shape"),
     ("negative-dim", with_field(REPORT, episode_returns=array("float32", [-3], F32_3)), "bad_shape"),
     ("negative-dims-cancel", with_field(REPORT, episode_returns=array("float32", [-1, -3], F32_3)), "bad_shape"),
-    ("too-many-dims", with_field(REPORT, episode_returns=array("float32", [3] + [1] * wire.MAX_ARRAY_DIMS, F32_3)), "bad_shape"),
+    ("too-many-dims", with_field(REPORT, episode_returns=array("float32", [3] + [1] * wire.MAX_ARRAY_DIMS, F32_3)),
+     "bad_shape"),
     ("float-dim", with_field(REPORT, episode_returns=array("float32", [3.0], F32_3)), "bad_shape"),
     ("bool-dim", with_field(REPORT, episode_returns=array("float32", [True, 3], F32_3)), "bad_shape"),
     ("shape-int", with_field(REPORT, episode_returns=array("float32", 3, F32_3)), "bad_shape"),
     ("huge-dims-size-zero", with_field(REPORT, episode_returns=array("float32", [0, 2**63], b"")), "bad_shape"),
     ("huge-dims-overflow", with_field(REPORT, episode_returns=array("float32", [0, 2**62, 2**62], b"")), "bad_shape"),
     ("data-str", with_field(REPORT, episode_returns=array("uint8", [3], "abc")), "bad_type"),
-    ("nan-float32", with_field(REPORT, episode_returns=array("float32", [2], np.array([1, np.nan], np.float32).tobytes())), "non_finite"),
-    ("inf-float64", with_field(REPORT, episode_returns=array("float64", [2], np.array([np.inf, 1.0]).tobytes())), "non_finite"),
-    ("minus-inf-float64", with_field(REPORT, episode_returns=array("float64", [1], np.array([-np.inf]).tobytes())), "non_finite"),
+    ("nan-float32",
+     with_field(REPORT, episode_returns=array("float32", [2], np.array([1, np.nan], np.float32).tobytes())),
+     "non_finite"),
+    ("inf-float64",
+     with_field(REPORT, episode_returns=array("float64", [2], np.array([np.inf, 1.0]).tobytes())),
+     "non_finite"),
+    ("minus-inf-float64",
+     with_field(REPORT, episode_returns=array("float64", [1], np.array([-np.inf]).tobytes())),
+     "non_finite"),
     ("bool-byte-2", rollout_with(valid=np.full((T, N), 2, np.uint8).view(np.bool_)), "bad_value"),
     # rollouts whose arrays disagree
     ("rollout-rewards-short", rollout_with(rewards=np.zeros((T - 1, N), np.float32)), "bad_shape"),

@@ -22,7 +22,8 @@ from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.trainers import make_trainer
 
 SPECS = {
-    "td3": EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)),
+    "td3": EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
+                   action_high=(2.0, 1.0)),
     "dqn": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3),
 }
 POPULATION, STEPS, SLOTS = 3, 8, 4
