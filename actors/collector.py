@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlmq.common.models import NumpyPolicy
+from rlmq.common.noise import DEFAULT_HORIZON, ColoredNoise
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 
@@ -33,6 +34,10 @@ class Collector:
             if spec.action_kind == "continuous" and spec.action_low
             else None
         )
+        # Colored exploration noise, once a policy asks for it: one sequence per slot, as long as
+        # the env's episodes may be.
+        self.noise: ColoredNoise | None = None
+        self.horizon = getattr(env.spec, "max_episode_steps", None) or DEFAULT_HORIZON
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
         """One rollout of `rollout_length` vector steps under `policy`."""
@@ -40,14 +45,16 @@ class Collector:
         arrays = allocate(self.spec, steps, self.num_envs)
         obs, actions, logprobs, rewards = arrays["obs"], arrays["actions"], arrays["logprobs"], arrays["rewards"]
         terminated, truncated, valid = arrays["terminated"], arrays["truncated"], arrays["valid"]
-        env, rng, clip = self.env, self.rng, self.clip
+        env, rng, clip, noise = self.env, self.rng, self.clip, self.colored_noise(policy)
         obs[0] = self.obs  # in the spec's dtype from here on (a float64 observation becomes float32)
         for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
-            action, logp = policy.act(obs[t], rng)
+            action, logp = policy.act(obs[t], rng) if noise is None else policy.act(obs[t], rng, noise.sample())
             next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
             obs[t + 1] = next_obs
             actions[t], logprobs[t], rewards[t] = action, logp, reward
             terminated[t], truncated[t] = term, trunc
+            if noise is not None:
+                noise.restart(term | trunc)
         self.obs = obs[steps].copy()
         done = terminated | truncated
         valid[0] = ~self.prev_done
@@ -57,6 +64,15 @@ class Collector:
         self.collected += 1
         return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
                        frame_stack=self.spec.frame_stack, **arrays)
+
+    def colored_noise(self, policy: NumpyPolicy) -> ColoredNoise | None:
+        """The noise process for `policy`'s `noise_color`, kept across weight updates (a new policy
+        object each) so that each slot's sequence runs on; None for white noise."""
+        if policy.noise_color <= 0 or self.spec.action_kind != "continuous":
+            return None
+        if self.noise is None or self.noise.beta != policy.noise_color:
+            self.noise = ColoredNoise(policy.noise_color, self.num_envs, self.spec.action_dim, self.horizon, self.rng)
+        return self.noise
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes that ended since the last call, ordered by slot,

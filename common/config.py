@@ -173,11 +173,16 @@ class SACConfig(ReplayConfig):
     hidden_sizes: tuple[int, ...] = (256, 256)
     target_entropy: float | None = None  # None: −(action dimensions)
     init_temperature: float = 1.0
+    # β of the actors' exploration noise, whose power spectrum falls as 1/f^β along an episode
+    # (common/noise.py): 0 white (each step's draw independent, as SAC's paper), 1 pink.
+    noise_color: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (self.learning_rate > 0 and self.init_temperature > 0 and 0 < self.gamma <= 1 and 0 < self.tau <= 1):
-            raise ValueError("sac: need learning_rate > 0, init_temperature > 0, 0 < gamma ≤ 1, 0 < tau ≤ 1")
+        if not (self.learning_rate > 0 and self.init_temperature > 0 and 0 < self.gamma <= 1 and 0 < self.tau <= 1
+                and self.noise_color >= 0):
+            raise ValueError("sac: need learning_rate > 0, init_temperature > 0, 0 < gamma ≤ 1, 0 < tau ≤ 1, "
+                             "noise_color ≥ 0")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             raise ValueError("sac.hidden_sizes must be positive")
 
@@ -199,6 +204,7 @@ class TD3Config(ReplayConfig):
     # Actors add Gaussian noise of this std × half the action range, then clip to the bounds; until
     # the member has `learning_starts` env steps they act uniformly at random (as SB3 and the paper).
     exploration_noise: float = 0.1
+    noise_color: float = 0.0  # β of that noise's 1/f^β spectrum, as SACConfig's
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -207,8 +213,8 @@ class TD3Config(ReplayConfig):
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
             "policy_delay >= 1": self.policy_delay >= 1,
-            "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0":
-                min(self.target_noise, self.noise_clip, self.exploration_noise) >= 0,
+            "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0, noise_color >= 0":
+                min(self.target_noise, self.noise_clip, self.exploration_noise, self.noise_color) >= 0,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
         }
         problems = [f"td3: {rule}" for rule, ok in checks.items() if not ok]

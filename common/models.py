@@ -79,6 +79,7 @@ class NumpyPolicy:
         self.scale, self.bias = scale_and_bias(spec)
         # PPO's Gaussian keeps a state-free log-std; a policy with its own outputs (SAC) does not.
         self._log_std = None if self.discrete or outputs else params["log_std"].astype(np.float32)
+        self.noise_color = 0.0  # β of the exploration noise's 1/f^β spectrum: 0 white
         if self._log_std is not None and self._log_std.shape != (spec.action_dim,):
             raise ValueError(f"log_std {self._log_std.shape} does not fit {spec.action_dim} actions")
 
@@ -95,13 +96,17 @@ class NumpyPolicy:
         out: np.ndarray = x @ weight + bias
         return out
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(actions, log-probabilities) for a batch of observations."""
+    def act(self, obs: np.ndarray, rng: np.random.Generator,
+            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(actions, log-probabilities) for a batch of observations. A continuous policy's
+        standard-normal draws [N, action_dim] come from `rng`, or are `noise` where the caller keeps
+        colored noise for the policy's `noise_color` (common/noise.py)."""
         out = self.forward(obs)
         if self.discrete:
             return sample_categorical(out, rng)
         assert self._log_std is not None
-        noise = rng.standard_normal(out.shape, dtype=np.float32)
+        if noise is None:
+            noise = rng.standard_normal(out.shape, dtype=np.float32)
         actions = out + np.exp(self._log_std) * noise
         logp = -(0.5 * noise * noise + self._log_std + _HALF_LOG_2PI).sum(axis=-1)
         return actions, logp.astype(np.float32)
@@ -131,16 +136,19 @@ class SquashedGaussianPolicy(NumpyPolicy):
     """SAC's policy: a ReLU MLP giving mean and log-std; actions tanh-squashed into the env's
     bounds. Must match learners/sac.py (`Actor`, LOG_STD_MIN/MAX)."""
 
-    def __init__(self, params: Params, spec: EnvSpec) -> None:
+    def __init__(self, params: Params, spec: EnvSpec, noise_color: float = 0.0) -> None:
         if spec.action_kind != "continuous":
             raise ValueError("SAC needs continuous actions")
         super().__init__(params, spec, outputs=2 * spec.action_dim, activation="relu")
         self.head = "squashed_mean"
         self._log_std = None
+        self.noise_color = noise_color
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, rng: np.random.Generator,
+            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         mean, log_std = np.split(self.forward(obs), 2, axis=-1)
-        noise = rng.standard_normal(mean.shape, dtype=np.float32)
+        if noise is None:
+            noise = rng.standard_normal(mean.shape, dtype=np.float32)
         action = np.tanh(mean + np.exp(np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)) * noise)
         # Off-policy learners do not use the behaviour log-probability.
         return (action * self.scale + self.bias).astype(np.float32), np.zeros(len(obs), np.float32)
@@ -154,19 +162,21 @@ class DeterministicPolicy(NumpyPolicy):
     the env's bounds, plus Gaussian noise of std `noise` × half the range, clipped to the bounds.
     During `warmup` (before the member trains) actions are uniform within the bounds instead."""
 
-    def __init__(self, params: Params, spec: EnvSpec, noise: float, warmup: bool) -> None:
+    def __init__(self, params: Params, spec: EnvSpec, noise: float, warmup: bool, noise_color: float = 0.0) -> None:
         if spec.action_kind != "continuous":
             raise ValueError("TD3 needs continuous actions")
         super().__init__(params, spec, outputs=spec.action_dim, activation="relu")
         self.head = "tanh"
-        self.noise, self.warmup = noise, warmup
+        self.noise, self.warmup, self.noise_color = noise, warmup, noise_color
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, rng: np.random.Generator,
+            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         shape = (len(obs), len(self.scale))
         if self.warmup:
             action = rng.uniform(-1.0, 1.0, shape)
         else:  # clipped here, not only at env.step: the learner must see the action that was taken
-            action = np.clip(np.tanh(self.forward(obs)) + self.noise * rng.standard_normal(shape), -1.0, 1.0)
+            draws = rng.standard_normal(shape) if noise is None else noise
+            action = np.clip(np.tanh(self.forward(obs)) + self.noise * draws, -1.0, 1.0)
         return (action * self.scale + self.bias).astype(np.float32), np.zeros(len(obs), np.float32)
 
 
@@ -180,7 +190,8 @@ class EpsilonGreedyPolicy(NumpyPolicy):
         super().__init__(params, spec, activation="relu", encoder=encoder)
         self.epsilon, self.actions = epsilon, spec.action_dim
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def act(self, obs: np.ndarray, rng: np.random.Generator,
+            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         greedy = np.argmax(self.forward(obs), axis=-1)
         explore = rng.random(len(obs)) < self.epsilon
         action = np.where(explore, rng.integers(0, self.actions, len(obs)), greedy)
@@ -195,7 +206,8 @@ def linear_epsilon(trained_steps: int, horizon: float, initial: float, final: fl
 
 def _td3_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
     td3 = run_config.td3
-    return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts)
+    return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts,
+                               noise_color=td3.noise_color)
 
 
 def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
@@ -210,7 +222,8 @@ def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
 POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
     "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(
         params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec)),
-    "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(params, spec),
+    "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(
+        params, spec, run_config.sac.noise_color),
     "td3": _td3_policy,
     "dqn": _dqn_policy,
 }
