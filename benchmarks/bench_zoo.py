@@ -12,8 +12,10 @@ For each case and seed, one run after the other (never at the same time):
 
 Both final policies are then evaluated by the same protocol (`rlmq.cli.evaluate.play`): 20
 episodes, deterministic actions, episode i from reset(seed=1000 + i). Wall time: rlmq's whole
-`rlmq up` (start-up included), SB3's `learn`. Printed per seed, then each side's median and the
-ratios rlmq / SB3 (return: ≥ 1 wanted; wall time: ≤ 0.5 wanted). The case's budget is passed to
+`rlmq up` (start-up included), SB3's `learn`; beside it the CPU seconds each spent (all of rlmq's
+processes; SB3's one), which another load on the machine inflates far less than the wall time.
+Printed per seed, then each side's median and the ratios rlmq / SB3 (return: ≥ 1 wanted; wall time:
+≤ 0.5 wanted). The case's budget is passed to
 `rlmq up` as --total-steps (the SAC config's own is 200 k).
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -94,18 +97,24 @@ CASES = {
 }
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of every finished descendant (`rlmq up` waits for its services, so theirs count)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_rlmq(case: Case, seed: int, run_dir: Path, timeout_s: float) -> dict[str, Any]:
     argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--env", case.env_id,
             "--algo", case.algo, "--seed", str(seed), "--total-steps", str(case.budget), "--run-dir", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _children_cpu_s()
     with open(run_dir.parent / f"{run_dir.name}.log", "wb") as log:
         code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                               timeout=timeout_s).returncode
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _children_cpu_s() - cpu_started
     result = evaluate(load_checkpoint(run_dir), EVAL_EPISODES, EVAL_SEED)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"exit": code, "wall_s": wall, "env_steps": summary["env_steps"], "eval_mean": result.mean,
+    return {"exit": code, "wall_s": wall, "cpu_s": cpu, "env_steps": summary["env_steps"], "eval_mean": result.mean,
             "eval_std": result.std}
 
 
@@ -116,12 +125,13 @@ def run_sb3(case: Case, seed: int, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     env = make_vec_env(case.env_id, n_envs=case.sb3_envs, seed=seed)
     model = case.sb3(env, seed)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=case.budget)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     env.close()
     result = play(case.env_id, lambda obs: model.predict(obs, deterministic=True)[0], EVAL_EPISODES, EVAL_SEED)
-    return {"wall_s": wall, "env_steps": int(model.num_timesteps), "eval_mean": result.mean, "eval_std": result.std}
+    return {"wall_s": wall, "cpu_s": cpu, "env_steps": int(model.num_timesteps), "eval_mean": result.mean,
+            "eval_std": result.std}
 
 
 def median(values: list[float]) -> float | None:
@@ -130,12 +140,13 @@ def median(values: list[float]) -> float | None:
 
 def summarize(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Each side's medians over the seeds run so far, and the ratios rlmq / SB3."""
-    sides = {side: {"eval_mean": median([r[side]["eval_mean"] for r in rows if side in r]),
-                    "wall_s": median([r[side]["wall_s"] for r in rows if side in r])}
+    sides = {side: {key: median([r[side][key] for r in rows if key in r.get(side, {})])
+                    for key in ("eval_mean", "wall_s", "cpu_s")}  # cpu_s: rows from before it was kept lack it
              for side in ("rlmq", "sb3")}
     rl, sb = sides["rlmq"], sides["sb3"]
     ratios = {"return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
-              "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None}
+              "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None,
+              "cpu": rl["cpu_s"] / sb["cpu_s"] if rl["cpu_s"] and sb["cpu_s"] else None}
     return {"budget": case.budget, "seeds": rows, "median": sides, "ratio": ratios}
 
 
@@ -148,7 +159,8 @@ def print_table(name: str, summary: dict[str, Any]) -> None:
         print(f"{r['seed']:>4} | {r['rlmq']['eval_mean']:>12.1f} {r['rlmq']['wall_s']:>8.1f} | "
               f"{s.get('eval_mean', float('nan')):>12.1f} {s.get('wall_s', float('nan')):>8.1f}")
     print(f"median | {rl['eval_mean']:>10.1f} {rl['wall_s']:>8.1f} | {sb['eval_mean'] or float('nan'):>12.1f} "
-          f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}\n")
+          f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}, "
+          f"CPU {ratios['cpu']}\n")
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
@@ -176,7 +188,8 @@ def main() -> None:
     report: dict[str, Any] = {}
     for name in args.cases:
         case, rows = CASES[name], []
-        kept = {r["seed"]: r for r in done.get(name, {}).get("seeds", []) if "rlmq" in r and ("sb3" in r or args.skip_sb3)}
+        kept = {r["seed"]: r for r in done.get(name, {}).get("seeds", [])
+                if "rlmq" in r and ("sb3" in r or args.skip_sb3)}
         for seed in args.seeds:
             if seed in kept:
                 print(f"{name} seed {seed}: kept from {args.json}", flush=True)
