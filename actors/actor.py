@@ -24,11 +24,11 @@ import numpy as np
 import zmq
 
 from rlmq.actors.collector import Collector
+from rlmq.actors.held_policy import HeldPolicy, Source
 from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
-from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.security import Credentials
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, StopFlag, announce
 
@@ -60,7 +60,6 @@ class Actor:
         self.unreported_steps = 0
         self.unreported_credit_wait = 0.0  # seconds; metrics are updated once per report, off the hot path
         self.first_step_at = 0.0
-        self.version = -1
         self.awaited_version = 0
         self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
         self.totals = (0, 0)  # env steps and episodes so far
@@ -94,10 +93,9 @@ class Actor:
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
-        self.spec, self.run_config = spec, run_cfg
-        self.policy: NumpyPolicy | None = None
+        self.held = HeldPolicy(run_cfg, spec, self.member)
         if assign.weights is not None:
-            self.apply_weights(assign.weights)
+            self.take_weights(assign.weights, "assign")
         env = envs.make_vector_env(run_cfg.env_id, run_cfg.num_envs)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
         collector = Collector(env, spec, run_cfg.rollout_length, seed)
@@ -108,15 +106,15 @@ class Actor:
         steps_total = 0
         try:
             while not self.stop.is_set():
-                self.read_broadcast(timeout_ms=0 if self.policy is not None else 100)
-                if self.policy is None:  # no weights yet: the learners are still starting
+                self.read_broadcast(timeout_ms=0 if self.held.policy is not None else 100)
+                if self.held.policy is None:  # no weights yet: the learners are still starting
                     self.pull_weights(hello, starving)
                     continue
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
                     break
                 self.first_step_at = self.first_step_at or time.time()
-                rollout = collector.collect(self.policy, self.member, self.version, self.cfg.name)
+                rollout = collector.collect(self.held.policy, self.member, self.held.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
                 self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit
@@ -159,7 +157,7 @@ class Actor:
                     try:
                         message = wire.decode(sock.recv())
                         if isinstance(message, wire.Weights):  # they come just ahead of a credit
-                            self.take_weights(message, from_learner=True)
+                            self.take_weights(message, "learner")
                             continue
                         if not isinstance(message, wire.Credit):
                             raise wire.WireError("unexpected_kind", type(message).__name__)
@@ -201,15 +199,14 @@ class Actor:
                 self.acked = max(self.acked, (message.steps_total, message.episodes_total))
                 # Those it has not heard of yet, and those it heard of but does not count yet.
                 self.unacked.keep_newest(self.totals[1] - message.episodes_total + message.episodes_uncounted)
-            elif isinstance(message, wire.Assign) and message.member == self.member:
-                if self.policy is None and message.weights is not None:
-                    self.apply_weights(message.weights)
+            elif isinstance(message, wire.Assign) and message.member == self.member and message.weights is not None:
+                self.take_weights(message.weights, "assign")
 
     def await_weights(self, version: int) -> None:
         """Wait (at most WEIGHTS_WAIT_S) for the weights a learner said it holds: collecting with
         them instead of their predecessor saves a whole update of policy lag."""
         deadline = time.monotonic() + WEIGHTS_WAIT_S
-        while self.version < version and not self.stop.is_set() and time.monotonic() < deadline:
+        while self.held.version < version and not self.stop.is_set() and time.monotonic() < deadline:
             self.read_broadcast(timeout_ms=5)
 
     def read_broadcast(self, timeout_ms: int) -> None:
@@ -232,25 +229,18 @@ class Actor:
                 if newest is None or message.version > newest.version:
                     newest = message
         if newest is not None:
-            self.take_weights(newest)
+            self.take_weights(newest, "broadcast")
 
-    def take_weights(self, weights: wire.Weights, from_learner: bool = False) -> None:
-        """Adopt broadcast weights newer than ours. Weights a learner sends with its credit are
-        what it holds now, newer or not: a restarted learner world counts on from the last version
-        its predecessor published, which can be older than one we were sent directly."""
-        if weights.member != self.member:
-            raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
-        if weights.version > self.version or (from_learner and weights.version != self.version):
-            self.apply_weights(weights)
-
-    def apply_weights(self, weights: wire.Weights) -> None:
+    def take_weights(self, weights: wire.Weights, source: Source) -> None:
+        """Offer weights to the held policy (`HeldPolicy.offer` says which it takes); a refusal
+        for cause is counted as a rejected message."""
         try:
-            self.policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps)
-        except (KeyError, ValueError) as exc:
-            self.reject(wire.WireError("bad_weights", str(exc)))
+            adopted = self.held.offer(weights, source)
+        except wire.WireError as exc:
+            self.reject(exc)
             return
-        self.version = weights.version
-        self.metrics.policy_version.set(weights.version)
+        if adopted:
+            self.metrics.policy_version.set(self.held.version)
 
     def report(self, collector: Collector) -> None:
         returns, lengths = collector.finished_episodes()
@@ -264,9 +254,9 @@ class Actor:
         self.metrics.returns_given_up.inc(self.unacked.add(returns, lengths))
         self.last_report = wire.encode(wire.ActorReport(
             name=self.cfg.name, member=self.member, env_steps=steps,
-            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths, policy_version=self.version,
-            rejected=self.rejected, first_step_at=self.first_step_at, session=self.session,
-            steps_total=self.totals[0], episodes_total=self.totals[1],
+            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths,
+            policy_version=self.held.version, rejected=self.rejected, first_step_at=self.first_step_at,
+            session=self.session, steps_total=self.totals[0], episodes_total=self.totals[1],
         ))
         self.rejected = 0
         transport.send_frame(self.control, self.last_report)

@@ -1,0 +1,51 @@
+"""Which weights an actor collects with. Three sources bring them: the coordinator's Assign (at
+start, and again when the actor asks after waiting too long), the learners' broadcast, and a
+learner's credit, which its current weights precede. This decides which to adopt; no sockets here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from rlmq.common import wire
+from rlmq.common.config import RunConfig
+from rlmq.common.models import NumpyPolicy, make_policy
+from rlmq.common.schema import EnvSpec
+
+Source = Literal["broadcast", "learner", "assign"]
+
+
+class HeldPolicy:
+    """The member's weights an actor holds, as a NumPy policy, and their version (−1: none yet)."""
+
+    def __init__(self, run_config: RunConfig, spec: EnvSpec, member: int) -> None:
+        self.run_config, self.spec, self.member = run_config, spec, member
+        self.policy: NumpyPolicy | None = None
+        self.version = -1
+
+    def offer(self, weights: wire.Weights, source: Source) -> bool:
+        """Adopt these weights if the rules for their source say so; True if adopted.
+
+        broadcast: newer than ours. learner: different from ours, newer or not: a learner sends
+            what it holds now with its credit, and a restarted learner world counts on from the
+            last version its predecessor published, older than one we may have been sent.
+        assign: only while we hold none (once the broadcast reached us, it is at least as new).
+
+        Raises WireError for another member's weights, or weights that do not fit the policy
+        (the policy held before stays)."""
+        if weights.member != self.member:
+            raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
+        wanted = {"broadcast": weights.version > self.version,
+                  "learner": weights.version != self.version,
+                  "assign": self.policy is None}[source]
+        if wanted:
+            self.adopt(weights)
+        return wanted
+
+    def adopt(self, weights: wire.Weights) -> None:
+        """Build the policy; WireError("bad_weights") leaves the policy held before in place."""
+        try:
+            policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps)
+        except (KeyError, ValueError) as exc:
+            raise wire.WireError("bad_weights", str(exc)) from exc
+        self.policy, self.version = policy, weights.version
