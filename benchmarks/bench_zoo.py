@@ -20,8 +20,9 @@ Printed per seed, then each side's median and the ratios rlmq / SB3 (return: ≥
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
 
-The JSON is written after every seed; `--resume` keeps the seeds it already holds, so a case longer
-than one sitting (SB3's SAC and TD3 take about an hour a seed on one core) can go on later.
+The JSON is written after each side of every seed; `--resume` keeps what it already holds (a seed
+whose rlmq side finished runs only its SB3 side), so a case longer than one sitting (SB3's SAC and
+TD3 take about an hour a seed on one core) can go on later.
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ def median(values: list[float]) -> float | None:
 
 
 def summarize(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each side's medians over the seeds run so far, and the ratios rlmq / SB3."""
-    sides = {side: {key: median([r[side][key] for r in rows if key in r.get(side, {})])
+    """Each side's medians over the seeds both sides finished (with --skip-sb3, rlmq's over all),
+    and the ratios rlmq / SB3."""
+    counted = [r for r in rows if "sb3" in r] or rows
+    sides = {side: {key: median([r[side][key] for r in counted if key in r.get(side, {})])
                     for key in ("eval_mean", "wall_s", "cpu_s")}  # cpu_s: rows from before it was kept lack it
              for side in ("rlmq", "sb3")}
     rl, sb = sides["rlmq"], sides["sb3"]
@@ -178,8 +181,9 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-zoo-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--json", type=Path, default=None, help="written after every seed")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the seeds that --json already holds whole (both sides), run the rest: a bench "
-                             "longer than a session, each seed's pair still run one after the other")
+                        help="keep what --json already holds (whole seeds, and rlmq sides whose SB3 side is "
+                             "missing), run the rest: a bench longer than a session, each seed's pair still run "
+                             "one after the other")
     args = parser.parse_args()
     if args.resume and args.json is None:
         parser.error("--resume needs --json, the file that holds the seeds already run")
@@ -188,16 +192,22 @@ def main() -> None:
     report: dict[str, Any] = {}
     for name in args.cases:
         case, rows = CASES[name], []
-        kept = {r["seed"]: r for r in done.get(name, {}).get("seeds", [])
-                if "rlmq" in r and ("sb3" in r or args.skip_sb3)}
+        held = {r["seed"]: r for r in done.get(name, {}).get("seeds", []) if "rlmq" in r}
         for seed in args.seeds:
-            if seed in kept:
+            row = held.get(seed)
+            if row is not None and ("sb3" in row or args.skip_sb3):
                 print(f"{name} seed {seed}: kept from {args.json}", flush=True)
-                rows.append(kept[seed])
+                rows.append(row)
                 continue
-            print(f"{name} seed {seed}: rlmq ...", flush=True)
-            row = {"seed": seed, "rlmq": run_rlmq(case, seed, args.out_dir / f"{name}-seed{seed}", args.rlmq_timeout_s)}
-            print(f"  rlmq {row['rlmq']}", flush=True)
+            if row is None:
+                print(f"{name} seed {seed}: rlmq ...", flush=True)
+                row = {"seed": seed, "rlmq": run_rlmq(case, seed, args.out_dir / f"{name}-seed{seed}",
+                                                      args.rlmq_timeout_s)}
+                print(f"  rlmq {row['rlmq']}", flush=True)
+                if args.json is not None:  # kept alone, should the SB3 side not finish in this sitting
+                    write_json(args.json, {**done, **report, name: summarize(case, [*rows, row])})
+            else:
+                print(f"{name} seed {seed}: rlmq side kept from {args.json}", flush=True)
             if not args.skip_sb3:
                 print(f"{name} seed {seed}: SB3 ...", flush=True)
                 row["sb3"] = run_sb3(case, seed, args.sb3_threads)
