@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlmq.common.models import NumpyPolicy
-from rlmq.common.noise import DEFAULT_HORIZON, ColoredNoise
+from rlmq.common.noise import ColoredNoise, horizon_for
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 
@@ -37,7 +37,7 @@ class Collector:
         # Colored exploration noise, once a policy asks for it: one sequence per slot, as long as
         # the env's episodes may be.
         self.noise: ColoredNoise | None = None
-        self.horizon = getattr(env.spec, "max_episode_steps", None) or DEFAULT_HORIZON
+        self.horizon = horizon_for(getattr(env.spec, "max_episode_steps", None))
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
         """One rollout of `rollout_length` vector steps under `policy`."""

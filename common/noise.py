@@ -17,6 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_HORIZON = 1000  # steps of one sequence where the env declares no time limit
+MAX_HORIZON = 10_000  # and at most: a sequence is held whole, [slots, horizon, dims] floats
+
+
+def horizon_for(time_limit: int | None) -> int:
+    """How many steps one sequence spans: the env's time limit, within bounds (a longer episode
+    draws a new sequence when one is spent)."""
+    return min(time_limit or DEFAULT_HORIZON, MAX_HORIZON)
 
 
 def powerlaw_noise(beta: float, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

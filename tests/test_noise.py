@@ -12,7 +12,7 @@ from rlmq.actors.collector import Collector
 from rlmq.common import envs
 from rlmq.common.config import RunConfig, SACConfig, TD3Config
 from rlmq.common.models import DeterministicPolicy, SquashedGaussianPolicy, make_policy
-from rlmq.common.noise import ColoredNoise, powerlaw_noise
+from rlmq.common.noise import DEFAULT_HORIZON, MAX_HORIZON, ColoredNoise, horizon_for, powerlaw_noise
 from rlmq.learners import sac, td3
 
 
@@ -61,6 +61,12 @@ def test_each_slot_runs_on_and_starts_a_new_sequence_at_its_episode_end() -> Non
     np.testing.assert_array_equal(renewed[[0, 2]], noise.sequences[[0, 2], 0])
     assert not np.array_equal(noise.sequences[0], first[0])
     np.testing.assert_array_equal(renewed[1], noise.sequences[1, 2])
+
+
+def test_a_sequence_spans_the_time_limit_within_bounds() -> None:
+    assert horizon_for(200) == 200
+    assert horizon_for(None) == DEFAULT_HORIZON
+    assert horizon_for(10**8) == MAX_HORIZON  # held whole in memory
 
 
 def test_bad_noise_colors_are_refused() -> None:
