@@ -7,9 +7,9 @@ needs. Noise whose power spectrum falls as 1/f^β keeps each step's N(0, 1) marg
 red (Ornstein-Uhlenbeck-like) for off-policy continuous control across many tasks (Eberhard et al.,
 "Pink Noise Is All You Need", ICLR 2023), where it replaces the draws of SAC's and TD3's actors.
 
-Each env slot and action dimension gets one sequence of `horizon` steps (the env's time limit),
-drawn whole by the Fourier method of Timmer & König (1995) as the `colorednoise` package does, and
-a new one when the slot's episode ends or the sequence runs out.
+Each env slot and action dimension gets one sequence of `horizon` steps (the env's time limit,
+within bounds), drawn whole by the Fourier method of Timmer & König (1995) as the `colorednoise`
+package does, and a new one when the slot's episode ends or the sequence runs out.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def powerlaw_noise(beta: float, shape: tuple[int, ...], rng: np.random.Generator
     amplitude = freqs ** (-beta / 2.0)
     # The standard deviation the inverse transform below gives, to divide out: each term between the
     # constant and the Nyquist one counts twice (its conjugate), those two once with √2 × amplitude.
-    # (colorednoise leaves out the constant term, which for β = 2 leaves the variance ~1.3.)
+    # (colorednoise's leaves the constant term out: for β > 0 its variance comes out above 1.)
     variance = 2.0 * amplitude[0] ** 2 + 4.0 * np.sum(amplitude[1:] ** 2)
     if steps % 2 == 0:
         variance -= 2.0 * amplitude[-1] ** 2
