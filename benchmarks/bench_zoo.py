@@ -15,8 +15,8 @@ episodes, deterministic actions, episode i from reset(seed=1000 + i). Wall time:
 `rlmq up` (start-up included), SB3's `learn`; beside it the CPU seconds each spent (all of rlmq's
 processes; SB3's one), which another load on the machine inflates far less than the wall time.
 Printed per seed, then each side's median and the ratios rlmq / SB3 (return: ≥ 1 wanted; wall time:
-≤ 0.5 wanted). The case's budget is passed to
-`rlmq up` as --total-steps (the SAC config's own is 200 k).
+≤ 0.5 wanted). The case's budget is passed to `rlmq up` as --total-steps (the SAC config's own is
+200 k).
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
 
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--rlmq-timeout-s", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-zoo-{time.strftime('%Y%m%d-%H%M%S')}")
-    parser.add_argument("--json", type=Path, default=None, help="written after every seed")
+    parser.add_argument("--json", type=Path, default=None, help="written after each side of every seed")
     parser.add_argument("--resume", action="store_true",
                         help="keep what --json already holds (whole seeds, and rlmq sides whose SB3 side is "
                              "missing), run the rest: a bench longer than a session, each seed's pair still run "

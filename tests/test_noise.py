@@ -78,7 +78,7 @@ def test_bad_noise_colors_are_refused() -> None:
         ColoredNoise(-1.0, 2, 1, 100, np.random.default_rng(0))
 
 
-def test_the_sac_policy_squashes_the_noise_it_is_given() -> None:
+def test_the_sac_policy_acts_with_the_noise_it_is_given_not_the_rngs() -> None:
     spec = envs.probe("Pendulum-v1")
     algo = sac.SAC(spec, SACConfig(hidden_sizes=(16,)), 1, torch.device("cpu"))
     policy = make_policy(RunConfig(env_id="Pendulum-v1", algo="sac", sac=SACConfig(noise_color=1.0)),
