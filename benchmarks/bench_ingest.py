@@ -123,8 +123,8 @@ def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     learner.run_cfg, learner.spec = run_cfg, SPEC
     learner.members = MemberQueues(1, args.actors, CreditTimeouts(), 1, 2**62, 0.0, 0.0, most_per_batch=args.actors)
     # (what a credit is sent behind, once per actor and version: the version never moves here)
-    learner.weights_frames[0] = (0, wire.encode(wire.Weights(member=0, version=0,
-                                                             params={"w": np.zeros(1, np.float32)})))
+    learner.credit_frames.weights[0] = (0, wire.encode(wire.Weights(member=0, version=0,
+                                                                    params={"w": np.zeros(1, np.float32)})))
     trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device(args.device)) if train else None
     if trainer is not None:
         trainer.set_hyperparams([run_cfg.base_hyperparams()])

@@ -38,16 +38,16 @@ from rlmq.common.service import (
     keep_freed_memory,
 )
 from rlmq.learners import checkpoint, distributed
+from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
+from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
-MAX_PENDING = 1024  # decisions held ahead of the one to apply next
-MAX_ACTORS_REMEMBERED = 4096  # actors whose last weights sent we remember (restarted ones are new)
 NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
 # Tests: exit at the start of the update that follows this process's first checkpoint, while the
 # other ranks wait for it in that update's all-reduce.
@@ -89,12 +89,8 @@ class Learner:
         self.counts = collections.Counter[str]()
         self.log_reject = RejectLog(log)
         self.lags: list[int] = []
-        self.applied = 0  # id of the last PBT decision applied
         self.nonfinite_seen = 0  # member steps the trainer skipped for a non-finite gradient
-        self.decisions: dict[int, bytes] = {}  # rank 0: decisions received, not yet applied, by id
-        self.weights_frames: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)
-        self.weights_sent: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
-        self.credit_frame = (-1, b"")  # (version, a Credit naming it), encoded once per version
+        self.credit_frames = CreditFrames(lambda member: wire.encode(self.weights(member)))
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
         self.deliveries = Deliveries()  # a secure run checks actors' reports against these
 
@@ -138,20 +134,9 @@ class Learner:
         self.metrics.queue_depth.set(self.members.queued)
 
     def send_credit(self, actor: bytes, member: int) -> None:
-        """A credit names our policy version, and the weights of that version go just ahead of it
-        on the same connection, once per actor and version: the actor collects with them at once
-        instead of waiting for the coordinator's rebroadcast, a hop longer (~0.9 ms of every
-        update's round trip on CartPole). Every rank holds the same weights, so every rank sends."""
-        version = self.members.versions[member]
-        if self.weights_sent.get(actor) != (member, version):
-            self.experience.send_multipart([actor, self.weights_frame(member)])
-            self.weights_sent[actor] = (member, version)
-            self.weights_sent.move_to_end(actor)
-            if len(self.weights_sent) > MAX_ACTORS_REMEMBERED:
-                self.weights_sent.popitem(last=False)
-        if self.credit_frame[0] != version:
-            self.credit_frame = (version, wire.encode(wire.Credit(1, policy_version=version)))
-        self.experience.send_multipart([actor, self.credit_frame[1]])
+        """A credit names our policy version; the weights of that version go just ahead of it."""
+        for frame in self.credit_frames.for_credit(actor, member, self.members.versions[member]):
+            self.experience.send_multipart([actor, frame])
 
     def weights(self, member: int, final: bool = False) -> wire.Weights:
         return wire.Weights(member=member, version=self.members.versions[member],
@@ -159,11 +144,7 @@ class Learner:
                             trained_steps=self.trainer.trained_steps(member))
 
     def weights_frame(self, member: int) -> bytes:
-        """The member's current weights as a wire frame, encoded once per version."""
-        version = self.members.versions[member]
-        if self.weights_frames.get(member, (-1, b""))[0] != version:
-            self.weights_frames[member] = (version, wire.encode(self.weights(member)))
-        return self.weights_frames[member][1]
+        return self.credit_frames.weights_frame(member, self.members.versions[member])
 
     def check_rollout(self, r: wire.Rollout) -> None:
         arrays = {name: getattr(r, name) for name in ROLLOUT_DTYPES}
@@ -185,18 +166,13 @@ class Learner:
                     raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
                 message = wire.decode(parts[1])
                 if isinstance(message, wire.Decision):
-                    self.members.check(message.target)
-                    self.members.check(message.source)
-                    if set(message.hyperparams) != set(self.hyperparams[message.target]):
-                        raise wire.WireError("bad_value", f"decision {message.id} sets {sorted(message.hyperparams)}")
+                    self.pbt.keep(message, parts[1])
             except wire.WireError as exc:
                 self.reject(exc)
                 continue
             if isinstance(message, wire.Directive) and message.kind == "stop":
                 log.info("coordinator says stop: %s", message.reason)
                 self.stop.set("directive")
-            elif isinstance(message, wire.Decision) and self.applied < message.id <= self.applied + MAX_PENDING:
-                self.decisions[message.id] = parts[1]  # repeats are normal; far-future ids are not kept
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -219,8 +195,8 @@ class Learner:
                                     self.run_cfg.rank_wait_s,
                                     self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)
         base = self.run_cfg.base_hyperparams()
-        self.hyperparams = [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)]
-        self.applied = assign.applied_decision
+        self.pbt = PbtState([dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)],
+                            assign.applied_decision)
         for weights in assign.member_weights:
             self.members.versions[weights.member] = weights.version
         torch.manual_seed(self.run_cfg.seed)
@@ -235,7 +211,7 @@ class Learner:
         try:
             self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
                                                  self.cfg.world_size, device)
-            self.trainer.set_hyperparams(self.hyperparams)
+            self.trainer.set_hyperparams(self.pbt.hyperparams)
             self.checkpoints = (checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank,
                                                        self.run_cfg.checkpoints_kept)
                                 if self.cfg.checkpoint_dir else None)
@@ -251,10 +227,9 @@ class Learner:
         """Every rank takes rank 0's PBT state: each got its own Assign, and a decision applied
         between two of them would leave the ranks training different hyperparameters (DDP makes
         only the parameters equal)."""
-        state = {"applied": self.applied, "hyperparams": self.hyperparams, "versions": self.members.versions}
+        state = {"pbt": self.pbt.to_json(), "versions": self.members.versions}
         shared = json.loads(distributed.share_any_length(json.dumps(state).encode(), device))  # never pickle
-        self.applied, self.hyperparams, self.members.versions = (
-            shared["applied"], shared["hyperparams"], shared["versions"])
+        self.pbt, self.members.versions = PbtState.from_json(shared["pbt"]), shared["versions"]
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -274,10 +249,10 @@ class Learner:
         # A version must name one set of weights: past what the coordinator holds if it is newer.
         self.members.versions = [v if v >= published else published + 1
                                  for v, published in zip(saved["versions"], self.members.versions, strict=True)]
-        self.applied, self.hyperparams = int(saved["applied"]), [dict(h) for h in saved["hyperparams"]]
-        self.trainer.set_hyperparams(self.hyperparams)
+        self.pbt = PbtState.from_json(saved)
+        self.trainer.set_hyperparams(self.pbt.hyperparams)
         log.info("rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d", self.cfg.rank,
-                 found, self.checkpoints.path(found), self.members.versions, self.applied)
+                 found, self.checkpoints.path(found), self.members.versions, self.pbt.applied)
 
     def save_checkpoint(self, device: torch.device) -> None:
         self.checkpoint_number += 1
@@ -288,15 +263,14 @@ class Learner:
 
     def checkpoint_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
-            "learner": {"versions": list(self.members.versions), "applied": self.applied,
-                        "hyperparams": self.hyperparams, "rank": self.cfg.rank, "world_size": self.cfg.world_size,
-                        "time": time.time()},
+            "learner": {"versions": list(self.members.versions), **self.pbt.to_json(), "rank": self.cfg.rank,
+                        "world_size": self.cfg.world_size, "time": time.time()},
             "trainer": checkpoint.capture(self.trainer),
         }
         if self.cfg.rank == 0:  # and what `rlmq eval` and `rlmq export` read in checkpoint.pt
             members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in self.trainer.member_params(m).items()},
                            "version": self.members.versions[m], "trained_steps": self.trainer.trained_steps(m),
-                           "hyperparams": self.hyperparams[m]}
+                           "hyperparams": self.pbt.hyperparams[m]}
                        for m in range(self.run_cfg.population)}
             state |= {"members": members, "best_member": 0, "params": members[0]["params"],
                       "version": members[0]["version"], "env_spec": dataclasses.asdict(self.spec),
@@ -307,7 +281,6 @@ class Learner:
 
     def train(self, device: torch.device, max_updates: int | None) -> int:
         population = self.run_cfg.population
-        publish_every = self.run_cfg.algo_config.publish_every
         checkpoint_due = RateTimer(self.run_cfg.checkpoint_interval_s or float("inf"))
         if self.cfg.rank == 0:
             for member in range(population):
@@ -321,54 +294,20 @@ class Learner:
             stale = self.members.drop_stale()
             self.counts["stale"] += stale
             self.metrics.stale_dropped.inc(stale)
-            ready = self.members.ready()
-            offer = self.decisions.get(self.applied + 1, b"")
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
-            agreed = distributed.agree(ready, self.members.overdue(), self.stop.is_set() or limit_hit,
-                                       self.members.batch_samples(), len(offer),
-                                       self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
-                                       device, max(self.members.batch_sizes() + [self.members.need]),
-                                       self.members.most > self.members.need)
-            if agreed.decision_bytes:
-                replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
-                if replaced is not None:  # its queued batch, another policy's, is gone on every rank
-                    agreed.member_samples[replaced] = 0
+            agreed = self.agree(device, self.stop.is_set() or limit_hit,
+                                self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
             if agreed.stop:
                 self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
                 break
             if agreed.checkpoint:
                 self.save_checkpoint(device)
-            if not agreed.update:
-                self.heartbeat.leave()
-                if report.due():
-                    self.report()
-                continue
-            taken = self.members.take()
-            for lag in taken.lags:
-                self.metrics.policy_lag.observe(lag)
-            self.lags += taken.lags
-            started = time.perf_counter()
-            if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
-                log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
-                          self.checkpoint_number)
-                os._exit(EXIT_FAILPOINT)
-            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+            if agreed.update:
+                self.update(agreed)
+                updates_done += 1
             self.heartbeat.leave()
-            self.metrics.update_seconds.observe(time.perf_counter() - started)
-            for term, value in stats.items():
-                self.metrics.loss.labels(term).set(value)
-            updates_done += 1
-            local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
-            self.counts["updates"] += 1
-            self.counts["samples"] += local_samples
-            self.metrics.updates.inc()
-            self.metrics.samples.inc(local_samples)
-            for member in updated:
-                self.members.versions[member] += 1
-                if self.cfg.rank == 0 and self.members.versions[member] % publish_every == 0:
-                    self.publish(member)
             if report.due():
                 self.report()
         if self.cfg.rank == 0:
@@ -376,6 +315,46 @@ class Learner:
                 self.publish(member, final=member == population - 1)
         self.report()
         return EXIT_OK
+
+    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
+        """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
+        rank 0's next PBT decision applied everywhere first."""
+        offer = self.pbt.offer()
+        agreed = distributed.agree(self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(),
+                                   len(offer), checkpoint_due, device,
+                                   max(self.members.batch_sizes() + [self.members.need]),
+                                   self.members.most > self.members.need)
+        if agreed.decision_bytes:
+            replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
+            if replaced is not None:  # its queued batch, another policy's, is gone on every rank
+                agreed.member_samples[replaced] = 0
+        return agreed
+
+    def update(self, agreed: distributed.Agreement) -> None:
+        """One update of every member with a batch (on every rank, in step); the updated members'
+        versions move on, and rank 0 publishes their weights every `publish_every` versions."""
+        taken = self.members.take()
+        if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
+            log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
+                      self.checkpoint_number)
+            os._exit(EXIT_FAILPOINT)
+        started = time.perf_counter()
+        stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+        self.metrics.update_seconds.observe(time.perf_counter() - started)
+        for term, value in stats.items():
+            self.metrics.loss.labels(term).set(value)
+        for lag in taken.lags:
+            self.metrics.policy_lag.observe(lag)
+        self.lags += taken.lags
+        local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
+        self.counts["updates"] += 1
+        self.counts["samples"] += local_samples
+        self.metrics.updates.inc()
+        self.metrics.samples.inc(local_samples)
+        for member in updated:
+            self.members.versions[member] += 1
+            if self.cfg.rank == 0 and self.members.versions[member] % self.run_cfg.algo_config.publish_every == 0:
+                self.publish(member)
 
     def count_nonfinite(self) -> None:
         """Metric, report and a log line (the first, then one per NONFINITE_LOG_EVERY) for the
@@ -397,16 +376,12 @@ class Learner:
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
         the same everywhere); then its version moves on and its queued data, another policy's, is
         dropped. Returns the target if its weights changed."""
-        if not isinstance(decision, wire.Decision) or decision.id != self.applied + 1:  # same bytes, same state
-            raise RuntimeError(f"decision {getattr(decision, 'id', '?')} offered after {self.applied}")
+        decision = self.pbt.apply(decision)
         copied = decision.source != decision.target
         if copied:
             self.trainer.copy_member(decision)
             self.members.replaced(decision.target)
-        self.hyperparams[decision.target] = dict(decision.hyperparams)
-        self.trainer.set_hyperparams(self.hyperparams)
-        self.applied = decision.id
-        self.decisions = {i: f for i, f in self.decisions.items() if i > decision.id}
+        self.trainer.set_hyperparams(self.pbt.hyperparams)
         log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
             if copied:
@@ -427,7 +402,7 @@ class Learner:
             name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
-            mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.applied,
+            mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.pbt.applied,
             nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=steps, delivered_episodes=episodes,
         ))
 

@@ -1,0 +1,64 @@
+"""A learner rank's share of population-based training: the hyperparameters each member trains
+with, the id of the last decision applied, and rank 0's decisions received but not applied yet.
+
+The coordinator repeats a decision on its broadcast until a learner reports it applied. Rank 0
+keeps each one it can take, and the world applies them strictly in id order, one at an update
+every rank agrees on (learner.py), so that every rank holds the same state at the same iteration.
+This class is the bookkeeping; the learner copies the weights and optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlmq.common import wire
+
+MAX_PENDING = 1024  # decisions kept ahead of the one to apply next; ids further on wait for their turn
+
+
+@dataclasses.dataclass
+class PbtState:
+    hyperparams: list[dict[str, float]]  # per member
+    applied: int = 0  # id of the last decision applied
+    pending: dict[int, bytes] = dataclasses.field(default_factory=dict)  # rank 0: id → the decision's frame
+
+    def check(self, decision: wire.Decision) -> None:
+        """A WireError for a decision this population cannot take: a member it does not have, or
+        hyperparameters other than the ones its members train with."""
+        for role, member in (("target", decision.target), ("source", decision.source)):
+            if not 0 <= member < len(self.hyperparams):
+                raise wire.WireError("unknown_member", f"decision {decision.id}'s {role}: member {member} "
+                                                       f"of {len(self.hyperparams)}")
+        if set(decision.hyperparams) != set(self.hyperparams[decision.target]):
+            raise wire.WireError("bad_value", f"decision {decision.id} sets {sorted(decision.hyperparams)}, "
+                                              f"not {sorted(self.hyperparams[decision.target])}")
+
+    def keep(self, decision: wire.Decision, frame: bytes) -> None:
+        """Hold a checked decision until its turn; repeats are normal, and ids already applied or
+        too far ahead are not kept."""
+        self.check(decision)
+        if self.applied < decision.id <= self.applied + MAX_PENDING:
+            self.pending[decision.id] = frame
+
+    def offer(self) -> bytes:
+        """The frame of the decision to apply next, or b"" if rank 0 has not received it."""
+        return self.pending.get(self.applied + 1, b"")
+
+    def apply(self, decision: wire.Message) -> wire.Decision:
+        """Take the next decision's hyperparameters. Every rank decodes the same bytes, so anything
+        but the next id means the ranks' states have parted: a bug, not bad input."""
+        if not isinstance(decision, wire.Decision) or decision.id != self.applied + 1:
+            raise RuntimeError(f"decision {getattr(decision, 'id', '?')} offered after {self.applied}")
+        self.hyperparams[decision.target] = dict(decision.hyperparams)
+        self.applied = decision.id
+        self.pending = {i: frame for i, frame in self.pending.items() if i > decision.id}
+        return decision
+
+    def to_json(self) -> dict[str, Any]:
+        """What a checkpoint holds and what rank 0 shares with the other ranks at the start."""
+        return {"applied": self.applied, "hyperparams": [dict(h) for h in self.hyperparams]}
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> PbtState:
+        return cls([dict(h) for h in state["hyperparams"]], int(state["applied"]))
