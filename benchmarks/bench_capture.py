@@ -32,7 +32,8 @@ from collections.abc import Callable
 import bench_population as bp  # sets the thread limits from --threads, before NumPy and torch load
 import torch
 
-from rlmq.common.config import COMPILE_MODES, DQNConfig, SACConfig, TD3Config
+from rlmq.common.algorithms import DQNConfig, SACConfig, TD3Config
+from rlmq.common.config import COMPILE_MODES
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo
 from rlmq.learners.dqn import DQN

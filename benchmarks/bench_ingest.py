@@ -36,7 +36,8 @@ import torch
 import zmq
 
 from rlmq.common import transport, wire
-from rlmq.common.config import LearnerConfig, PPOConfig, RunConfig
+from rlmq.common.algorithms import PPOConfig
+from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.service import StopFlag
 from rlmq.learners.credits import CreditTimeouts

@@ -55,7 +55,7 @@ limit_threads(_threads.parse_known_args(sys.argv[1:])[0].threads)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from rlmq.common.config import PPOConfig  # noqa: E402
+from rlmq.common.algorithms import PPOConfig  # noqa: E402
 from rlmq.common.schema import EnvSpec  # noqa: E402
 from rlmq.learners import ppo, stacked_mlp  # noqa: E402
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402

@@ -12,7 +12,8 @@ from typing import Any
 import redis
 
 from rlmq.cli.rundir import run_redis_of
-from rlmq.common.config import ALGORITHMS, HyperRange, RunConfig
+from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlmq.common.config import ALGORITHMS
+from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.images import resolve_encoder
 from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
 

@@ -217,7 +217,7 @@ def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
     return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec))
 
 
-# Each algorithm's actor policy (config.ALGORITHMS): (run config, weights, env spec, the env steps
+# Each algorithm's actor policy (algorithms.ALGORITHMS): (run config, weights, env spec, the env steps
 # the weights were trained on, on which exploration schedules depend) → policy.
 POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
     "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(

@@ -28,13 +28,15 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rlmq.common.algorithms import ALGORITHMS, ALL_TUNABLE, hyperparam_problems
+
 # The limits and the error are the codec's; they are named here too, where services look for them.
 from rlmq.common.codec import MAX_ARRAY_DIMS as MAX_ARRAY_DIMS
 from rlmq.common.codec import MAX_FRAME_BYTES as MAX_FRAME_BYTES
 from rlmq.common.codec import MAX_SEQUENCE, dtype_name, pack, unpack_array, unpack_dataclass
 from rlmq.common.codec import MAX_STR_CHARS as MAX_STR_CHARS
 from rlmq.common.codec import WireError as WireError
-from rlmq.common.config import ALGORITHMS, ALL_TUNABLE, RunConfig, hyperparam_problems
+from rlmq.common.config import RunConfig
 from rlmq.common.frames import stack_rows, unstack_rows
 from rlmq.common.schema import ROLLOUT_DTYPES, EnvSpec
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import DQNConfig
+from rlmq.common.algorithms import DQNConfig
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient

@@ -24,7 +24,8 @@ import torch
 import zmq
 
 from rlmq.common import transport, wire
-from rlmq.common.config import ALGORITHMS, LearnerConfig, RunConfig
+from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
 from rlmq.common.security import Credentials, check_sender, counting_refusals

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlmq.common import wire
-from rlmq.common.config import ReplayConfig, RunConfig
+from rlmq.common.algorithms import ReplayConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import Stacked
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
@@ -53,7 +54,7 @@ def q_pair(critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Ten
 
 
 class ActorCriticHyperparams(NamedTuple):
-    """Per-member tunables of SAC and TD3 (config.ALGORITHMS), each [P]."""
+    """Per-member tunables of SAC and TD3 (algorithms.ALGORITHMS), each [P]."""
 
     learning_rate: Tensor  # [P]
     gamma: Tensor

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
@@ -52,7 +52,7 @@ class Batch(NamedTuple):
 
 
 class MemberHyperparams(NamedTuple):
-    """Per-member hyperparameters as [P] tensors (PBT sets them: PPO's tunables, config.ALGORITHMS)."""
+    """Per-member hyperparameters as [P] tensors (PBT sets them: PPO's tunables, algorithms.ALGORITHMS)."""
 
     learning_rate: Tensor
     ent_coef: Tensor

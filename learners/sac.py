@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import SACConfig
+from rlmq.common.algorithms import SACConfig
 from rlmq.common.models import (  # as the actors clamp and scale
     LOG_STD_MAX,
     LOG_STD_MIN,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.config import TD3Config
+from rlmq.common.algorithms import TD3Config
 from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient

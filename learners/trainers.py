@@ -160,7 +160,7 @@ def from_replay(algorithm: Callable[[EnvSpec, RunConfig, torch.device], OffPolic
     return make
 
 
-# Each algorithm's trainer (config.ALGORITHMS): (env spec, run config, the members' last published
+# Each algorithm's trainer (algorithms.ALGORITHMS): (env spec, run config, the members' last published
 # weights, rank, world size, device) → trainer.
 TRAINERS: dict[str, MakeTrainer] = {
     "ppo": PPOTrainer,

@@ -20,13 +20,8 @@ from typing import Any
 import pytest
 
 from rlmq.cli.upconfig import probe_run_dir
-from rlmq.common.config import (
-    DQNConfig,
-    HyperRange,
-    PBTConfig,
-    RunConfig,
-    SACConfig,
-)
+from rlmq.common.algorithms import DQNConfig, SACConfig
+from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.loading import from_mapping, to_json
 from rlmq.common.transport import free_port
 

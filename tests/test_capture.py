@@ -17,7 +17,8 @@ from ddp_rank import rollout as ddp_rollout
 from ppo_batches import CONTINUOUS, CUDA, DISCRETE, IMAGE, random_batch
 from torch._dynamo.utils import counters
 
-from rlmq.common.config import ALGORITHMS, DQNConfig, PPOConfig, RunConfig, SACConfig, TD3Config
+from rlmq.common.algorithms import ALGORITHMS, DQNConfig, PPOConfig, SACConfig, TD3Config
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import capture, dqn, ppo, sac, td3
 from rlmq.learners.networks import PopulationActorCritic

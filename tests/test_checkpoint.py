@@ -11,7 +11,8 @@ import pytest
 import torch
 from states import assert_same
 
-from rlmq.common.config import DQNConfig, PPOConfig, RunConfig, SACConfig, TD3Config
+from rlmq.common.algorithms import DQNConfig, PPOConfig, SACConfig, TD3Config
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 from rlmq.learners import checkpoint

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import DQNConfig, PBTConfig, RunConfig
+from rlmq.common.algorithms import DQNConfig
+from rlmq.common.config import PBTConfig, RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import EpsilonGreedyPolicy, linear_epsilon, make_policy
 from rlmq.common.schema import EnvSpec

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlmq.common import wire
-from rlmq.common.config import PPOConfig, RunConfig
+from rlmq.common.algorithms import PPOConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo
 from rlmq.learners.credits import CreditTimeouts

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlmq.common import wire
-from rlmq.common.config import ALGORITHMS
+from rlmq.common.algorithms import ALGORITHMS
 from rlmq.learners.credit_frames import MAX_ACTORS_REMEMBERED, CreditFrames
 from rlmq.learners.pbt_state import MAX_PENDING, PbtState
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import PPOConfig, RunConfig
+from rlmq.common.algorithms import PPOConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy, sample_categorical
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.networks import ActorCritic, fast_tanh, to_numpy_params

@@ -10,7 +10,8 @@ import torch
 
 from rlmq.actors.collector import Collector
 from rlmq.common import envs
-from rlmq.common.config import RunConfig, SACConfig, TD3Config
+from rlmq.common.algorithms import SACConfig, TD3Config
+from rlmq.common.config import RunConfig
 from rlmq.common.models import DeterministicPolicy, SquashedGaussianPolicy, make_policy
 from rlmq.common.noise import DEFAULT_HORIZON, MAX_HORIZON, ColoredNoise, horizon_for, powerlaw_noise
 from rlmq.learners import sac, td3

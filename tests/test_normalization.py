@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import DQNConfig, RunConfig
+from rlmq.common.algorithms import DQNConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.schema import OBS_NORM_KEYS
 from rlmq.common.transport import free_port

@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rlmq.common.config import HyperRange, PBTConfig, PPOConfig
+from rlmq.common.algorithms import PPOConfig
+from rlmq.common.config import HyperRange, PBTConfig
 from rlmq.common.loading import from_mapping
 from rlmq.coordinator import pbt
 

@@ -18,7 +18,7 @@ from ppo_batches import (
 )
 
 from rlmq.common import wire
-from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic

@@ -1,4 +1,4 @@
-"""Every algorithm is declared once: its entry in config.ALGORITHMS, its actor policy in
+"""Every algorithm is declared once: its entry in algorithms.ALGORITHMS, its actor policy in
 models.POLICIES, its trainer in trainers.TRAINERS and its section of RunConfig, by the same name."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import typing
 
 import pytest
 
-from rlmq.common.config import ALGORITHMS, PBTConfig, RunConfig
+from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.config import PBTConfig, RunConfig
 from rlmq.common.models import POLICIES
 from rlmq.learners.trainers import TRAINERS
 

@@ -17,7 +17,8 @@ import torch
 from rlmq.cli import rundir
 from rlmq.cli.status import show_status
 from rlmq.common import wire
-from rlmq.common.config import ALGORITHMS, HyperRange, PBTConfig, PPOConfig, RunConfig
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
+from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import LoggedDecision, MemberRecord, ProgressSample
 from rlmq.coordinator.store import RunStore

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmq.common.config import SACConfig
+from rlmq.common.algorithms import SACConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.learners import sac

@@ -10,7 +10,8 @@ import redis
 
 from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import wire
-from rlmq.common.config import PPOConfig, RunConfig
+from rlmq.common.algorithms import PPOConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.store import RECENT_EPISODES, RunStore

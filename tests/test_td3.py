@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlmq.common.config import RunConfig, SACConfig, TD3Config
+from rlmq.common.algorithms import SACConfig, TD3Config
+from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
 from rlmq.common.schema import EnvSpec

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rlmq.common import wire
-from rlmq.common.config import ALGORITHMS, PPOConfig, RunConfig
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 
 TUNABLE = ALGORITHMS["ppo"].tunable

@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import wire
-from rlmq.common.config import ALGORITHMS, PPOConfig
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo, stacked_mlp

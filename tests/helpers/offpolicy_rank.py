@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from rlmq.common import wire
-from rlmq.common.config import DQNConfig, HyperRange, PBTConfig, RunConfig, TD3Config
+from rlmq.common.algorithms import DQNConfig, TD3Config
+from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from rlmq.common.config import SACConfig
+from rlmq.common.algorithms import SACConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
 from rlmq.learners.offpolicy import allreduce_mean
