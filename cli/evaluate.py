@@ -3,12 +3,13 @@
 Episode i starts from `env.reset(seed=seed + i)`, so two policies (or rlmq and SB3 in
 benchmarks/bench_zoo.py) meet the same episodes. Deterministic by default: the likeliest action,
 the Gaussian's mean, SAC's tanh of the mean, TD3's action without noise (`NumpyPolicy.mode`); with
-`deterministic=False` the actors' own sampling. Observation statistics in the weights apply as
-they did on the actors.
+`deterministic=False` the actors' own sampling, colored exploration noise included. Observation
+statistics in the weights apply as they did on the actors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy, make_policy
+from rlmq.common.noise import ColoredNoise, horizon_for
 from rlmq.common.schema import EnvSpec
 
 MAX_EPISODE_STEPS = 1_000_000  # an env that never ends an episode must not hang `rlmq eval`
@@ -90,10 +92,29 @@ def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
         raise ValueError(f"the checkpoint's weights do not fit its policy: missing {exc}") from exc
 
 
+class Sampler:
+    """The actors' own sampling for one env slot: a policy with a `noise_color` draws colored
+    noise, a new sequence each episode, as the collector does (actors/collector.py)."""
+
+    def __init__(self, policy: NumpyPolicy, spec: EnvSpec, rng: np.random.Generator) -> None:
+        self.policy, self.spec, self.rng = policy, spec, rng
+        self.noise: ColoredNoise | None = None
+
+    def new_episode(self, time_limit: int | None) -> None:
+        if self.policy.noise_color > 0 and self.spec.action_kind == "continuous":
+            self.noise = ColoredNoise(self.policy.noise_color, 1, self.spec.action_dim, horizon_for(time_limit),
+                                      self.rng)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample())[0]
+
+
 def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
-         frames: list[np.ndarray] | None = None) -> Evaluation:
+         frames: list[np.ndarray] | None = None,
+         new_episode: Callable[[int | None], None] | None = None) -> Evaluation:
     """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
-    episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended."""
+    episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended.
+    `new_episode` hears the env's time limit at each reset."""
     env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
     if frames is not None and env.render_mode != "rgb_array":
         env.close()
@@ -102,6 +123,8 @@ def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray
     try:
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
+            if new_episode is not None:
+                new_episode(getattr(env.spec, "max_episode_steps", None))
             total, steps, done = 0.0, 0, False
             while not done and steps < MAX_EPISODE_STEPS:
                 if frames is not None and episode == 0:
@@ -124,16 +147,13 @@ def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic
     if found != checkpoint.spec:
         raise ValueError(f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on "
                          f"{checkpoint.spec}")
-    rng = np.random.default_rng(seed)
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return policy.mode(obs) if deterministic else policy.act(obs, rng)[0]
-
     spec = checkpoint.spec
+    sampler = None if deterministic else Sampler(policy, spec, np.random.default_rng(seed))
     clip = ((np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
             if spec.action_low else None)
     frames: list[np.ndarray] | None = [] if video is not None else None
-    result = play(checkpoint.run_config.env_id, act, episodes, seed, clip, frames)
+    result = play(checkpoint.run_config.env_id, policy.mode if sampler is None else sampler, episodes, seed, clip,
+                  frames, None if sampler is None else sampler.new_episode)
     if video is not None and frames:
         write_video(video, frames, fps=VIDEO_FPS)
     return result

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from rlmq.actors.collector import Collector
+from rlmq.cli.evaluate import Sampler, play
 from rlmq.common import envs
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.models import DeterministicPolicy, SquashedGaussianPolicy, make_policy
 from rlmq.common.noise import DEFAULT_HORIZON, MAX_HORIZON, ColoredNoise, horizon_for, powerlaw_noise
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import sac, td3
 
 
@@ -93,17 +95,24 @@ def test_the_sac_policy_acts_with_the_noise_it_is_given_not_the_rngs() -> None:
     assert not np.allclose(once, policy.act(obs, np.random.default_rng(5))[0])
 
 
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_the_collector_gives_a_td3_policy_noise_of_its_color_across_weight_updates(beta: float) -> None:
-    """An actor whose network outputs 0 acts with the noise alone: its actions within an episode of
-    Pendulum are as correlated as the color says, and one sequence per slot runs on across a rollout
-    boundary where new weights (a new policy object) arrive."""
+def silent_td3(beta: float) -> tuple[EnvSpec, dict[str, np.ndarray], RunConfig]:
+    """A TD3 actor for Pendulum whose network outputs 0: it acts with its exploration noise alone,
+    0.2 × 2 (Pendulum's bound) × each draw."""
     spec = envs.probe("Pendulum-v1")
     params = td3.TD3(spec, TD3Config(hidden_sizes=(16, 16)), 1, torch.device("cpu")).member_params(0)
     params["policy.4.weight"][:] = 0
     params["policy.4.bias"][:] = 0
     run = RunConfig(env_id="Pendulum-v1", algo="td3", td3=TD3Config(exploration_noise=0.2, noise_color=beta,
                                                                      learning_starts=0))
+    return spec, params, run
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_the_collector_gives_a_td3_policy_noise_of_its_color_across_weight_updates(beta: float) -> None:
+    """Its actions within an episode of Pendulum are as correlated as the color says, and one
+    sequence per slot runs on across a rollout boundary where new weights (a new policy object)
+    arrive."""
+    spec, params, run = silent_td3(beta)
     env = envs.make_vector_env("Pendulum-v1", 4)
     try:
         collector = Collector(env, spec, rollout_length=60, seed=7)
@@ -121,3 +130,24 @@ def test_the_collector_gives_a_td3_policy_noise_of_its_color_across_weight_updat
     else:
         assert collector.noise is not None and correlation > 0.5
         np.testing.assert_allclose(draws, collector.noise.sequences[:, :120, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_rlmq_evals_sampled_actions_draw_the_noise_of_the_policys_color_a_sequence_per_episode(beta: float) -> None:
+    spec, params, run = silent_td3(beta)
+    sampler = Sampler(make_policy(run, params, spec, trained_steps=1), spec, np.random.default_rng(0))
+    actions: list[np.ndarray] = []
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        actions.append(sampler(obs)[0])
+        return actions[-1][None]
+
+    play("Pendulum-v1", act, episodes=2, seed=0, new_episode=sampler.new_episode)
+    draws = np.asarray(actions)[:, 0].reshape(2, 200) / (0.2 * 2.0)  # two 200-step episodes, N(0, 1) units
+    correlation = lag_correlation(draws - draws.mean(axis=-1, keepdims=True), 1)
+    if beta == 0.0:
+        assert sampler.noise is None and abs(correlation) < 0.15
+    else:
+        assert sampler.noise is not None and sampler.noise.horizon == 200 and correlation > 0.5
+        np.testing.assert_allclose(draws[1], sampler.noise.sequences[0, :, 0], rtol=1e-5, atol=1e-6)
+        assert not np.allclose(draws[0], draws[1])  # the second episode drew a sequence of its own
