@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlmq.common.models import NumpyPolicy
-from rlmq.common.noise import ColoredNoise, horizon_for
+from rlmq.common.noise import ColoredNoise, colored_noise_for
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 
@@ -37,7 +37,7 @@ class Collector:
         # Colored exploration noise, once a policy asks for it: one sequence per slot, as long as
         # the env's episodes may be.
         self.noise: ColoredNoise | None = None
-        self.horizon = horizon_for(getattr(env.spec, "max_episode_steps", None))
+        self.time_limit: int | None = getattr(env.spec, "max_episode_steps", None)
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
         """One rollout of `rollout_length` vector steps under `policy`."""
@@ -68,10 +68,8 @@ class Collector:
     def colored_noise(self, policy: NumpyPolicy) -> ColoredNoise | None:
         """The noise process for `policy`'s `noise_color`, kept across weight updates (a new policy
         object each) so that each slot's sequence runs on; None for white noise."""
-        if policy.noise_color <= 0 or self.spec.action_kind != "continuous":
-            return None
-        if self.noise is None or self.noise.beta != policy.noise_color:
-            self.noise = ColoredNoise(policy.noise_color, self.num_envs, self.spec.action_dim, self.horizon, self.rng)
+        self.noise = colored_noise_for(policy.noise_color, self.spec, self.num_envs, self.time_limit, self.rng,
+                                       self.noise)
         return self.noise
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:

@@ -249,7 +249,8 @@ def up(
                                     bind_host=bind_host, collective_timeout_s=collective_timeout,
                                     transport=transport, secure=secure)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
-        fix = "" if resume is not None else ". Fix the flag or the --config file (fields: common/config.py)."
+        fix = "" if resume is not None else (". Fix the flag or the --config file (fields: common/config.py; "
+                                             "an algorithm's section: common/algorithms.py).")
         typer.echo(f"error: {exc}{fix}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     try:

@@ -20,7 +20,7 @@ from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy, make_policy
-from rlmq.common.noise import ColoredNoise, horizon_for
+from rlmq.common.noise import ColoredNoise, colored_noise_for
 from rlmq.common.schema import EnvSpec
 
 MAX_EPISODE_STEPS = 1_000_000  # an env that never ends an episode must not hang `rlmq eval`
@@ -101,9 +101,7 @@ class Sampler:
         self.noise: ColoredNoise | None = None
 
     def new_episode(self, time_limit: int | None) -> None:
-        if self.policy.noise_color > 0 and self.spec.action_kind == "continuous":
-            self.noise = ColoredNoise(self.policy.noise_color, 1, self.spec.action_dim, horizon_for(time_limit),
-                                      self.rng)
+        self.noise = colored_noise_for(self.policy.noise_color, self.spec, 1, time_limit, self.rng)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample())[0]

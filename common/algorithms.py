@@ -1,6 +1,6 @@
 """Each algorithm's config section and its one declaration (`ALGORITHMS`): name, section,
-tunable hyperparameters, the action kinds it acts in, on- or off-policy. Also the checks every
-config shares: finite numbers, and each tunable hyperparameter's bounds.
+tunable hyperparameters, the action kinds it acts in, on- or off-policy, whether it takes images.
+Also the checks every config shares: finite numbers, and each tunable hyperparameter's bounds.
 
 A run config (config.py) holds one section per algorithm; every process finds what it needs of the
 run's algorithm here, by name. Only entry points build these; nothing mutates them.
@@ -14,15 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
-TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
+_TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
                    "vf_coef": (0.0, 1e9, True), "tau": (0.0, 1.0, False)}
+
+
+def tunable_bounds(name: str) -> tuple[float, float, bool]:
+    """(low, high, low inclusive) of a tunable hyperparameter: positive and finite unless named above."""
+    return _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
 
 
 def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
     """What is out of bounds in a member's tunable hyperparameters (e.g. γ > 1), by name."""
     problems = []
     for name, value in hyperparams.items():
-        lo, hi, lo_inclusive = TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
+        lo, hi, lo_inclusive = tunable_bounds(name)
         if not ((lo <= value if lo_inclusive else lo < value) and value <= hi):
             problems.append(f"{name} = {value:g} outside {'[' if lo_inclusive else '('}{lo:g}, {hi:g}]")
     return problems

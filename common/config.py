@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from rlmq.common.algorithms import (
     ALGORITHMS,
     ALL_TUNABLE,
-    TUNABLE_BOUNDS,
     AlgoConfig,
     DQNConfig,
     PPOConfig,
@@ -20,6 +19,7 @@ from rlmq.common.algorithms import (
     SACConfig,
     TD3Config,
     refuse_non_finite,
+    tunable_bounds,
 )
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
 from rlmq.common.schema import EnvSpec
@@ -71,7 +71,7 @@ class PBTConfig:
             if name not in ALL_TUNABLE:
                 problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(sorted(ALL_TUNABLE))}")
                 continue
-            lo, hi, lo_inclusive = TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
+            lo, hi, lo_inclusive = tunable_bounds(name)
             if not (r.low <= r.high and (lo <= r.low if lo_inclusive else lo < r.low) and r.high <= hi):
                 bound = "≤" if lo_inclusive else "<"
                 problems.append(f"pbt.ranges.{name}: need {lo:g} {bound} low ≤ high ≤ {hi:g}")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlmq.common.schema import EnvSpec
+
 DEFAULT_HORIZON = 1000  # steps of one sequence where the env declares no time limit
 MAX_HORIZON = 10_000  # and at most: a sequence is held whole, [slots, horizon, dims] floats
 
@@ -79,3 +81,14 @@ class ColoredNoise:
             fresh = powerlaw_noise(self.beta, (count, self.sequences.shape[2], self.horizon), self.rng)
             self.sequences[slots] = fresh.transpose(0, 2, 1)
             self.index[slots] = 0
+
+
+def colored_noise_for(noise_color: float, spec: EnvSpec, slots: int, time_limit: int | None,
+                      rng: np.random.Generator, current: ColoredNoise | None = None) -> ColoredNoise | None:
+    """The noise a policy of `noise_color` acts with in `slots` env slots: None for white noise or
+    discrete actions; `current` where it has that color already, so that each sequence runs on."""
+    if noise_color <= 0 or spec.action_kind != "continuous":
+        return None
+    if current is not None and current.beta == noise_color:
+        return current
+    return ColoredNoise(noise_color, slots, spec.action_dim, horizon_for(time_limit), rng)

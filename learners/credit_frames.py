@@ -17,6 +17,9 @@ MAX_ACTORS_REMEMBERED = 4096  # actors whose last weights sent we remember (rest
 
 
 class CreditFrames:
+    """Encoded frames kept per version, and which version each actor was sent. The caller names
+    the member's version now; `encode_weights` encodes the weights it holds now, of that version."""
+
     def __init__(self, encode_weights: Callable[[int], bytes]) -> None:
         self.encode_weights = encode_weights  # member → its current weights as a wire frame
         self.weights: dict[int, tuple[int, bytes]] = {}  # member → (version, its Weights frame)

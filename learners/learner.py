@@ -43,7 +43,7 @@ from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
-from rlmq.learners.members import MemberQueues
+from rlmq.learners.members import MemberQueues, Taken
 from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.trainers import Trainer, make_trainer
 
@@ -306,9 +306,12 @@ class Learner:
             if agreed.checkpoint:
                 self.save_checkpoint(device)
             if agreed.update:
-                self.update(agreed)
+                taken, stats, updated = self.update(agreed)
+                self.heartbeat.leave()  # the update's collectives are behind us: what follows is local
+                self.record_update(taken, stats, updated)
                 updates_done += 1
-            self.heartbeat.leave()
+            else:
+                self.heartbeat.leave()
             if report.due():
                 self.report()
         if self.cfg.rank == 0:
@@ -331,9 +334,9 @@ class Learner:
                 agreed.member_samples[replaced] = 0
         return agreed
 
-    def update(self, agreed: distributed.Agreement) -> None:
-        """One update of every member with a batch (on every rank, in step); the updated members'
-        versions move on, and rank 0 publishes their weights every `publish_every` versions."""
+    def update(self, agreed: distributed.Agreement) -> tuple[Taken, dict[str, float], list[int]]:
+        """One update of every member with a batch, on every rank in step: (what was taken, the
+        losses, the members updated)."""
         taken = self.members.take()
         if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
             log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
@@ -342,6 +345,11 @@ class Learner:
         started = time.perf_counter()
         stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
         self.metrics.update_seconds.observe(time.perf_counter() - started)
+        return taken, stats, updated
+
+    def record_update(self, taken: Taken, stats: dict[str, float], updated: list[int]) -> None:
+        """Metrics and counts of an update; the updated members' versions move on, and rank 0
+        publishes their weights every `publish_every` versions."""
         for term, value in stats.items():
             self.metrics.loss.labels(term).set(value)
         for lag in taken.lags:

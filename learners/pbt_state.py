@@ -14,11 +14,13 @@ from typing import Any
 
 from rlmq.common import wire
 
-MAX_PENDING = 1024  # decisions kept ahead of the one to apply next; ids further on wait for their turn
+MAX_PENDING = 1024  # decisions kept ahead of the one to apply next; the rebroadcast brings later ones again
 
 
 @dataclasses.dataclass
 class PbtState:
+    """Where the population's hyperparameters stand on this rank, and what rank 0 holds to apply."""
+
     hyperparams: list[dict[str, float]]  # per member
     applied: int = 0  # id of the last decision applied
     pending: dict[int, bytes] = dataclasses.field(default_factory=dict)  # rank 0: id → the decision's frame

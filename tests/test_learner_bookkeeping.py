@@ -73,6 +73,15 @@ def test_applying_anything_but_the_next_decision_is_a_bug_not_bad_input() -> Non
     assert state.applied == 3 and state.hyperparams == [hyperparams(0.2), hyperparams(0.2)]
 
 
+def test_the_pbt_state_reads_the_learner_record_of_checkpoints_already_written() -> None:
+    """A checkpoint's "learner" record, as checkpoints written before PbtState hold it."""
+    written = {"versions": [4, 9], "applied": 3, "hyperparams": [hyperparams(0.2), hyperparams(0.3)], "rank": 0,
+               "world_size": 2, "time": 1.7e9}
+    state = PbtState.from_json(written)
+    assert (state.applied, state.hyperparams) == (3, [hyperparams(0.2), hyperparams(0.3)])
+    assert set(state.to_json()) == {"applied", "hyperparams"}  # the keys it writes into that record
+
+
 def test_the_state_a_checkpoint_holds_comes_back_equal_and_unshared() -> None:
     state = PbtState([hyperparams(0.2), hyperparams(0.4)], applied=7)
     kept(state, decision(8))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlmq.actors.collector import Collector
-from rlmq.cli.evaluate import Sampler, play
+from rlmq.cli.evaluate import Checkpoint, Sampler, evaluate, play
 from rlmq.common import envs
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
@@ -142,7 +142,7 @@ def test_rlmq_evals_sampled_actions_draw_the_noise_of_the_policys_color_a_sequen
         actions.append(sampler(obs)[0])
         return actions[-1][None]
 
-    play("Pendulum-v1", act, episodes=2, seed=0, new_episode=sampler.new_episode)
+    played = play("Pendulum-v1", act, episodes=2, seed=0, new_episode=sampler.new_episode)
     draws = np.asarray(actions)[:, 0].reshape(2, 200) / (0.2 * 2.0)  # two 200-step episodes, N(0, 1) units
     correlation = lag_correlation(draws - draws.mean(axis=-1, keepdims=True), 1)
     if beta == 0.0:
@@ -151,3 +151,6 @@ def test_rlmq_evals_sampled_actions_draw_the_noise_of_the_policys_color_a_sequen
         assert sampler.noise is not None and sampler.noise.horizon == 200 and correlation > 0.5
         np.testing.assert_allclose(draws[1], sampler.noise.sequences[0, :, 0], rtol=1e-5, atol=1e-6)
         assert not np.allclose(draws[0], draws[1])  # the second episode drew a sequence of its own
+    # `rlmq eval --sample` samples so: from the same seed, the same episodes
+    checkpoint = Checkpoint(run, spec, member=0, params=params, version=1, trained_steps=1)
+    assert evaluate(checkpoint, episodes=2, seed=0, deterministic=False).returns == played.returns
