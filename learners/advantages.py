@@ -90,7 +90,7 @@ def _backward_sum(deltas: Tensor, decay: Tensor, keep: Tensor) -> Tensor:
     """acc[t] = keep[t] · (deltas[t] + decay[t] · acc[t + 1]), with acc[T] = 0; T + 1 rows."""
     gain, start = keep * decay, keep * deltas  # acc[t] = start[t] + gain[t] · acc[t + 1]
     acc = torch.zeros((deltas.shape[0] + 1, *deltas.shape[1:]), dtype=deltas.dtype, device=deltas.device)
-    if acc.device.type == "cpu":  # a NumPy call on a row costs ~1 µs, a torch op several
+    if acc.device.type == "cpu":  # a NumPy call on a row costs a fraction of a torch op's
         acc_np, gain_np, start_np = acc.numpy(), gain.numpy(), start.numpy()
         for t in range(deltas.shape[0] - 1, -1, -1):
             np.multiply(gain_np[t], acc_np[t + 1], out=acc_np[t])

@@ -177,8 +177,8 @@ class PopulationActorCritic(Stacked):
                           for _ in range(population)],
                          image_encoder(spec, encoder))
         self.discrete = spec.action_kind == "discrete"
-        # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is ~8×
-        # slower than along the middle one (39 µs against 5 µs here). Gaussian means as [P, N, A].
+        # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is several
+        # times slower than along the middle one (RESULTS.md §4). Gaussian means as [P, N, A].
         self.towers = (self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
                        self.tower(self.linear_names("value"), activation, outputs_first=True))
 

@@ -30,13 +30,12 @@ CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
 # Below this many rows (members × samples) a ReLU network's hand-written backward costs more in
-# Python than it saves: a TD3 or SAC step of one member (256 samples) was 15 % slower through it.
-# A tanh network always takes it: its autograd path runs tanh as a Python Function too (`_Tanh`),
-# and one member's PPO update was 5 % faster by hand (8.31 against 8.76 ms).
+# Python than it saves: one member's TD3 or SAC step (256 samples) was slower through it. A tanh
+# network always takes it: its autograd path runs tanh as a Python Function too (`_Tanh`), and one
+# member's PPO update was faster by hand (RESULTS.md §4).
 HAND_WRITTEN_MIN_ROWS = 1024
-# Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: at P = 1
-# ([256, 64] × [64, 64], 1 M) an MLP's forward and backward took 216 µs through NumPy with AVX2
-# kernels against 189 through torch (equal with AVX-512 kernels); at P = 8 NumPy is faster.
+# Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: a single
+# member's MLP was slower through NumPy, eight members' faster (RESULTS.md §4).
 NUMPY_MIN_MACS = 1 << 21
 
 
