@@ -20,15 +20,18 @@ Printed per seed, then each side's median and the ratios rlmq / SB3 (return: ≥
 
     python benchmarks/bench_zoo.py --cases ppo-lunarlander dqn-lunarlander --seeds 0 1 2 --json runs/zoo.json
 
-The JSON is written after each side of every seed; `--resume` keeps what it already holds (a seed
-whose rlmq side finished runs only its SB3 side), so a case longer than one sitting (SB3's SAC and
-TD3 take about an hour a seed on one core) can go on later.
+The JSON is written after each side of every seed, merged seed by seed into what the file holds (so
+benches of other seeds may write the same file at the same time); `--resume` keeps what it already
+holds (a seed whose rlmq side finished runs only its SB3 side), so a case longer than one sitting
+(SB3's SAC and TD3 take about an hour a seed on one core) can go on later.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -166,9 +169,27 @@ def print_table(name: str, summary: dict[str, Any]) -> None:
           f"CPU {ratios['cpu']}\n")
 
 
-def write_json(path: Path, report: dict[str, Any]) -> None:
+def keep_in_json(path: Path, name: str, case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge `rows` into the JSON's entry for the case, seed by seed, and return the case's summary.
+    Under a lock, and read afresh each time, so that benches of other seeds or cases writing the same
+    file (`--seeds 2` in a second process) keep each other's rows; a seed with both sides is never
+    replaced by one with rlmq's alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    folder = os.open(path.parent, os.O_RDONLY)  # the lock: the file itself is replaced whole
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        report = json.loads(path.read_text()) if path.exists() else {}
+        seeds = {r["seed"]: r for r in report.get(name, {}).get("seeds", [])}
+        for row in rows:
+            if "sb3" in row or "sb3" not in seeds.get(row["seed"], {}):
+                seeds[row["seed"]] = row
+        report[name] = summarize(case, [seeds[seed] for seed in sorted(seeds)])
+        scratch = path.with_name(path.name + ".tmp")
+        scratch.write_text(json.dumps(report, indent=2))
+        scratch.replace(path)
+    finally:
+        os.close(folder)  # and the lock with it
+    return dict(report[name])
 
 
 def main() -> None:
@@ -189,7 +210,6 @@ def main() -> None:
         parser.error("--resume needs --json, the file that holds the seeds already run")
 
     done: dict[str, Any] = json.loads(args.json.read_text()) if args.resume and args.json.exists() else {}
-    report: dict[str, Any] = {}
     for name in args.cases:
         case, rows = CASES[name], []
         held = {r["seed"]: r for r in done.get(name, {}).get("seeds", []) if "rlmq" in r}
@@ -205,7 +225,7 @@ def main() -> None:
                                                       args.rlmq_timeout_s)}
                 print(f"  rlmq {row['rlmq']}", flush=True)
                 if args.json is not None:  # kept alone, should the SB3 side not finish in this sitting
-                    write_json(args.json, {**done, **report, name: summarize(case, [*rows, row])})
+                    keep_in_json(args.json, name, case, [*rows, row])
             else:
                 print(f"{name} seed {seed}: rlmq side kept from {args.json}", flush=True)
             if not args.skip_sb3:
@@ -213,13 +233,11 @@ def main() -> None:
                 row["sb3"] = run_sb3(case, seed, args.sb3_threads)
                 print(f"  SB3  {row['sb3']}", flush=True)
             rows.append(row)
-            report[name] = summarize(case, rows)
             if args.json is not None:  # a seed's pair is kept even if a later one never finishes
-                write_json(args.json, {**done, **report})
-        report[name] = summarize(case, rows)
-        print_table(name, report[name])
+                keep_in_json(args.json, name, case, rows)
+        # the table: this bench's seeds, with whatever other processes have added to the JSON
+        print_table(name, keep_in_json(args.json, name, case, rows) if args.json else summarize(case, rows))
     if args.json is not None:
-        write_json(args.json, {**done, **report})
         print(f"wrote {args.json}")
 
 
