@@ -3,6 +3,7 @@ that never stopped; files are written atomically, pruned to the newest K, and ne
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,12 @@ def test_checkpoints_load_without_pickle_and_are_written_atomically_and_pruned(t
     with pytest.raises(Exception, match="Weights only load failed"):  # torch's UnpicklingError
         files.load(5)
     (files.dir / ".00000006.tmp").write_bytes(b"half a file")  # a write a crash cut short
+    assert files.latest() == 5  # a half-written file is never a checkpoint
+    files.path(7).mkdir()
+    (files.path(7) / "in the way").touch()  # the rename onto checkpoint 7 fails
+    assert not files.write(7, {"trainer": {"x": torch.zeros(2)}})
+    assert not (files.dir / ".00000007.tmp").exists()  # nothing half-written is left behind
+    shutil.rmtree(files.path(7))
     files = checkpoint.Checkpoints(tmp_path, rank=1, kept=2)
     assert not list(files.dir.glob(".*.tmp"))
     assert checkpoint.latest_file(tmp_path) is None  # rank 0 wrote nothing

@@ -56,6 +56,15 @@ def test_a_batch_takes_every_rollout_queued_up_to_the_most(most: int, queued: in
     assert members.queued == queued - size + 1
 
 
+def assert_each_epoch_covers_every_sample_once(plan: list[torch.Tensor | None], minibatches: int,
+                                               samples: int) -> None:
+    for epoch in range(len(plan) // minibatches):
+        chunks = plan[epoch * minibatches:(epoch + 1) * minibatches]
+        assert all(idx is not None for idx in chunks)
+        covered = torch.cat([idx for idx in chunks if idx is not None]).sort().values
+        assert torch.equal(covered, torch.arange(samples))
+
+
 @pytest.mark.parametrize("rollouts,minibatches", [(2, 3), (3, 4), (4, 6), (8, 12)])
 def test_the_minibatches_keep_their_size_and_grow_in_number(rollouts: int, minibatches: int) -> None:
     cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8)
@@ -65,6 +74,7 @@ def test_the_minibatches_keep_their_size_and_grow_in_number(rollouts: int, minib
     assert len(plan) == cfg.epochs * minibatches
     sizes = {len(idx) for idx in plan if idx is not None}
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - 2 * SLOTS * STEPS / 3) <= 2  # as with 2 rollouts
+    assert_each_epoch_covers_every_sample_once(plan, minibatches, rollouts * SLOTS * STEPS)
 
 
 @pytest.mark.parametrize("rollouts", [2, 3, 8])
@@ -76,6 +86,7 @@ def test_minibatches_grown_in_size_keep_their_number(rollouts: int) -> None:
     assert len(plan) == cfg.epochs * 3
     sizes = {len(idx) for idx in plan if idx is not None}
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - rollouts * SLOTS * STEPS / 3) <= 2
+    assert_each_epoch_covers_every_sample_once(plan, 3, rollouts * SLOTS * STEPS)
 
 
 def test_a_minibatch_growth_that_does_not_exist_is_refused() -> None:

@@ -64,7 +64,10 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     np.testing.assert_allclose(params["obs_norm.mean"], data.mean(0), rtol=1e-5)
     np.testing.assert_allclose(params["obs_norm.var"], data.var(0), rtol=1e-5)
     assert float(params["obs_norm.clip"]) == 3.0 and int(params["obs_norm.count"]) == len(data)
-    assert "obs_norm.mean" in trainer.member_params(1)  # member 1 had no data: the identity's stats
+    idle = trainer.member_params(1)  # member 1 had no data: the identity's statistics
+    np.testing.assert_array_equal(idle["obs_norm.mean"], np.zeros(spec.obs_size))
+    np.testing.assert_array_equal(idle["obs_norm.var"], np.ones(spec.obs_size))
+    assert float(idle["obs_norm.count"]) == 0 and float(idle["obs_norm.clip"]) == 3.0
 
     restarted = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     restarted.load_member(0, params)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -223,13 +221,18 @@ def test_a_pbt_copy_moves_weights_and_optimizer_state() -> None:
     optimizer = PopulationAdam(pop.flat)
     pop.flat.grad = torch.randn_like(pop.flat)
     optimizer.step(torch.full((3,), 1e-3))
-    with torch.no_grad():
-        pop.flat[2] = pop.flat[0]
-    optimizer.copy_member(0, 2)
-    assert torch.equal(pop.flat[2], pop.flat[0]) and torch.equal(optimizer.exp_avg_sq[2], optimizer.exp_avg_sq[0])
-    assert not torch.equal(pop.flat[1], pop.flat[0])
-    copied = copy.deepcopy(pop.member_params(2))
-    assert all(np.array_equal(copied[k], v) for k, v in pop.member_params(0).items())
+    optimizer.steps[2] = 7  # a history of its own
+
+    def state(member: int) -> list[torch.Tensor]:
+        return [t[member].detach().clone() for t in (pop.flat, optimizer.exp_avg, optimizer.exp_avg_sq,
+                                                     optimizer.steps)]
+
+    assert not any(torch.equal(a, b) for a, b in zip(state(2), state(0), strict=True))
+    bystander = state(1)
+    copy_member(pop, optimizer, wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.1)))
+    assert all(torch.equal(a, b) for a, b in zip(state(2), state(0), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state(1), bystander, strict=True))
+    assert all(np.array_equal(pop.member_params(2)[k], v) for k, v in pop.member_params(0).items())
 
 
 def test_parameter_noise_is_seeded_by_the_decision() -> None:

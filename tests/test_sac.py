@@ -83,14 +83,18 @@ def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:
     for tensor, old in zip(algo.replicated(), before, strict=True):
         assert not torch.equal(tensor[0], old[0]) and not torch.equal(tensor[1], old[1])
         assert torch.equal(tensor[2], old[2]), "an inactive member moved"
-    # The targets trail the critics by τ per step.
-    target_moved = float((algo.target.flat.detach()[0] - before[2][0]).abs().max())
-    assert 0 < target_moved < float((algo.critic.flat.detach()[0] - before[1][0]).abs().max())
+    # Each step the active members' targets move τ of the way to their critics (Polyak), the others stay.
+    target_before = algo.target.flat.detach().clone()
+    algo.step(batch_of(3, 32, 5), hp, active, has_data, lambda grad: None, None)
+    expected = target_before + 0.01 * (algo.critic.flat.detach() - target_before)
+    torch.testing.assert_close(algo.target.flat.detach()[:2], expected[:2], rtol=0, atol=1e-7)
+    assert torch.equal(algo.target.flat.detach()[2], target_before[2])
     algo.copy_member(source=1, target=2)
     for tensor in algo.replicated():
         assert torch.equal(tensor[2], tensor[1])
     for optimizer in algo.optimizers.values():
         assert torch.equal(optimizer.exp_avg[2], optimizer.exp_avg[1]) and optimizer.steps[2] == optimizer.steps[1]
+        assert torch.equal(optimizer.exp_avg_sq[2], optimizer.exp_avg_sq[1])
 
 
 def test_two_ranks_keep_every_network_and_optimizer_identical(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -203,7 +205,7 @@ def test_round_trip(message: Any) -> None:
     assert isinstance(frame, bytes)
     decoded = wire.decode(frame)
     assert_same(message, decoded)
-    assert wire.decode(memoryview(frame)) is not None  # what transport hands over
+    assert_same(message, wire.decode(memoryview(frame)))  # what transport hands over
     assert wire.encode(decoded) == frame
 
 
@@ -418,11 +420,24 @@ def test_malformed_frame_is_a_wire_error(frame: bytes, reason: str) -> None:
     assert str(caught.value).startswith(f"{reason}: ")
 
 
+def raised_reasons() -> set[str]:
+    """The reason of every `WireError(...)` the services raise with a literal one."""
+    reasons = set()
+    for package in ("common", "actors", "learners", "coordinator", "cli"):
+        for path in (Path(__file__).parents[1] / package).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "WireError"):
+                    reasons.add(node.args[0].value)
+    return reasons
+
+
 def test_reasons_are_short_labels() -> None:
-    reasons = {r for _, _, r in MALFORMED}
-    assert len(reasons) > 8
+    """They become the `reason` label of every service's rejected-messages counter."""
+    reasons = raised_reasons() | {r for _, _, r in MALFORMED}
+    assert {"garbage", "bad_value", "no_credit", "unknown_member", "stale_weights"} <= reasons
     for reason in reasons:
-        assert reason.isidentifier() and reason.islower() and len(reason) <= 20
+        assert isinstance(reason, str) and reason.isidentifier() and reason.islower() and len(reason) <= 20, reason
 
 
 def test_oversize_frame_is_refused_before_parsing() -> None:
