@@ -231,7 +231,7 @@ def test_up_with_redis_gone_for_good_writes_what_it_saw_and_fails_without_a_trac
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("time,env_steps") and len(rows) >= 2, rows
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)  # the weights last read
-    assert checkpoint["params"] and checkpoint["version"] == summary["policy_version"] >= 0
+    assert checkpoint["params"] and checkpoint["version"] == summary["policy_version"] > 0  # trained ones
     coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
     assert "giving up: Redis at" in coordinator_log and "Traceback" not in coordinator_log
 
