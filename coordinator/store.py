@@ -13,6 +13,7 @@
     rlmq:{run}:reports             hash: actor name → "{session}:{env steps}:{episodes}" counted of its session
     rlmq:{run}:learners            hash: learner rank → JSON LearnerRecord
     rlmq:{run}:progress            list: JSON ProgressSample, oldest first
+    rlmq:{run}:tally:{actor}       hash: claimed_/delivered_/counted_ steps and episodes (secure runs)
 
 A store made by `RunStore.connect` rides out Redis outages for a budget of seconds (`OutageRetry`):
 each service picks its own, since a coordinator should wait and a status line should not.
