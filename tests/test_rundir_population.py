@@ -14,7 +14,7 @@ import pytest
 import redis
 import torch
 
-from rlmq.cli import rundir
+from rlmq.cli import figures, rundir
 from rlmq.cli.status import show_status
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
@@ -200,7 +200,7 @@ def test_learning_curve_has_a_line_per_member_and_lineage_an_arrow_per_copy(
 
     progress = store.progress()
     fig, ax = plt.subplots()
-    rundir.draw_member_curves(ax, progress, 3)
+    figures.draw_member_curves(ax, progress, 3)
     lines = {str(line.get_label()): line for line in ax.get_lines()}
     assert sorted(lines) == ["member 0", "member 1", "member 2"]
     member_2 = np.asarray(lines["member 2"].get_ydata(), dtype=float)
@@ -208,7 +208,7 @@ def test_learning_curve_has_a_line_per_member_and_lineage_an_arrow_per_copy(
     plt.close(fig)
 
     decisions = store.decisions()
-    fig = rundir.lineage_figure(decisions, 3, 100_000, "lineage")
+    fig = figures.lineage_figure(decisions, 3, 100_000, "lineage")
     arrows = [
         a for a in fig.axes[0].texts if isinstance(a, Annotation) and a.arrow_patch is not None
     ]
