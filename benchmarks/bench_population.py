@@ -22,7 +22,9 @@ does with them, V-trace targets included.
 For each P in `--populations`: `--warmup` updates of each side, then `--repeats` rounds, each
 timing `--updates` consecutive updates of one side then of the other (the order swaps every round,
 so neither always runs on a warmer cache). Prints each round, then a markdown table of the median
-seconds per population update of each side and the ratio loop / vectorized (target ≥ 4 at P = 8).
+seconds per population update of each side and the ratio loop / vectorized (target ≥ 4 at P = 8),
+and the roofline: each side's FLOP/s (torch's count of one update's matmuls and convolutions)
+against a large matmul's, which bounds what stacking the members can gain.
 Torch and OpenBLAS run `--threads` threads (1: what each learner process uses on the 2-core
 machine). OpenBLAS picks its kernels for the CPU when NumPy loads, unless OPENBLAS_CORETYPE
 names them (the script prints which it runs).
@@ -226,6 +228,45 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
     return Result(population, str(device), args.minibatches, times["vectorized"], times["loop"])
 
 
+def update_flops(population: int, args: argparse.Namespace, device: torch.device) -> int:
+    """Floating-point operations in one population update, as torch's FlopCounterMode counts them
+    (matmuls and convolutions, forward and backward) on the loop side. The vectorized side does the
+    same arithmetic, but partly in NumPy's OpenBLAS on the CPU, which torch cannot see."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    problem = make_problem(population, args, device)
+    _, pop = vectorized_side(population, problem, args, device)
+    loop = loop_side(pop, problem, args, device)
+    with FlopCounterMode(display=False) as counter:
+        loop(0)
+    return int(counter.get_total_flops())
+
+
+def matmul_peak(device: torch.device, size: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a large float32 matmul on this device and thread count (median of `repeats`): as
+    close to the arithmetic ceiling as torch gets here, and the bound on any update's rate."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    rates = []
+    for _ in range(repeats + 1):  # the first warms up
+        rates.append(2 * size**3 / seconds_per_update(lambda _i: torch.mm(a, b), 3, device))
+    return statistics.median(rates[1:])
+
+
+def roofline(results: Sequence[Result], flops: dict[int, int], peak: float) -> str:
+    """Each side's arithmetic rate against the matmul peak, and the ratio that peak allows: an
+    update whose loop already runs near the peak cannot be made much faster by stacking members."""
+    lines = [f"a 1024³ float32 matmul here: {peak / 1e9:.1f} GFLOP/s"]
+    for r in results:
+        f = flops[r.population]
+        loop_rate, vec_rate = f / r.loop_median, f / r.vectorized_median
+        lines.append(
+            f"P={r.population}: {f / 1e9:.2f} GFLOP per update; loop {loop_rate / 1e9:.1f} GFLOP/s "
+            f"({loop_rate / peak:.0%} of the peak), vectorized {vec_rate / 1e9:.1f} GFLOP/s; "
+            f"at the peak, loop / vectorized could reach at most {peak / loop_rate:.1f}×"
+        )
+    return "\n".join(lines)
+
+
 def table(results: Sequence[Result]) -> str:
     head = ("P", "device", "minibatches", "vectorized ms/update", "loop ms/update",
             "loop / vectorized", "target")
@@ -352,6 +393,9 @@ def main() -> None:
     print(table(results))
     print()
     print(verdict(results))
+    print()
+    print(roofline(results, {r.population: update_flops(r.population, args, device) for r in results},
+                   matmul_peak(device)))
     if args.json is not None:
         write_json(args.json, results, args)
 

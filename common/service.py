@@ -89,7 +89,13 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     128 KB default each is a fresh mmap whose pages fault in again (the vectorized PPO update of
     8 members ran ~10 % faster with this, benchmarks/RESULTS.md §4). False where the C library
     is not glibc: nothing changes there.
+
+    Blocks past 32 MB (the most glibc lets the threshold be) are still fresh mmaps: torch's CPU
+    allocator is told to ask for transparent huge pages for them (`THP_MEM_ALLOC_ENABLE`, read at
+    its first large allocation; the kernel's "madvise" mode), so that they fault in 2 MB at a time,
+    not 4 KB (a population of Atari-sized members: RESULTS.md §10).
     """
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -122,13 +122,26 @@ class Stacked(nn.Module):
         offset, shape = self.layout[name]
         return self.flat[:, offset : offset + shape.numel()].view(self.population, *shape)
 
+    def tensors(self, names: list[str]) -> list[Tensor]:
+        """The named tensors of every member, [P, *shape] each: the pieces of one split of the stretch
+        of `flat` that holds them. Their gradients then come back as one tensor of that stretch and
+        one of `flat`'s size; a view each (`tensor`) would allocate and zero one of `flat`'s size
+        each, which for a population of large members cost about as much as the convolutions' backward."""
+        spans = [self.layout[name] for name in names]
+        start, end = min(o for o, _ in spans), max(o + shape.numel() for o, shape in spans)
+        inside = [(name, shape) for name, (o, shape) in self.layout.items() if start <= o < end]  # in order
+        stretch = self.flat if (start, end) == (0, self.flat.shape[1]) else self.flat[:, start:end]
+        pieces = torch.split(stretch, [shape.numel() for _, shape in inside], dim=1)
+        views = {name: piece.view(self.population, *shape) for (name, shape), piece in zip(inside, pieces, strict=True)}
+        return [views[name] for name in names]
+
     def encode(self, obs: Tensor) -> Tensor:
         """[P, N, obs_size] features → [P, N, width] the heads take: through the encoder, if any."""
         if self.image is None:
             return obs
         convs = self.image.conv_names
-        return stacked_encode(obs, [self.tensor(f"{c}.weight") for c in convs],
-                              [self.tensor(f"{c}.bias") for c in convs], self.image)
+        both = self.tensors([f"{c}.{kind}" for kind in ("weight", "bias") for c in convs])
+        return stacked_encode(obs, both[: len(convs)], both[len(convs) :], self.image)
 
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
@@ -147,9 +160,8 @@ class Stacked(nn.Module):
             outputs_first: bool = False) -> Tensor:
         """[P, N, in] → [P, N, out] ([P, out, N] if `outputs_first`) through the named Linears,
         `activation` between them, as one `stacked_mlp`."""
-        weights = [self.tensor(weight) for weight, _bias in layers]
-        return stacked_mlp(x, weights, [self.tensor(bias) for _weight, bias in layers], activation,
-                           outputs_first=outputs_first)
+        both = self.tensors([name for pair in zip(*layers, strict=True) for name in pair])
+        return stacked_mlp(x, both[: len(layers)], both[len(layers) :], activation, outputs_first=outputs_first)
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """One member's parameters under the member module's names, as actors and Weights take them."""

@@ -38,6 +38,13 @@ def clip_grad_norm_per_member(grad: Tensor, max_norm: Tensor) -> Tensor:
     return norms
 
 
+# On the CPU, members whose rows hold at least this many parameters step one at a time through
+# torch's fused Adam kernel: one pass over each row, where the ops over [P, D] make several, each
+# with full-size temporaries (fresh pages to fault in once past malloc's mmap threshold). Measured
+# faster from about this width at P = 4–32; at CartPole's width and P = 32 the ops won (RESULTS.md §10).
+FUSED_ROW_MIN = 16_384
+
+
 class PopulationAdam:
     STATE = ("exp_avg", "exp_avg_sq", "steps", "nonfinite")  # what a checkpoint saves (learners/checkpoint.py)
 
@@ -62,7 +69,12 @@ class PopulationAdam:
         active = finite if active is None else active & finite
         if grad.device.type == "cpu" and len(self.steps) == 1:
             if bool(active[0]):
-                self._fused_step(grad, float(lr[0]))
+                self._fused_step(self.param, grad, self.exp_avg, self.exp_avg_sq, self.steps, float(lr[0]))
+            return
+        if grad.device.type == "cpu" and grad.shape[1] >= FUSED_ROW_MIN:
+            for m in torch.nonzero(active).flatten().tolist():
+                self._fused_step(self.param[m], grad[m], self.exp_avg[m], self.exp_avg_sq[m], self.steps[m : m + 1],
+                                 float(lr[m]))
             return
         beta1, beta2 = self.betas
         if bool(active.all()):
@@ -84,15 +96,14 @@ class PopulationAdam:
         numerator, denom = self._numerator_and_denominator(lr)
         self.param.sub_(torch.where(keep, numerator / denom, 0.0))
 
-    def _fused_step(self, grad: Tensor, lr: float) -> None:
-        """One member on the CPU: torch's fused Adam kernel (torch.optim.Adam's `fused=True`), one
-        pass over the row instead of ~10 ops, each with its own dispatch (a CartPole member's step:
-        14–19 µs against 55–67 in the same runs). With more members the ops over [P, D] win: at
-        P = 8 a fused call per member took 180 µs against 141."""
-        self.steps += 1
-        torch._fused_adam_([self.param], [grad], [self.exp_avg], [self.exp_avg_sq], [], [self.steps], lr=lr,
-                           beta1=self.betas[0], beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False,
-                           maximize=False)
+    def _fused_step(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, steps: Tensor,
+                    lr: float) -> None:
+        """One member on the CPU (its row, or the whole [1, D] of a population of one) through torch's
+        fused Adam kernel (torch.optim.Adam's `fused=True`): one pass over the row instead of ~10
+        ops, each with its own dispatch. `steps` is a view of the member's count, moved in place."""
+        steps += 1
+        torch._fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [], [steps], lr=lr, beta1=self.betas[0],
+                           beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
 
     def _numerator_and_denominator(self, lr: Tensor) -> tuple[Tensor, Tensor]:
         """(lr / bc1 · m, √v / √bc2 + ε): the update is their quotient, taken by the caller in its

@@ -20,7 +20,7 @@ from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
-from rlmq.learners.optim import PopulationAdam, per_member
+from rlmq.learners.optim import FUSED_ROW_MIN, PopulationAdam, per_member
 from rlmq.learners.stacked_mlp import Activation
 from rlmq.learners.trainers import copy_member
 
@@ -68,6 +68,24 @@ def test_members_initialise_as_single_agents_do() -> None:
     pop = PopulationActorCritic(DISCRETE, (16, 16), 3)
     assert all(np.array_equal(pop.member_params(0)[k], v.detach().numpy()) for k, v in single.state_dict().items())
     assert not np.array_equal(pop.member_params(1)["policy.0.weight"], pop.member_params(0)["policy.0.weight"])
+
+
+def test_tensors_cut_by_one_split_are_the_named_views_and_carry_their_gradients() -> None:
+    """`Stacked.tensors` (one split of a stretch of `flat`) against `tensor` (a slice each): the
+    same views of the same memory, and a loss through them leaves the same gradient in `flat`."""
+    torch.manual_seed(0)
+    pop = PopulationActorCritic(IMAGE, (16, 16), 3, encoder="minatar")
+    names = ["value.0.weight", "encoder.0.bias", "value.0.bias"]  # out of order, a gap between
+    cut = pop.tensors(names)
+    for name, got in zip(names, cut, strict=True):
+        want = pop.tensor(name)
+        assert got.shape == want.shape and got.data_ptr() == want.data_ptr() and torch.equal(got, want)
+    weights = [torch.randn(t.shape) for t in cut]
+    torch.stack([(w * t).sum() for w, t in zip(weights, cut, strict=True)]).sum().backward()
+    by_split, pop.flat.grad = pop.flat.grad, None
+    torch.stack([(w * pop.tensor(n)).sum() for w, n in zip(weights, names, strict=True)]).sum().backward()
+    assert by_split is not None and pop.flat.grad is not None
+    assert torch.equal(by_split, pop.flat.grad) and bool((by_split != 0).any())
 
 
 @pytest.fixture(params=["numpy", "torch"])
@@ -147,16 +165,18 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     assert int(optimizer.steps[3]) == cfg.epochs * minibatches  # the first update's steps only
 
 
-@pytest.mark.parametrize("population", [1, 3])  # one member takes the fused kernel on the CPU
-def test_population_adam_steps_each_member_as_torch_adam(population: int) -> None:
+# On the CPU one member, or rows of FUSED_ROW_MIN, take the fused kernel member by member; three
+# narrow rows take the ops over [P, D].
+@pytest.mark.parametrize("population,width", [(1, 40), (3, 40), (3, FUSED_ROW_MIN)])
+def test_population_adam_steps_each_member_as_torch_adam(population: int, width: int) -> None:
     torch.manual_seed(0)
-    param = torch.nn.Parameter(torch.randn(population, 40))
+    param = torch.nn.Parameter(torch.randn(population, width))
     rows = [torch.nn.Parameter(param.detach()[m].clone()) for m in range(population)]
     optimizer = PopulationAdam(param)
     adams = [torch.optim.Adam([row], lr=lr, eps=1e-5) for row, lr in zip(rows, (1e-2, 3e-3, 1e-3), strict=False)]
     lr = torch.tensor([1e-2, 3e-3, 1e-3][:population])
     for step in range(4):
-        grads = torch.randn(population, 40)
+        grads = torch.randn(population, width)
         param.grad = grads.clone()
         active = torch.ones(population, dtype=torch.bool)
         active[-1] = step < 2  # the last member sits the last two steps out

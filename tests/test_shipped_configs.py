@@ -22,7 +22,8 @@ def test_the_configs_the_issue_names_are_shipped() -> None:
     assert pairs >= {("CartPole-v1", "ppo"), ("CartPole-v1", "dqn"), ("Pendulum-v1", "sac"), ("Pendulum-v1", "td3"),
                      ("LunarLander-v3", "ppo"), ("LunarLander-v3", "dqn"), ("LunarLanderContinuous-v3", "sac"),
                      ("LunarLanderContinuous-v3", "td3"), ("HalfCheetah-v5", "sac"), ("HalfCheetah-v5", "ppo"),
-                     ("Acrobot-v1", "ppo"), ("Acrobot-v1", "dqn")}
+                     ("Acrobot-v1", "ppo"), ("Acrobot-v1", "dqn"), ("MinAtar/Breakout-v1", "ppo"),
+                     ("MinAtar/Breakout-v1", "dqn"), ("ALE/Pong-v5", "ppo")}
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=[s.path.name for s in SHIPPED])
