@@ -47,10 +47,11 @@ class LastSeen:
         """Refresh from Redis (its errors propagate): the status, and the progress samples newer
         than the last one read. By time, not index: Redis trims the list at PROGRESS_SAMPLES, and a
         private Redis killed outright may come back without its last writes. Every WEIGHTS_EVERY
-        looks, and at every look until each member's first weights are in hand, the members'
-        weights and records too (a run whose Redis goes soon after its first publication still
-        leaves a checkpoint)."""
-        if self.looks % self.WEIGHTS_EVERY == 0 or len(self.weights) < population:
+        looks, and at every look until each member's first trained weights (past version 0, the
+        initial ones) are in hand, the members' weights and records too: a run whose Redis goes
+        soon after its first update still leaves a trained checkpoint."""
+        untrained = any(self.weights.get(m) is None or self.weights[m].version == 0 for m in range(population))
+        if self.looks % self.WEIGHTS_EVERY == 0 or untrained:
             for member in range(population):
                 try:
                     weights = store.weights(member)

@@ -44,10 +44,11 @@ class PBTConfig:
     """Population-based training (coordinator/pbt.py). Used when `RunConfig.population` > 1."""
 
     interval: int = 20_000  # env steps a member trains between two decisions about it
-    selection: str = "truncation"  # truncation | tournament
+    selection: str = "truncation"  # truncation | tournament | ttest
     fraction: float = 0.25  # truncation: the bottom fraction copies a member of the top fraction
     tournament_size: int = 3  # tournament: members drawn; the fittest is the one to copy
     elitism: bool = True  # tournament: the fittest member is never replaced
+    ttest_confidence: float = 0.95  # ttest: one-sided confidence that the member drawn is fitter
     perturb_factors: tuple[float, ...] = (0.8, 1.25)  # explore: multiply by one of these ...
     resample_probability: float = 0.25  # ... or, with this probability, draw afresh from the range
     param_noise: float = 0.0  # std of Gaussian noise added to copied weights (0: none)
@@ -57,8 +58,12 @@ class PBTConfig:
     def __post_init__(self) -> None:
         refuse_non_finite(self, "pbt")
         problems = []
-        if self.selection not in ("truncation", "tournament"):
-            problems.append(f"pbt.selection {self.selection!r} is not truncation or tournament")
+        if self.selection not in ("truncation", "tournament", "ttest"):
+            problems.append(f"pbt.selection {self.selection!r} is not truncation, tournament or ttest")
+        if not 0.5 <= self.ttest_confidence < 1:
+            problems.append("pbt.ttest_confidence must be in [0.5, 1)")
+        if self.selection == "ttest" and self.fitness_episodes < 2:
+            problems.append("pbt.selection ttest needs pbt.fitness_episodes of at least 2 (a variance)")
         if self.interval < 1 or self.tournament_size < 1 or self.fitness_episodes < 1:
             problems.append("pbt.interval, tournament_size and fitness_episodes must be at least 1")
         if not 0 < self.fraction <= 0.5:

@@ -84,10 +84,10 @@ class Population:
     def recent_returns(self) -> dict[int, list[float]]:
         return {m: self.store.recent_returns(m) for m in range(self.size)}
 
-    def fitness(self, recent: dict[int, list[float]]) -> dict[int, float]:
-        """Mean return of each member's last `fitness_episodes` episodes, for members with that many."""
+    def judged(self, recent: dict[int, list[float]]) -> dict[int, list[float]]:
+        """Each member's last `fitness_episodes` returns, for members with that many."""
         k = self.run_config.pbt.fitness_episodes
-        return {m: float(np.mean(r[:k])) for m, r in recent.items() if len(r) >= k}
+        return {m: r[:k] for m, r in recent.items() if len(r) >= k}
 
     def best(self, recent: dict[int, list[float]]) -> tuple[int, float | None, bool]:
         """(member, mean of its last `return_window` returns, whether it has that many) for the best
@@ -111,13 +111,13 @@ class Population:
         steps = self.store.member_steps()
         for target in range(self.size):
             if steps.get(target, 0) - self.records[target].steps_at_decision >= self.run_config.pbt.interval:
-                self.decide(target, steps.get(target, 0), self.fitness(recent), run_env_steps)
+                self.decide(target, steps.get(target, 0), self.judged(recent), run_env_steps)
 
-    def decide(self, target: int, steps: int, fitness: dict[int, float], run_env_steps: int) -> None:
+    def decide(self, target: int, steps: int, returns: dict[int, list[float]], run_env_steps: int) -> None:
         decision_id = self.applied + 1
         hyperparams = [self.records[m].hyperparams for m in range(self.size)]
         rng = pbt.decision_rng(self.run_config.seed, decision_id * 1024 + target)  # targets decide apart
-        choice = pbt.decide(self.run_config.pbt, fitness, target, hyperparams, rng)
+        choice = pbt.decide(self.run_config.pbt, returns, target, hyperparams, rng)
         if choice is None:  # it carries on; judge it again after another interval
             self.records[target] = dataclasses.replace(self.records[target], steps_at_decision=steps)
             self.store.put_members({target: self.records[target]})
@@ -127,7 +127,7 @@ class Population:
             kind="explore" if choice.source == target else "exploit",
             hyperparams=choice.hyperparams, previous=self.records[target].hyperparams,
             generation=self.records[choice.source].generation + 1, env_steps=steps,
-            run_env_steps=run_env_steps, fitness={str(m): f for m, f in fitness.items()},
+            run_env_steps=run_env_steps, fitness={str(m): float(np.mean(r)) for m, r in returns.items()},
         )
         if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
             entry = self.store.decisions(after=decision_id - 1)[0]

@@ -76,13 +76,57 @@ def test_tournament_with_elitism_never_replaces_the_best() -> None:
 def test_decide_is_reproducible_from_its_seed() -> None:
     cfg = from_mapping(PBTConfig, {"ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}})
     members = pbt.initial_hyperparams(dataclasses.asdict(PPOConfig()), cfg.ranges, 4, seed=0)
-    fitness = {0: 10.0, 1: 200.0, 2: 50.0, 3: 120.0}
-    first = pbt.decide(cfg, fitness, 0, members, pbt.decision_rng(0, 7))
+    returns = {0: [10.0, 12.0], 1: [200.0, 198.0], 2: [50.0, 40.0], 3: [120.0, 110.0]}
+    first = pbt.decide(cfg, returns, 0, members, pbt.decision_rng(0, 7))
     assert first is not None and first.source == 1
-    assert first == pbt.decide(cfg, fitness, 0, members, pbt.decision_rng(0, 7))
+    assert first == pbt.decide(cfg, returns, 0, members, pbt.decision_rng(0, 7))
     lr = first.hyperparams["learning_rate"]
     assert 1e-4 <= lr <= 1e-2 and lr != members[0]["learning_rate"]
     assert {k: v for k, v in first.hyperparams.items() if k != "learning_rate"} == {
         k: v for k, v in members[1].items() if k != "learning_rate"}
-    assert pbt.decide(cfg, fitness, 1, members, pbt.decision_rng(0, 8)) is None  # the best carries on
-    assert pbt.decide(cfg, {1: 200.0, 2: 50.0}, 0, members, pbt.decision_rng(0, 9)) is None  # no fitness yet
+    assert pbt.decide(cfg, returns, 1, members, pbt.decision_rng(0, 8)) is None  # the best carries on
+    assert pbt.decide(cfg, {1: [200.0], 2: [50.0]}, 0, members, pbt.decision_rng(0, 9)) is None  # no fitness yet
+
+
+@pytest.mark.parametrize(("p", "df", "table"), [  # Student's t table (e.g. Abramowitz & Stegun, table 26.10)
+    (0.95, 5, 2.015), (0.95, 10, 1.812), (0.975, 20, 2.086), (0.99, 30, 2.457), (0.95, 1e9, 1.645)])
+def test_t_quantile_matches_the_table(p: float, df: float, table: float) -> None:
+    assert pbt.t_quantile(p, df) == pytest.approx(table, abs=1.5e-3)
+
+
+def test_welch_t_is_the_textbook_statistic() -> None:
+    a, b = [3.0, 5.0, 7.0, 9.0], [1.0, 2.0, 3.0]  # means 6, 2; variances 20/3, 1
+    t, df = pbt.welch_t(a, b)
+    va, vb = (20 / 3) / 4, 1 / 3
+    assert t == pytest.approx(4 / np.sqrt(va + vb))
+    assert df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 2))
+    assert pbt.welch_t(b, a)[0] == pytest.approx(-t)
+    assert pbt.welch_t([2.0, 2.0], [1.0, 1.0, 1.0]) == (np.inf, 3.0)  # constant samples: certain
+    assert pbt.welch_t([1.0, 1.0], [1.0, 1.0])[0] == 0.0
+
+
+def test_ttest_copies_only_a_member_significantly_fitter() -> None:
+    rng = np.random.default_rng(4)
+    draws = np.random.default_rng(5)
+    target = list(draws.normal(0.0, 3.0, 50))
+    clearly_better = list(draws.normal(10.0, 3.0, 50))
+    noise_above = [r + 0.5 for r in target[::-1]]  # higher, by a sixth of the scatter: t ≈ 0.8
+    assert pbt.ttest_source({0: target, 1: clearly_better}, 0, 0.95, rng) == 1
+    assert all(pbt.ttest_source({0: target, 2: noise_above}, 0, 0.95, rng) is None for _ in range(20))
+    assert pbt.ttest_source({1: clearly_better, 0: target}, 1, 0.95, rng) is None  # the worse is never copied
+    assert pbt.ttest_source({0: target}, 0, 0.95, rng) is None
+    # the member compared with is drawn uniformly among the others
+    returns = {0: target, 1: clearly_better, 2: noise_above, 3: list(draws.normal(10.0, 3.0, 50))}
+    sources = [pbt.ttest_source(returns, 0, 0.95, rng) for _ in range(300)]
+    assert {s for s in sources} == {1, 3, None} and 60 < sources.count(None) < 140
+
+
+def test_ttest_selection_is_checked_at_the_entry_point() -> None:
+    cfg = from_mapping(PBTConfig, {"selection": "ttest", "ttest_confidence": 0.9, "fitness_episodes": 30})
+    assert cfg.selection == "ttest" and cfg.ttest_confidence == 0.9
+    with pytest.raises(ValueError, match="fitness_episodes of at least 2"):
+        from_mapping(PBTConfig, {"selection": "ttest", "fitness_episodes": 1})
+    with pytest.raises(ValueError, match=r"ttest_confidence must be in \[0.5, 1\)"):
+        from_mapping(PBTConfig, {"ttest_confidence": 1.0})
+    with pytest.raises(ValueError, match="not truncation, tournament or ttest"):
+        from_mapping(PBTConfig, {"selection": "best"})

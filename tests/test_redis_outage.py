@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 import torch
@@ -26,6 +27,7 @@ import zmq
 from procs import start_up, wait_for, wait_until_stepping
 
 from rlmq.cli.redis_server import RedisServer
+from rlmq.cli.run_redis import LastSeen
 from rlmq.common import wire
 from rlmq.common.redis_urls import shown_url
 from rlmq.common.transport import free_port
@@ -209,6 +211,31 @@ def test_up_rides_out_a_redis_outage_and_writes_its_results(tmp_path: Path, own_
     assert (run_dir / "checkpoint.pt").stat().st_size > 0
     assert len((run_dir / "metrics.csv").read_text().splitlines()) > 3
     assert "Redis unreachable at" in (run_dir / "logs" / "coordinator.log").read_text()
+
+
+def test_up_reads_the_weights_at_every_look_until_it_holds_trained_ones(redis_url: str, run_id: str) -> None:
+    store = RunStore.connect(redis_url, run_id)
+    seen = LastSeen()
+
+    def publish(version: int) -> None:
+        weights = wire.Weights(member=0, version=version, params={"w": np.full(2, version, np.float32)})
+        store.put_weights_frame(0, wire.encode(weights))
+
+    seen.read(store, population=1)  # nothing published yet
+    assert seen.weights == {}
+    publish(0)
+    seen.read(store, population=1)
+    assert seen.weights[0].version == 0
+    publish(1)  # the first update: read at the next look, not WEIGHTS_EVERY looks later
+    seen.read(store, population=1)
+    assert seen.weights[0].version == 1 and seen.looks < LastSeen.WEIGHTS_EVERY
+    publish(2)  # trained weights in hand: the next read waits for its turn
+    seen.read(store, population=1)
+    assert seen.weights[0].version == 1
+    while seen.looks % LastSeen.WEIGHTS_EVERY:
+        seen.read(store, population=1)
+    seen.read(store, population=1)
+    assert seen.weights[0].version == 2
 
 
 @pytest.mark.slow
