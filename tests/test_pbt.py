@@ -118,7 +118,7 @@ def test_ttest_copies_only_a_member_significantly_fitter() -> None:
     # the member compared with is drawn uniformly among the others
     returns = {0: target, 1: clearly_better, 2: noise_above, 3: list(draws.normal(10.0, 3.0, 50))}
     sources = [pbt.ttest_source(returns, 0, 0.95, rng) for _ in range(300)]
-    assert {s for s in sources} == {1, 3, None} and 60 < sources.count(None) < 140
+    assert set(sources) == {1, 3, None} and 60 < sources.count(None) < 140
 
 
 def test_ttest_selection_is_checked_at_the_entry_point() -> None:
