@@ -124,8 +124,17 @@ def _checked_layout(spec: EnvSpec, steps: int, slots: int) -> tuple[tuple[str, t
     return tuple((name, shape, np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, steps, slots).items())
 
 
+_UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
 def _within(indices: np.ndarray, count: int) -> bool:
-    return bool(indices.min(initial=0) >= 0 and indices.max(initial=0) < count)
+    """Whether every index lies in [0, count). Signed integers are read as unsigned, where a
+    negative one is larger than any count: one pass instead of a min and a max (RESULTS.md §12)."""
+    if indices.dtype.kind == "i":
+        indices = indices.view(_UNSIGNED[indices.dtype.itemsize])
+    elif indices.dtype.kind != "u":
+        return bool(indices.min(initial=0) >= 0 and indices.max(initial=0) < count)
+    return bool(np.maximum.reduce(indices, axis=None, initial=0) < count)
 
 
 # A member's running observation statistics travel inside its weights under these names, when the

@@ -100,13 +100,13 @@ class Learner:
     def receive(self, timeout_ms: int) -> None:
         """Take what actors sent (rollouts, hellos); hand out the credits due before waiting (or
         the wait is for data nobody may send) and again after."""
-        self.grant_credits()
+        self.members.grant(self.send_credit)
         if timeout_ms:
             self.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
         for _ in range(MAX_MESSAGES_PER_RECEIVE):  # bounded: a flood cannot starve the agreement
-            if not transport.readable(self.experience):
+            parts = transport.receive(self.experience)
+            if parts is None:
                 break
-            parts = self.experience.recv_multipart(copy=False)
             try:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts) - 1} frames after the identity")
@@ -128,9 +128,6 @@ class Learner:
             except wire.WireError as exc:
                 self.reject(exc, len(parts[-1]), parts[0].bytes)
         self.members.drained()
-        self.grant_credits()
-
-    def grant_credits(self) -> None:
         self.members.grant(self.send_credit)
         self.metrics.queue_depth.set(self.members.queued)
 

@@ -98,6 +98,22 @@ def test_the_learner_refuses_observations_that_do_not_fit_its_env() -> None:
     assert reason == "bad_shape" and "obs is float32" in detail
 
 
+@pytest.mark.parametrize(("name", "value", "detail"), [
+    ("obs", -1, "a Discrete observation out of range"),  # read unsigned, -1 is the largest index
+    ("obs", -(2**63), "a Discrete observation out of range"),
+    ("actions", -1, "an action index out of range"),
+    ("actions", 2, "an action index out of range"),
+])
+def test_the_learner_refuses_an_index_below_zero_or_past_the_last(name: str, value: int, detail: str) -> None:
+    spec = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=4, action_kind="discrete", action_dim=2)
+    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in rollout_layout(spec, STEPS, SLOTS).items()}
+    arrays["obs"][:] = 3  # the last category
+    arrays["actions"][:] = 1  # the last action
+    assert layout_problem(arrays, spec, STEPS, SLOTS) is None
+    arrays[name][STEPS - 1, SLOTS - 1] = value
+    assert layout_problem(arrays, spec, STEPS, SLOTS) == ("bad_value", detail)
+
+
 @pytest.mark.parametrize("fields", [
     {"obs_shape": (0,)}, {"obs_shape": (1, 1, 1, 1, 1)}, {"obs_dtype": "float64"},
     {"obs_shape": (4,), "obs_categories": 3}, {"obs_shape": ()},

@@ -38,6 +38,29 @@ def test_readable_says_whether_a_message_waits() -> None:
         server.close()
 
 
+def test_receive_takes_each_message_whole_and_none_when_none_waits() -> None:
+    ctx = zmq.Context.instance()
+    server = transport.make_socket(ctx, zmq.ROUTER)
+    client = transport.make_socket(ctx, zmq.DEALER, identity=b"actor-7")
+    try:
+        client.connect(transport.bind(server, "tcp://127.0.0.1:0"))
+        assert transport.receive(server) is None
+        client.send_multipart([b"one", b"two"])
+        client.send(b"three")
+        assert server.poll(10_000, zmq.POLLIN)
+        first = transport.receive(server)
+        deadline = time.monotonic() + 10
+        while (second := transport.receive(server)) is None:  # the I/O thread delivers it a moment later
+            assert time.monotonic() < deadline, "the second message never came"
+            time.sleep(0.001)
+        assert first is not None and [f.bytes for f in first] == [b"actor-7", b"one", b"two"]
+        assert [f.bytes for f in second] == [b"actor-7", b"three"]
+        assert transport.receive(server) is None
+    finally:
+        client.close()
+        server.close()
+
+
 def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
     """The receiver caps message size: a peer announcing a larger frame is disconnected, and the
     service never holds it (nor the half of it a slow peer sends)."""
