@@ -58,6 +58,9 @@ def _non_finite(value: Any, name: str) -> list[tuple[str, float]]:
     return []
 
 
+MINIBATCH_GROWTHS = ("count", "size", "sqrt")  # PPOConfig.minibatch_growth
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """Asynchronous PPO with V-trace targets (see learners/ppo.py)."""
@@ -85,8 +88,9 @@ class PPOConfig:
     # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
     max_rollouts_per_batch: int = 0
     # What a batch grown by learner batching changes: "count" (more minibatches of the same size:
-    # the same gradient steps per sample) or "size" (as many minibatches, larger: the same gradient
-    # steps per update, for a GPU, whose step takes as long for many more samples).
+    # the same gradient steps per sample), "size" (as many minibatches, larger: the same gradient
+    # steps per update, for a GPU, whose step takes as long for many more samples) or "sqrt" (√ of
+    # the growth more minibatches, each √ of it larger: between the two; ppo.for_batch).
     minibatch_growth: str = "count"
     rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
@@ -121,7 +125,7 @@ class PPOConfig:
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
-            'minibatch_growth is "count" or "size"': self.minibatch_growth in ("count", "size"),
+            'minibatch_growth is "count", "size" or "sqrt"': self.minibatch_growth in MINIBATCH_GROWTHS,
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
         if problems:

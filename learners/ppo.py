@@ -14,6 +14,7 @@ n = T·B and a validity mask. A member with no data this update has an all-False
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -167,11 +168,15 @@ def pick(x: Tensor, idx: Tensor | None) -> Tensor:
 
 def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     """The update's config for a batch of `rollouts` per member (learner batching, at most
-    `cfg.max_rollouts_per_batch`): minibatches of the size `rollouts_per_batch` rollouts give,
-    so as many more of them as the batch holds more rollouts (at least `cfg.minibatches`); with
-    `minibatch_growth = "size"`, `cfg.minibatches` of them, as large as the batch makes them."""
+    `cfg.max_rollouts_per_batch`), k = rollouts / `rollouts_per_batch` times the usual batch:
+    "count", k times the minibatches, each of the usual size (the same gradient steps per sample);
+    "size", `cfg.minibatches` of them, k times as large (the same gradient steps per update);
+    "sqrt", √k times the minibatches, each √k times as large (between the two)."""
+    growth = rollouts / cfg.rollouts_per_batch
     if cfg.minibatch_growth == "size":
         return cfg
+    if cfg.minibatch_growth == "sqrt":
+        return dataclasses.replace(cfg, minibatches=max(round(cfg.minibatches * math.sqrt(growth)), cfg.minibatches))
     return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch,
                                                     cfg.minibatches))
 

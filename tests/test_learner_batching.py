@@ -4,6 +4,8 @@ the width, over real gloo ranks, is in tests/helpers/ddp_rank.py (test_ddp.py)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from rlmq.common import wire
 from rlmq.common.algorithms import PPOConfig
 from rlmq.common.config import RunConfig
+from rlmq.common.loading import load_run_config
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo
 from rlmq.learners.credits import CreditTimeouts
@@ -89,8 +92,28 @@ def test_minibatches_grown_in_size_keep_their_number(rollouts: int) -> None:
     assert_each_epoch_covers_every_sample_once(plan, 3, rollouts * SLOTS * STEPS)
 
 
+@pytest.mark.parametrize("rollouts,minibatches", [(2, 3), (4, 4), (8, 6)])  # 3·√1, 3·√2 = 4.2, 3·√4
+def test_minibatches_grown_by_the_square_root_grow_in_number_and_size_alike(rollouts: int, minibatches: int) -> None:
+    cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8, minibatch_growth="sqrt")
+    grown = ppo.for_batch(cfg, rollouts)
+    assert grown.minibatches == minibatches and grown.epochs == cfg.epochs
+    plan = ppo.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
+    assert len(plan) == cfg.epochs * minibatches
+    sizes = {len(idx) for idx in plan if idx is not None}
+    assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - rollouts * SLOTS * STEPS / minibatches) <= 2
+    assert_each_epoch_covers_every_sample_once(plan, minibatches, rollouts * SLOTS * STEPS)
+
+
+def test_the_fleet_candidate_config_loads_and_cuts_14_rollouts_into_4_minibatches() -> None:
+    """benchmarks/ppo-cartpole-fleet.toml, which benchmarks/gpu_checks.sh runs: √14 ≈ 3.7."""
+    run_cfg = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-cartpole-fleet.toml", {})
+    assert run_cfg.env_id == "CartPole-v1" and run_cfg.ppo.minibatch_growth == "sqrt"
+    assert ppo.for_batch(run_cfg.ppo, 1) == run_cfg.ppo
+    assert ppo.for_batch(run_cfg.ppo, 14).minibatches == 4
+
+
 def test_a_minibatch_growth_that_does_not_exist_is_refused() -> None:
-    with pytest.raises(ValueError, match='minibatch_growth is "count" or "size"'):
+    with pytest.raises(ValueError, match='minibatch_growth is "count", "size" or "sqrt"'):
         PPOConfig(minibatch_growth="both")
 
 
