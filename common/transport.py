@@ -71,17 +71,17 @@ def send_frame(sock: zmq.Socket, frame: bytes) -> bool:
 
 def readable(sock: zmq.Socket) -> bool:
     """Whether a message is waiting, without blocking: one getsockopt, where `sock.poll(0)` builds
-    and registers a Poller on every call (an actor asks several times per rollout, a learner once
-    per message). The options as plain ints: with pyzmq's enum members each call converts them
+    and registers a Poller on every call (an actor asks several times per rollout). The options as
+    plain ints: with pyzmq's enum members each call converts them
     (RESULTS.md §12, learner ingest)."""
     return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
 
 
 def receive(sock: zmq.Socket) -> list[zmq.Frame] | None:
-    """The next message's frames without blocking, or None when none is waiting. One call per
-    frame: `readable` and `recv_multipart` ask the socket twice more per message, which cost a
-    learner more than a tenth of its ingest (RESULTS.md §12). A message arrives whole, so the
-    frames after the first are there."""
+    """The next message's frames without blocking, or None when none is waiting: one call per
+    frame, where `readable` and `recv_multipart` ask the socket twice more per message (a learner
+    reads every rollout so; RESULTS.md §12). A message arrives whole, so the frames after the
+    first are there."""
     try:
         frames = [sock.recv(_NOBLOCK, copy=False)]
     except zmq.Again:
