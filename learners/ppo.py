@@ -171,7 +171,8 @@ def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     `cfg.max_rollouts_per_batch`), k = rollouts / `rollouts_per_batch` times the usual batch:
     "count", k times the minibatches, each of the usual size (the same gradient steps per sample);
     "size", `cfg.minibatches` of them, k times as large (the same gradient steps per update);
-    "sqrt", √k times the minibatches, each √k times as large (between the two)."""
+    "sqrt", √k times the minibatches (rounded to the nearest), each √k times as large: between
+    the two. Never fewer than `cfg.minibatches`."""
     growth = rollouts / cfg.rollouts_per_batch
     if cfg.minibatch_growth == "size":
         return cfg
