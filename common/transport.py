@@ -79,9 +79,9 @@ def readable(sock: zmq.Socket) -> bool:
 
 def receive(sock: zmq.Socket) -> list[zmq.Frame] | None:
     """The next message's frames without blocking, or None when none is waiting: one call per
-    frame, where `readable` and `recv_multipart` ask the socket twice more per message (a learner
-    reads every rollout so; RESULTS.md §12). A message arrives whole, so the frames after the
-    first are there."""
+    frame, where `readable` asks the socket once more per message and `recv_multipart` once more
+    per frame (a learner reads every rollout so; RESULTS.md §12). A message arrives whole, so the
+    frames after the first are there."""
     try:
         frames = [sock.recv(_NOBLOCK, copy=False)]
     except zmq.Again:
