@@ -173,11 +173,11 @@ def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     "size", `cfg.minibatches` of them, k times as large (the same gradient steps per update);
     "sqrt", √k times the minibatches (rounded to the nearest), each √k times as large: between
     the two. Never fewer than `cfg.minibatches`."""
-    growth = rollouts / cfg.rollouts_per_batch
     if cfg.minibatch_growth == "size":
         return cfg
     if cfg.minibatch_growth == "sqrt":
-        return dataclasses.replace(cfg, minibatches=max(round(cfg.minibatches * math.sqrt(growth)), cfg.minibatches))
+        growth = math.sqrt(rollouts / cfg.rollouts_per_batch)
+        return dataclasses.replace(cfg, minibatches=max(round(cfg.minibatches * growth), cfg.minibatches))
     return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch,
                                                     cfg.minibatches))
 
