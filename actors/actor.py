@@ -29,8 +29,9 @@ from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
+from rlmq.common.models import acting_device
 from rlmq.common.security import Credentials
-from rlmq.common.service import EXIT_FAILED, EXIT_OK, RateTimer, RejectLog, StopFlag, announce
+from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, RejectLog, StopFlag, announce, cores_given
 
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
@@ -93,14 +94,20 @@ class Actor:
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
-        self.held = HeldPolicy(run_cfg, spec, self.member)
+        try:
+            device = acting_device(self.cfg.device, run_cfg.encoder_for(spec), assign.actor_index)
+        except ValueError as exc:  # a GPU asked for and not there
+            log.error("%s", exc)
+            return EXIT_USAGE
+        self.held = HeldPolicy(run_cfg, spec, self.member, device)
         if assign.weights is not None:
             self.take_weights(assign.weights, "assign")
-        env = envs.make_vector_env(run_cfg.env_id, run_cfg.num_envs)
+        threads = self.cfg.env_threads or cores_given()
+        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
-        collector = Collector(env, spec, run_cfg.rollout_length, seed)
-        log.info("%s: member %d, %s × %d, learners %s", self.cfg.name, self.member,
-                 run_cfg.env_id, run_cfg.num_envs, ", ".join(assign.learner_endpoints))
+        collector = Collector(lanes, spec, run_cfg.rollout_length, seed)
+        log.info("%s: member %d, %s × %d in %d lane(s), acting on %s, learners %s", self.cfg.name, self.member,
+                 run_cfg.env_id, run_cfg.num_envs, len(lanes), device or "the CPU", ", ".join(assign.learner_endpoints))
         report = RateTimer(run_cfg.report_interval_s)
         starving = RateTimer(WEIGHTS_PULL_S)
         steps_total = 0
@@ -128,7 +135,7 @@ class Actor:
             self.report(collector)
             self.flush_reports(FINAL_ACK_WAIT_S)
         finally:
-            env.close()
+            collector.close()
         return EXIT_OK
 
     def greet_learners(self) -> None:
@@ -248,6 +255,9 @@ class Actor:
         self.metrics.env_steps.inc(steps)
         self.metrics.credit_wait.inc(self.unreported_credit_wait)
         self.unreported_credit_wait = 0.0
+        self.metrics.acting.inc(collector.acting_s)
+        self.metrics.env_wait.inc(collector.env_wait_s)
+        collector.acting_s = collector.env_wait_s = 0.0
         self.metrics.episodes.inc(len(returns))
         self.metrics.episode_return.observe_many(returns)
         self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))

@@ -1,27 +1,62 @@
-"""Steps a vector env with a NumPy policy and fills time-major rollout buffers. No sockets here.
+"""Steps vector envs with a NumPy policy and fills time-major rollout buffers. No sockets here.
 
 Gymnasium 1.x vector envs reset a finished slot on the *next* step (that step ignores the action
 and returns the first observation of the new episode with reward 0). Such steps are marked
 ``valid = False``: learners skip them, and they are not counted as env steps.
+
+An actor's slots may be split into lanes, vector envs over consecutive slots. A lane whose env
+steps in halves (the native Atari env: `send` starts a step on its C++ threads, `recv` waits for
+it) is stepped while the policy chooses the next lane's actions, so that acting (on a CPU core or
+a GPU) and emulating overlap. One lane of an ordinary env steps as it always did.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
 import gymnasium as gym
 import numpy as np
 
+from rlmq.common import atari
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.noise import ColoredNoise, colored_noise_for
 from rlmq.common.schema import EnvSpec, allocate
 from rlmq.common.wire import Rollout
 
 
+class StepsInHalves(Protocol):
+    """A vector env that steps in two calls (ale-py's AtariVectorEnv, EnvPool's)."""
+
+    def send(self, actions: np.ndarray) -> None: ...
+    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]: ...
+
+
+@dataclass
+class Lane:
+    """A vector env over the rollout's slots `slots`."""
+
+    env: gym.vector.VectorEnv
+    slots: slice
+    halves: StepsInHalves | None  # the env, if it steps in halves (else it steps whole, at `recv`)
+    pending: np.ndarray | None = None  # the actions for a lane that steps whole
+
+
 class Collector:
-    def __init__(self, env: gym.vector.VectorEnv, spec: EnvSpec, rollout_length: int, seed: int) -> None:
-        self.env, self.spec, self.length = env, spec, rollout_length
-        self.num_envs = env.num_envs
+    def __init__(self, env: gym.vector.VectorEnv | Sequence[gym.vector.VectorEnv], spec: EnvSpec,
+                 rollout_length: int, seed: int) -> None:
+        envs = [env] if isinstance(env, gym.vector.VectorEnv) else list(env)
+        self.lanes, start = [], 0
+        for lane_env in envs:
+            halves = cast(StepsInHalves, lane_env) if atari.is_native(lane_env) else None
+            self.lanes.append(Lane(lane_env, slice(start, start + lane_env.num_envs), halves))
+            start += lane_env.num_envs
+        self.spec, self.length, self.num_envs = spec, rollout_length, start
         self.rng = np.random.default_rng(seed)
-        self.obs = env.reset(seed=seed)[0]
+        # Slot i of the actor is reset with seed + i, whichever lane holds it.
+        self.obs = np.concatenate([lane.env.reset(seed=seed + lane.slots.start)[0] for lane in self.lanes])
         self.collected = 0  # rollouts so far: each one's `sequence`
         self.prev_done = np.zeros(self.num_envs, dtype=bool)
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
@@ -37,24 +72,50 @@ class Collector:
         # Colored exploration noise, once a policy asks for it: one sequence per slot, as long as
         # the env's episodes may be.
         self.noise: ColoredNoise | None = None
-        self.time_limit: int | None = getattr(env.spec, "max_episode_steps", None)
+        self.time_limit: int | None = getattr(envs[0].spec, "max_episode_steps", None)
+        # Where the time of `collect` went, seconds: choosing actions, and waiting for the envs.
+        self.acting_s = self.env_wait_s = 0.0
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
-        """One rollout of `rollout_length` vector steps under `policy`."""
+        """One rollout of `rollout_length` vector steps under `policy`: each lane's step t is
+        sent once its actions are chosen, and its observations taken at t + 1, in lane order."""
         steps = self.length
         arrays = allocate(self.spec, steps, self.num_envs)
         obs, actions, logprobs, rewards = arrays["obs"], arrays["actions"], arrays["logprobs"], arrays["rewards"]
         terminated, truncated, valid = arrays["terminated"], arrays["truncated"], arrays["valid"]
-        env, rng, clip, noise = self.env, self.rng, self.clip, self.colored_noise(policy)
+        lanes, rng, clip, noise = self.lanes, self.rng, self.clip, self.colored_noise(policy)
+        if noise is not None and len(lanes) > 1:
+            raise ValueError("colored noise needs the slots in one lane")
+        clock, waiting = time.perf_counter, 0.0
+
+        def send(t: int, lane: Lane) -> None:  # the hot loop: nothing here that can be done once per rollout
+            s = lane.slots
+            action, logp = policy.act(obs[t, s], rng) if noise is None else policy.act(obs[t, s], rng, noise.sample())
+            actions[t, s], logprobs[t, s] = action, logp
+            if clip is not None:
+                action = np.clip(action, *clip)
+            if lane.halves is not None:
+                lane.halves.send(action)
+            else:
+                lane.pending = action
+
         obs[0] = self.obs  # in the spec's dtype from here on (a float64 observation becomes float32)
-        for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
-            action, logp = policy.act(obs[t], rng) if noise is None else policy.act(obs[t], rng, noise.sample())
-            next_obs, reward, term, trunc, _ = env.step(action if clip is None else np.clip(action, *clip))
-            obs[t + 1] = next_obs
-            actions[t], logprobs[t], rewards[t] = action, logp, reward
-            terminated[t], truncated[t] = term, trunc
-            if noise is not None:
-                noise.restart(term | trunc)
+        started = clock()
+        for lane in lanes:
+            send(0, lane)
+        for t in range(steps):
+            for lane in lanes:
+                waited = clock()
+                s, halves = lane.slots, lane.halves
+                next_obs, reward, term, trunc, _ = halves.recv() if halves is not None else lane.env.step(lane.pending)
+                obs[t + 1, s], rewards[t, s], terminated[t, s], truncated[t, s] = next_obs, reward, term, trunc
+                if noise is not None:
+                    noise.restart(term | trunc)
+                waiting += clock() - waited
+                if t + 1 < steps:
+                    send(t + 1, lane)
+        self.acting_s += clock() - started - waiting
+        self.env_wait_s += waiting
         self.obs = obs[steps].copy()
         done = terminated | truncated
         valid[0] = ~self.prev_done
@@ -64,6 +125,10 @@ class Collector:
         self.collected += 1
         return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
                        frame_stack=self.spec.frame_stack, **arrays)
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.env.close()
 
     def colored_noise(self, policy: NumpyPolicy) -> ColoredNoise | None:
         """The noise process for `policy`'s `noise_color`, kept across weight updates (a new policy

@@ -16,10 +16,11 @@ Source = Literal["broadcast", "learner", "assign"]
 
 
 class HeldPolicy:
-    """The member's weights an actor holds, as a NumPy policy, and their version (−1: none yet)."""
+    """The member's weights an actor holds, as a NumPy policy (an image policy's forward on the GPU
+    `device`, if any: models.acting_device), and their version (−1: none yet)."""
 
-    def __init__(self, run_config: RunConfig, spec: EnvSpec, member: int) -> None:
-        self.run_config, self.spec, self.member = run_config, spec, member
+    def __init__(self, run_config: RunConfig, spec: EnvSpec, member: int, device: str | None = None) -> None:
+        self.run_config, self.spec, self.member, self.device = run_config, spec, member, device
         self.policy: NumpyPolicy | None = None
         self.version = -1
 
@@ -45,7 +46,7 @@ class HeldPolicy:
     def adopt(self, weights: wire.Weights) -> None:
         """Build the policy; WireError("bad_weights") leaves the policy held before in place."""
         try:
-            policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps)
+            policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps, self.device)
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.policy, self.version = policy, weights.version

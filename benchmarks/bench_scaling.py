@@ -12,6 +12,7 @@ and the last one before the end, so start-up and shutdown stay out of them:
     efficiency        env steps/s ÷ (A × the 1-actor cell's with the same learners and device)
     learner busy      the fraction of wall time the learners spent in updates (`update_seconds`)
     credit wait       the fraction of an actor's time spent waiting for a learner's credit
+    acting, env wait  the fractions of an actor's time spent choosing actions and waiting for its envs
     queue             rollouts waiting at the learners, mean over the scrapes
     batch             env steps a learner trains on per update (grows with the fleet when the config
                       lets the batch grow: `ppo.max_rollouts_per_batch`)
@@ -92,6 +93,7 @@ def run_cell(args: argparse.Namespace, actors: int, learners: int, device: str, 
         argv += ["--target-return", str(args.target_return)]
     if args.config:
         argv += ["--config", str(args.config)]
+    argv += getattr(args, "up_args", [])  # bench_atari.py's
     scrapes = Scrapes()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "wb") as log:
@@ -131,6 +133,8 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
         "env_steps_per_s": per_s("actor", "rlmq_actor_env_steps_total"),
         "learner_busy": per_s("learner", "rlmq_learner_update_seconds_sum") / learners,
         "credit_wait": per_s("actor", "rlmq_actor_credit_wait_seconds_total") / actors,
+        "acting": per_s("actor", "rlmq_actor_acting_seconds_total") / actors,
+        "env_wait": per_s("actor", "rlmq_actor_env_wait_seconds_total") / actors,
         "queue": statistics.mean(scrapes.total("learner", "rlmq_learner_queue_depth", i)[1]
                                  for i in range(first, last + 1)),
         "lag": per_s("learner", "rlmq_learner_policy_lag_sum") / lag_count if lag_count else float("nan"),

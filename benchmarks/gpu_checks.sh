@@ -1,44 +1,58 @@
 #!/usr/bin/env bash
-# The checks of issue 18 that need a GPU and are not yet shown (RESULTS.md §12, §14), as one run
-# that ends within a lent machine's 10-minute call: CartPole PPO with 14 actors against 2 and a GPU
-# learner, the candidate config, seeds 0–2; then, while time is left, LunarLander's shipped PPO
-# config (captured) on seeds 3 and 4, beyond the three of §14. The tables go to $1 (default: $OUT,
-# the device tool's folder that comes back): one log and a JSON per comparison, 6 files; the run
-# directories to /tmp. rlmq's dependencies must be installed there first (the device tool's README
-# says how to carry wheels; §14 names those carried).
+# Issue 39's GPU points (RESULTS.md §15), as one run that ends within a lent machine's 10-minute call:
+#   1. bench_atari.py without training: the box's env limit (both env paths, all cores) and the
+#      actors' loop with the CNN on the CPU and on the GPU (~1.5 min);
+#   2. the acting tests on the GPU: a policy acting there chooses the reference's actions
+#      (tests/test_atari.py; ~1 min);
+#   3. Pong to 18 through `rlmq up` with benchmarks/ppo-pong-gpu.toml (4 actors acting on the GPU, a
+#      GPU learner), GPU utilization sampled, for each of $SEEDS (default "0 1 2") while time is
+#      left, each cut off after 200 s of training (the target: ≤ 180 s).
+# Each step is cut off so that the whole ends by 570 s; a step without the time it needs is skipped
+# and logged, and a failed one does not stop the rest. Output to $1 (default $OUT, the device tool's
+# folder that comes back): gpu_checks.log and a JSON per step, at most 5 files; run directories in
+# /tmp. Where rlmq is not importable, it installs the wheels in .whl/ (benchmarks/gpu_wheels.sh makes
+# them here; carry .whl) and rlmq itself into /tmp/site first.
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]
 set -uo pipefail
+cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/rlmq-gpu-checks}}
 runs=/tmp/rlmq-gpu-checks/runs
-deadline_s=570  # each comparison is cut off here, so that the call ends before its 600 s
+deadline_s=${DEADLINE_S:-570}  # DEADLINE_S: a shorter dry run
 mkdir -p "$out" "$runs"
 export PYTHONUNBUFFERED=1
 
-scaling() {  # NAME SEED LEAST_S ARGS...: 14 × 1 against 2 × 1 on the GPU, if LEAST_S seconds are left
-    local name=$1 seed=$2 least=$3 left=$((deadline_s - SECONDS))
-    shift 3
+install() {
+    python3 -c "import rlmq.actors, gymnasium, ale_py, zmq" 2>/dev/null && return
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+        python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . ||
+        echo "install failed"
+}
+
+step() {  # NAME LEAST_S COMMAND...: run COMMAND, cut off at the deadline, if LEAST_S seconds are left
+    local name=$1 least=$2 left=$((deadline_s - SECONDS))
+    shift 2
     if ((left < least)); then
-        echo "$name seed $seed left out: ${left} s left"
+        echo "$name left out: ${left} s left"
         return
     fi
-    timeout "$left" python benchmarks/bench_scaling.py --grid 14x1 2x1 --devices cuda --seed "$seed" \
-        --out-dir "$runs/$name-s$seed" --json "$out/$name-s$seed.json" "$@" ||
-        echo "$name seed $seed: exit $?"
+    echo "== $name ($SECONDS s in)"
+    timeout "$left" "$@" || echo "$name: exit $?"
 }
 
 checks() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    for seed in 0 1 2; do
-        scaling cartpole "$seed" 60 --config benchmarks/ppo-cartpole-fleet.toml --target-return 475 \
-            --total-steps 1000000 --timeout-s 90
-    done
-    local lunar=$runs/ppo-lunarlander-captured.toml
-    { echo 'compile_update = "cuda-graphs"'; cat configs/ppo-lunarlander.toml; } > "$lunar"
-    for seed in 3 4; do  # 2 actors took 72–96 s to 200 in §14, 14 actors 22–28 s
-        scaling lunarlander "$seed" 200 --env LunarLander-v3 --config "$lunar" --target-return 200 \
-            --total-steps 3000000 --timeout-s 150
+    nproc
+    install
+    step "env limit and acting" 120 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 4 --rounds 2 \
+        --train-s 0 --json "$out/bench-atari.json"
+    step "acting tests" 60 python3 -m pytest -q -p no:cacheprovider tests/test_atari.py -k "device or gpu"
+    for seed in ${SEEDS:-0 1 2}; do
+        step "pong seed $seed" 230 python3 benchmarks/bench_atari.py --skip env acting --actors 4 --device cuda \
+            --config benchmarks/ppo-pong-gpu.toml --target-return 18 --total-steps 4000000 --train-s 200 \
+            --seed "$seed" --out-dir "$runs/pong-s$seed" --json "$out/pong-s$seed.json"
     done
 }
 
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 checks 2>&1 | tee "$out/gpu_checks.log"

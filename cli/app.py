@@ -42,6 +42,8 @@ KeysDir = Annotated[str, _opt("The run's CURVE keys (`rlmq keys`): every ZeroMQ 
                               "empty: plain ZeroMQ.", "KEYS_DIR")]
 RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
                                     "REDIS_OUTAGE_S", min=0.0)]
+ACTOR_DEVICE_HELP = ("Where actors run a convolutional policy (Atari's): auto (a GPU if there is one), cpu, cuda "
+                     "or cuda:N. Other policies run in NumPy on the CPU.")
 
 
 # What redis-py's `from_url` accepts. A bare `HOST:PORT` is the usual slip; redis-py's own error
@@ -179,15 +181,23 @@ def actor(
     keys: KeysDir = "",
     key_name: Annotated[str, _opt("Its key in --keys (NAME.key_secret); default: its own name; `actors`: the "
                                   "fleet's key for actors of any name (`rlmq keys --kubernetes`).", "KEY_NAME")] = "",
+    device: Annotated[str, _opt(ACTOR_DEVICE_HELP, "DEVICE")] = "auto",
+    env_threads: Annotated[int, _opt("Threads stepping an env that has them (Atari's); 0: the cores this "
+                                     "process is given.", "ENV_THREADS", min=0)] = 0,
 ) -> None:
     """Run one actor."""
     stop = _start(name)
     from rlmq.actors.actor import main
     from rlmq.common.config import ActorConfig
 
-    cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
-                      metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
-                      max_steps=max_steps, keys_dir=keys, key_name=key_name)
+    try:
+        cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
+                          metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
+                          max_steps=max_steps, keys_dir=keys, key_name=key_name, device=device,
+                          env_threads=env_threads)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
     raise typer.Exit(main(cfg, stop))
 
 
@@ -213,6 +223,7 @@ def up(
     torch_threads: Annotated[int, _opt("Intra-op threads per learner.", min=1)] = 1,
     device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.",
                                 "DEVICE")] = "auto",
+    actor_device: Annotated[str, _opt(ACTOR_DEVICE_HELP, "ACTOR_DEVICE")] = "auto",
     redis_outage_s: RedisOutage = 30.0,
     bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
     collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
@@ -241,13 +252,13 @@ def up(
             up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
                                          redis_url=redis_url, torch_threads=torch_threads, device=device,
                                          bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                         transport=transport, secure=secure)
+                                         transport=transport, secure=secure, actor_device=actor_device)
         else:
             overrides["num_learners"] = learners or 1
             up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
                                     redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
                                     bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                    transport=transport, secure=secure)
+                                    transport=transport, secure=secure, actor_device=actor_device)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         fix = "" if resume is not None else (". Fix the flag or the --config file (fields: common/config.py; "
                                              "an algorithm's section: common/algorithms.py).")

@@ -29,6 +29,7 @@ from rlmq.cli.upconfig import UpConfig
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import to_json
+from rlmq.common.models import acting_device
 from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import create_keys
 from rlmq.common.service import (
@@ -39,6 +40,7 @@ from rlmq.common.service import (
     EXIT_USAGE,
     RateTimer,
     StopFlag,
+    cores_given,
     die_with_parent,
 )
 from rlmq.common.transport import free_port
@@ -139,9 +141,11 @@ class Supervisor:
                 "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
                 "--collective-timeout", str(self.cfg.collective_timeout_s),
                 "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
+        env_threads = str(max(1, cores_given() // self.cfg.actors))  # the cores shared out among the actors
         for index in range(self.cfg.actors):
-            self.children.append(Child(f"actor-{index}", "actor",
-                                       [*base, "actor", "--name", f"actor-{index}", *endpoints]))
+            self.children.append(Child(f"actor-{index}", "actor", [
+                *base, "actor", "--name", f"actor-{index}", *endpoints, "--device", self.cfg.actor_device,
+                "--env-threads", env_threads]))
         if self.cfg.secure:  # the keys' directory, never a key, on the command lines
             keys = self.cfg.run_dir / "keys"
             if not (keys / "server.key_secret").exists():  # a resumed run keeps its keys
@@ -368,7 +372,9 @@ def format_progress(status: RunStatus, elapsed: float, actors: int) -> str:
 def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     try:
         spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder)
-    except envs.EnvError as exc:
+        if cfg.actor_device.startswith("cuda"):  # a GPU named and not there: say so before anything starts
+            acting_device(cfg.actor_device, cfg.run_config.encoder_for(spec))
+    except (envs.EnvError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if cfg.redis_url is not None:  # before anything starts: a wrong URL is a one-line error

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmq.cli.shipped import pick
-from rlmq.common.config import RunConfig
+from rlmq.common.config import DEVICE_PATTERN, RunConfig
 from rlmq.common.loading import from_mapping, load_run_config
 
 # What a resumed run may change: how long it goes on, and how often its learners checkpoint.
@@ -33,6 +33,7 @@ class UpConfig:
     redis_url: str | None = None  # None: a private server, its data under run_dir/redis
     torch_threads: int = 1
     device: str = "auto"  # the learners' (distributed.choose_device)
+    actor_device: str = "auto"  # where actors run a convolutional policy (models.acting_device)
     bind_host: str = "127.0.0.1"  # every listener of every process: none is reachable from elsewhere
     collective_timeout_s: float = 30.0
     transport: str = "ipc"  # experience from actors to learners: over Unix sockets, or loopback TCP
@@ -44,23 +45,24 @@ class UpConfig:
     def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
               redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
               bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0, transport: str = "ipc",
-              secure: bool = True) -> UpConfig:
+              secure: bool = True, actor_device: str = "auto") -> UpConfig:
         if config_file is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
             config_file = found.path if found else None
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
-        check_flags(actors, run_config, bind_host, device, transport)
+        check_flags(actors, run_config, bind_host, device, transport, actor_device)
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(actors=actors, learners=learners, run_config=run_config, run=run,
                    run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
                    device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   transport=transport, secure=secure, config_file=config_file)
+                   transport=transport, secure=secure, config_file=config_file, actor_device=actor_device)
 
     @classmethod
     def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
                    redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
-                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True) -> UpConfig:
+                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True,
+                   actor_device: str = "auto") -> UpConfig:
         """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
         interval if given) and its Redis: the private server's data under `redis/`, else the URL
         it used (or `redis_url`, if the same Redis is reached another way now)."""
@@ -78,22 +80,24 @@ class UpConfig:
             raise ValueError(f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
                              f"use --learners {saved.num_learners}")
         run_config = dataclasses.replace(saved, **overrides)
-        check_flags(actors, run_config, bind_host, device, transport)
+        check_flags(actors, run_config, bind_host, device, transport, actor_device)
         private = info.get("private_redis", (run_dir / "redis").is_dir())
         return cls(actors=actors, learners=saved.num_learners, run_config=run_config, run=run, run_dir=run_dir,
                    redis_url=redis_url or (None if private else used_url), torch_threads=torch_threads,
                    device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   transport=transport, secure=secure, resume=True)
+                   transport=transport, secure=secure, resume=True, actor_device=actor_device)
 
 
-def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str) -> None:
+def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str,
+                actor_device: str = "auto") -> None:
     if actors < run_config.population:  # a member without an actor would never train
         raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
                          f"use --actors {run_config.population} or more")
     if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
         raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
-        raise ValueError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+    for flag, value in (("--device", device), ("--actor-device", actor_device)):
+        if not re.fullmatch(DEVICE_PATTERN, value):
+            raise ValueError(f"{flag} {value}: use auto, cpu, cuda or cuda:N")
     if transport not in ("ipc", "tcp"):
         raise ValueError(f"--transport {transport}: use ipc or tcp")
 

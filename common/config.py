@@ -7,6 +7,7 @@ learners inside `Assign`, so its fields are restricted to what `rlmq.common.wire
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rlmq.common.algorithms import (
@@ -85,6 +86,9 @@ class PBTConfig:
         if problems:
             raise ValueError("; ".join(problems))
 
+
+# What a service's `device` may say: auto, cpu, cuda or cuda:N.
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
 # `RunConfig.compile_update`: "off" runs the learners' update eagerly; "default" and "max-autotune"
 # with kernels torch.compile generates in that mode; "reduce-overhead" ("default"'s kernels) and
@@ -280,3 +284,15 @@ class ActorConfig:
     keys_dir: str = ""  # the run's CURVE keys (common/security.py); "": plain ZeroMQ
     key_name: str = ""  # its key there; "": `name`'s
     max_steps: int | None = None  # stop after this many env steps (tests, benchmarks)
+    # Where a convolutional policy's forward pass runs (models.acting_device): auto (a GPU if torch
+    # sees one), cpu, cuda or cuda:N. MLP and MinAtar-sized policies run in NumPy whatever it says.
+    device: str = "auto"
+    # C++ threads stepping an env that has them (the native Atari env); 0: the cores this process
+    # is given (service.cores_given).
+    env_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise ValueError(f"--device {self.device}: use auto, cpu, cuda or cuda:N")
+        if self.env_threads < 0:
+            raise ValueError("--env-threads must not be negative (0: the cores this process is given)")

@@ -1,7 +1,8 @@
 """Gymnasium environments: build the fastest vector env an id offers, and describe its spaces.
 
 `env_id` is a registered id (``CartPole-v1``) or ``package.module:EnvClass``. A registered id with
-a native vector entry point (CartPole's ``CartPoleVectorEnv``: about 10× a SyncVectorEnv) uses it.
+a native vector entry point (CartPole's ``CartPoleVectorEnv``: about 10× a SyncVectorEnv) uses it,
+and ALE ids ale-py's own vector env (common/atari.py).
 Every vector env here resets slots the Gymnasium 1.x default way (next-step autoreset), which the
 actor's `valid` mask relies on.
 """
@@ -16,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from rlmq.common import atari
 from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.images import resolve_encoder
 from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
@@ -45,27 +47,6 @@ EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco", "a
 # Env families whose ids a package registers when imported (or by its `register_envs()`), by the
 # ids' namespace: (module, extra of rlmq).
 NAMESPACES = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
-ATARI_FRAME_STACK = 4
-
-
-def atari_wrappers() -> list[Callable[[gym.Env], gym.Env]]:
-    """The standard Atari preprocessing (Machado et al. 2018's protocol as SB3 and CleanRL apply it),
-    by gymnasium's own wrappers around an ALE env made with frameskip=1: up to 30 no-op steps at
-    reset, 4 frames per step max-pooled over the last two, 84×84 grayscale bytes, the last 4 frames
-    stacked ([4, 84, 84]). Sticky actions stay as ALE's v5 ids set them (0.25). Rewards are clipped
-    to their sign by the learners (`RunConfig.signs_rewards`), so that actors report real returns.
-    OpenCV, which does the resize, gets one thread: its pool ignores OMP_NUM_THREADS, and a
-    process's pools fight the other processes' on shared cores (common/service.py)."""
-    import cv2  # the atari extra's; imported here so that other envs never load it
-
-    cv2.setNumThreads(1)
-    return [
-        lambda env: gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                                    terminal_on_life_loss=False, grayscale_obs=True),
-        lambda env: gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK),
-    ]
-
-
 def _register_namespace(env_id: str) -> None:
     """Import what registers `env_id`'s namespace (ALE/…, MinAtar/…); EnvError naming the extra
     to install if it is missing."""
@@ -93,9 +74,12 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, threads: int = 1,
+                    native: bool = True) -> gym.vector.VectorEnv:
     """`num_envs` slots of `env_id`; a `render_mode` (e.g. rgb_array for `rlmq eval --video`) is
-    passed to a registered id's envs."""
+    passed to a registered id's envs. An ALE id steps in ale-py's own vector env on `threads` C++
+    threads, unless it renders or `native` is False: then through gymnasium's wrappers
+    (common/atari.py)."""
     env_class = _env_class(env_id)
     if env_class is not None:
         try:
@@ -120,9 +104,12 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
         mode = "vector_entry_point" if spec.vector_entry_point and render_mode is None else "sync"
         kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
         try:
-            if str(spec.entry_point).startswith("ale_py"):  # Atari: frames skipped by the preprocessing
-                mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari_wrappers()
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+            if atari.is_atari(spec) and native and render_mode is None:
+                env = atari.native_env(spec, num_envs, threads)
+            else:
+                if atari.is_atari(spec):  # frames skipped by the preprocessing
+                    mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari.wrappers()
+                env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
             extra = _extra(str(spec.entry_point))
             if extra and isinstance(exc, (ImportError, gym.error.DependencyNotInstalled)):
@@ -135,6 +122,29 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) 
         env.close()
         raise EnvError(f"{env_id}: rlmq needs next-step autoreset, the env uses {autoreset}")
     return env
+
+
+def make_lanes(env_id: str, num_envs: int, threads: int = 1) -> list[gym.vector.VectorEnv]:
+    """An actor's `num_envs` slots as vector envs over consecutive slots ("lanes"): two halves of
+    the native Atari env (`threads` split between them), which steps in halves, so that the actor
+    chooses one lane's actions while the other's emulators run; one env otherwise."""
+    if num_envs < 2 or not _native_atari(env_id):
+        return [make_vector_env(env_id, num_envs, threads=threads)]
+    half = num_envs // 2
+    return [make_vector_env(env_id, half, threads=max(1, threads // 2)),
+            make_vector_env(env_id, num_envs - half, threads=max(1, threads - threads // 2))]
+
+
+def _native_atari(env_id: str) -> bool:
+    """Whether `env_id` is an ALE id (so `make_vector_env` builds the native env); False where
+    it is not registered (`make_vector_env` says why)."""
+    if ":" in env_id:
+        return False
+    try:
+        _register_namespace(env_id)
+        return atari.is_atari(gym.spec(env_id))
+    except (EnvError, gym.error.Error):
+        return False
 
 
 def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
@@ -156,9 +166,11 @@ def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
 
 
 def frame_stack(env: gym.vector.VectorEnv) -> int:
-    """The frames a FrameStackObservation in the slots' wrappers stacks (1: none, or not visible:
-    the slots of an async or custom vector env are out of reach, and then storing whole stacks
-    costs memory, never correctness)."""
+    """The frames a FrameStackObservation in the slots' wrappers stacks, or the native Atari env
+    (1: none, or not visible: the slots of an async or custom vector env are out of reach, and then
+    storing whole stacks costs memory, never correctness)."""
+    if atari.is_native(env):
+        return atari.PREPROCESSING.frame_stack
     slot = next(iter(getattr(env, "envs", [])), None)
     while isinstance(slot, gym.Wrapper):
         if isinstance(slot, gym.wrappers.FrameStackObservation):

@@ -136,6 +136,12 @@ class ActorMetrics:
             "the actor's time blocked on send).",
             registry=r,
         )
+        # With the credit wait, where an actor's time goes: choosing actions (the policy's forward
+        # pass, on a CPU core or a GPU) and waiting for its envs to step.
+        self.acting = Counter(f"{PREFIX}_actor_acting_seconds",
+                              "Time spent choosing actions while collecting (the policy's forward pass).", registry=r)
+        self.env_wait = Counter(f"{PREFIX}_actor_env_wait_seconds",
+                                "Time spent waiting for the envs to step while collecting.", registry=r)
         self.policy_version = Gauge(
             f"{PREFIX}_actor_policy_version", "Version of the weights in use.", registry=r
         )

@@ -43,7 +43,7 @@ class NumpyPolicy:
     """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh or ReLU)."""
 
     def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
-                 encoder: str = "mlp", torch_encoder: bool | None = None) -> None:
+                 encoder: str = "mlp", torch_encoder: bool | None = None, device: str | None = None) -> None:
         self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
@@ -73,6 +73,12 @@ class NumpyPolicy:
             width = weight.shape[1]
         if width != (outputs or spec.action_dim):
             raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
+        # An image policy given a torch `device` (a GPU: `acting_device`) runs its whole forward there.
+        self._on_device: Callable[[np.ndarray], np.ndarray] | None = None
+        if device is not None and self.encoder is not None:
+            from rlmq.common.torch_images import DeviceForward
+
+            self._on_device = DeviceForward(self.encoder, self.layers, activation, self.norm, device)
         self.discrete = spec.action_kind == "discrete"
         # The deterministic action `mode` (and `rlmq export`) takes from the network's output.
         self.head = "argmax" if self.discrete else "mean"
@@ -85,6 +91,8 @@ class NumpyPolicy:
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         """The network's output for observations [N, *obs_shape] as the env gives them."""
+        if self._on_device is not None:
+            return self._on_device(obs)
         x = obs_features(obs, self.spec)
         if self.norm is not None:
             x = self.norm(x)
@@ -184,10 +192,11 @@ class EpsilonGreedyPolicy(NumpyPolicy):
     """DQN's policy: the argmax of a ReLU Q network (learners/dqn.py, `QNetwork`, whose Linears are
     `policy.{2i}`), or with probability `epsilon` a uniformly random action."""
 
-    def __init__(self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp") -> None:
+    def __init__(self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp",
+                 device: str | None = None) -> None:
         if spec.action_kind != "discrete":
             raise ValueError("DQN needs discrete actions")
-        super().__init__(params, spec, activation="relu", encoder=encoder)
+        super().__init__(params, spec, activation="relu", encoder=encoder, device=device)
         self.epsilon, self.actions = epsilon, spec.action_dim
 
     def act(self, obs: np.ndarray, rng: np.random.Generator,
@@ -204,39 +213,64 @@ def linear_epsilon(trained_steps: int, horizon: float, initial: float, final: fl
     return initial + progress * (final - initial)
 
 
-def _td3_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
+def _td3_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int,
+                device: str | None) -> NumpyPolicy:
     td3 = run_config.td3
     return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts,
                                noise_color=td3.noise_color)
 
 
-def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int) -> NumpyPolicy:
+def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int,
+                device: str | None) -> NumpyPolicy:
     dqn = run_config.dqn
     horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
     epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
-    return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec))
+    return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec), device)
 
 
 # Each algorithm's actor policy (algorithms.ALGORITHMS): (run config, weights, env spec, the env steps
-# the weights were trained on, on which exploration schedules depend) → policy.
-POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int], NumpyPolicy]] = {
-    "ppo": lambda run_config, params, spec, trained_steps: NumpyPolicy(
-        params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec)),
-    "sac": lambda run_config, params, spec, trained_steps: SquashedGaussianPolicy(
+# the weights were trained on, on which exploration schedules depend, the device an image policy
+# acts on) → policy.
+POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int, str | None], NumpyPolicy]] = {
+    "ppo": lambda run_config, params, spec, trained_steps, device: NumpyPolicy(
+        params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec), device=device),
+    "sac": lambda run_config, params, spec, trained_steps, device: SquashedGaussianPolicy(
         params, spec, run_config.sac.noise_color),
     "td3": _td3_policy,
     "dqn": _dqn_policy,
 }
 
 
-def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0) -> NumpyPolicy:
-    """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps;
-    raises KeyError/ValueError for weights that do not fit, observation statistics included: a run
-    that normalizes observations publishes them with every member's weights, and no other does."""
+def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0,
+                device: str | None = None) -> NumpyPolicy:
+    """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps,
+    acting on `device` (`acting_device`'s); raises KeyError/ValueError for weights that do not fit,
+    observation statistics included: a run that normalizes observations publishes them with every
+    member's weights, and no other does."""
     if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
         raise ValueError(f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
                          f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}")
-    return POLICIES[run_config.algo](run_config, params, spec, trained_steps)
+    return POLICIES[run_config.algo](run_config, params, spec, trained_steps, device)
+
+
+def acting_device(requested: str, encoder: str, index: int = 0) -> str | None:
+    """The GPU an actor runs its policy on (`ActorConfig.device`: auto, cpu, cuda or cuda:N), or
+    None for the CPU path (NumPy, with torch for the large encoders' convolutions). Only the large
+    encoders (`images.TORCH_IN_ACTORS`) act on a GPU: "auto" puts them there when torch sees one
+    (actor `index` on GPU index mod count); any other policy stays in NumPy without importing
+    torch. ValueError, naming the fix, for a GPU asked for that is not there."""
+    if requested == "cpu" or encoder not in TORCH_IN_ACTORS:
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        return f"cuda:{index % count}" if count else None
+    wanted = int(requested.partition(":")[2] or index % max(count, 1))
+    if wanted >= count:
+        raise ValueError(f"--actor-device {requested}: torch sees {count} GPU(s) here; use --actor-device auto "
+                         "(a GPU where there is one, else the CPU) or cpu")
+    return f"cuda:{wanted}"
 
 
 def sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

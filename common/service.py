@@ -81,6 +81,20 @@ def limit_threads(torch_threads: int = 1) -> None:
         sys.modules["torch"].set_num_threads(torch_threads)
 
 
+def cores_given(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: those it may run on, fewer where its cgroup's CPU quota
+    (a Kubernetes pod's CPU limit) allows fewer, rounded up."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open(cgroup_cpu_max) as limits:
+            quota, period = limits.read().split()
+    except (OSError, ValueError):  # no cgroup v2 quota file
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, -(-int(quota) // int(period))))
+
+
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
     """Have glibc's malloc serve blocks up to `mmap_threshold` bytes from its heap and keep up to
     `trim_threshold` bytes of freed memory instead of returning it to the kernel.

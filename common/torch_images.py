@@ -1,6 +1,7 @@
 """The encoders' forward pass in torch (declared in `rlmq.common.images`): the walk over a plan
-that the learners' networks (`rlmq.learners.encoders`) and the exported policy build on, and
-`TorchEncoder`, the actors' forward pass for the encoders that run faster in torch than in NumPy.
+that the learners' networks (`rlmq.learners.encoders`) and the exported policy build on;
+`TorchEncoder`, the actors' forward pass for the encoders that run faster in torch than in NumPy;
+and `DeviceForward`, an image policy's whole forward pass on a GPU, a lane of slots at a time.
 
 An actor imports this module only when its policy's encoder is one of `images.TORCH_IN_ACTORS`:
 actors of flat observations and of MinAtar's small network stay torch-free.
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rlmq.common.images import Conv, ImageLayout, Layer, MaxPool, NumpyEncoder, ReLU, Skip
+from rlmq.common.schema import ObsNorm
 
 ConvCall = Callable[[int, Tensor, Conv], Tensor]  # (convolution's index, input, its declaration) → output
 
@@ -69,3 +71,68 @@ class TorchEncoder:
             out = run_plan(self.plan, images(torch.from_numpy(features), self.layout), conv)
             encoded: np.ndarray = out.flatten(1).numpy()
         return encoded
+
+
+# Host buffers the observations are staged in before they go to a GPU, by (shape, dtype): pinned
+# (page-locked) memory, which a copy to the GPU reads without first copying it again, costs a
+# driver call to allocate, so each lane's is allocated once and kept across policy versions.
+_STAGING: dict[tuple[tuple[int, ...], torch.dtype], Tensor] = {}
+
+
+def staging(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    key = (shape, dtype)
+    if key not in _STAGING:
+        _STAGING[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+    return _STAGING[key]
+
+
+class DeviceForward:
+    """An image policy's forward pass on `device`: observations as the env gives them (bytes stay
+    bytes until they are on the device), observation statistics, the encoder and the MLP, output
+    back on the host. The same output as `NumpyPolicy.forward` (float32 roundings apart). The
+    weights are copied to the device once per policy version; each call is one copy there and
+    one back, through a pinned buffer kept across versions."""
+
+    def __init__(self, encoder: NumpyEncoder, layers: list[tuple[np.ndarray, np.ndarray]], activation: str,
+                 norm: ObsNorm | None, device: str) -> None:
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+
+        def put(array: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+        self.layout, self.plan = encoder.layout, encoder.plan
+        self.convs = [(put(columns.T).reshape(conv.channels, -1, conv.kernel, conv.kernel), put(bias))
+                      for columns, bias, conv in encoder.convs]
+        self.layers = [(put(weight), put(bias)) for weight, bias in layers]  # [in, out]: x @ W + b
+        self.activation = torch.tanh if activation == "tanh" else torch.relu
+        self.norm = None if norm is None else (put(norm.mean), put(norm.std), norm.clip)
+        if self.pinned:
+            # Full float32 in the convolutions (cuDNN may round through TF32 by default), so that a
+            # GPU chooses the actions the reference policy would for the same observations.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """[N, *obs_shape] observations → [N, outputs] float32."""
+        with torch.inference_mode():
+            host = torch.from_numpy(obs)
+            if self.pinned:
+                buffer = staging(tuple(obs.shape), host.dtype)
+                buffer.copy_(host)
+                host = buffer
+            x = host.to(self.device, non_blocking=True).reshape(len(obs), -1).float()
+            if self.norm is not None:
+                mean, std, clip = self.norm
+                x = ((x - mean) / std).clamp_(-clip, clip)
+
+            def conv(i: int, x: Tensor, layer: Conv) -> Tensor:
+                weight, bias = self.convs[i]
+                return nn.functional.conv2d(x, weight, bias, layer.stride, layer.padding)
+
+            x = run_plan(self.plan, images(x, self.layout), conv).flatten(1)
+            for weight, bias in self.layers[:-1]:
+                x = self.activation(torch.addmm(bias, x, weight))
+            weight, bias = self.layers[-1]
+            out: np.ndarray = torch.addmm(bias, x, weight).cpu().numpy()  # waits for the device
+        return out

@@ -146,10 +146,11 @@ def test_minatar_runs_as_it_is_bool_frames_channels_last() -> None:
 
 
 def test_atari_is_gymnasiums_preprocessing_step_for_step() -> None:
-    """The vector env rlmq builds for an ALE id against gymnasium's wrappers applied by hand: the
-    same frames, rewards and ends for the same seed and actions."""
+    """The wrapper path rlmq builds for an ALE id (`rlmq eval --video`'s, and the reference the native
+    env is held to in test_atari.py) against gymnasium's wrappers applied by hand: the same frames,
+    rewards and ends for the same seed and actions."""
     env_id, steps = "ALE/Pong-v5", 300
-    ours = envs.make_vector_env(env_id, 1)
+    ours = envs.make_vector_env(env_id, 1, native=False)
     theirs = gym.wrappers.FrameStackObservation(
         gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30,
                                         frame_skip=4, screen_size=84, terminal_on_life_loss=False),
