@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import time
 
 import numpy as np
@@ -25,7 +24,7 @@ import zmq
 
 from rlmq.actors.collector import Collector
 from rlmq.actors.held_policy import HeldPolicy, Source
-from rlmq.actors.unacked import UnackedEpisodes
+from rlmq.actors.reports import Reports
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
 from rlmq.common.metrics import ActorMetrics, serve
@@ -36,7 +35,6 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, Rej
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
 WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
-MAX_UNACKED_RETURNS = 4096  # returns kept for a coordinator that is away; beyond, the oldest are given up
 FINAL_ACK_WAIT_S = 1.0  # at the end, how long to wait for the last report to be counted
 FINAL_RESEND_S = 0.25
 
@@ -58,15 +56,7 @@ class Actor:
         self.credentials.client(self.broadcast)
         self.rejected = 0
         self.log_reject = RejectLog(log)
-        self.unreported_steps = 0
-        self.unreported_credit_wait = 0.0  # seconds; metrics are updated once per report, off the hot path
-        self.first_step_at = 0.0
         self.awaited_version = 0
-        self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
-        self.totals = (0, 0)  # env steps and episodes so far
-        self.acked = (0, 0)  # the totals the coordinator says it has counted
-        self.unacked = UnackedEpisodes(MAX_UNACKED_RETURNS)
-        self.last_report = b""
 
     def reject(self, exc: wire.WireError) -> None:
         self.log_reject(exc.reason, str(exc))
@@ -79,6 +69,7 @@ class Actor:
         if assign is None:
             return EXIT_OK
         self.member, run_cfg, spec = assign.member, assign.config, assign.env_spec
+        self.reports = Reports(self.cfg.name, self.member, self.metrics)
         for endpoint in assign.learner_endpoints:
             sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
             self.credentials.client(sock)
@@ -120,13 +111,13 @@ class Actor:
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
                     break
-                self.first_step_at = self.first_step_at or time.time()
+                self.reports.first_step_at = self.reports.first_step_at or time.time()
                 rollout = collector.collect(self.held.policy, self.member, self.held.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
                 self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit
                 steps = int(np.count_nonzero(rollout.valid))
-                self.unreported_steps += steps
+                self.reports.unreported_steps += steps
                 steps_total += steps
                 if report.due():
                     self.report(collector)
@@ -176,7 +167,7 @@ class Actor:
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
                 self.await_weights(self.awaited_version)
-                self.unreported_credit_wait += time.perf_counter() - started
+                self.reports.unreported_credit_wait += time.perf_counter() - started
                 return best
             self.greet_learners()
             self.poller.poll(50)
@@ -203,9 +194,7 @@ class Actor:
                 self.reject(exc)
                 continue
             if isinstance(message, wire.ReportAck):
-                self.acked = max(self.acked, (message.steps_total, message.episodes_total))
-                # Those it has not heard of yet, and those it heard of but does not count yet.
-                self.unacked.keep_newest(self.totals[1] - message.episodes_total + message.episodes_uncounted)
+                self.reports.acknowledged(message)
             elif isinstance(message, wire.Assign) and message.member == self.member and message.weights is not None:
                 self.take_weights(message.weights, "assign")
 
@@ -250,35 +239,22 @@ class Actor:
             self.metrics.policy_version.set(self.held.version)
 
     def report(self, collector: Collector) -> None:
+        """Tell the coordinator what was collected since the last report (actors/reports.py)."""
         returns, lengths = collector.finished_episodes()
-        steps, self.unreported_steps = self.unreported_steps, 0
-        self.metrics.env_steps.inc(steps)
-        self.metrics.credit_wait.inc(self.unreported_credit_wait)
-        self.unreported_credit_wait = 0.0
-        self.metrics.acting.inc(collector.acting_s)
-        self.metrics.env_wait.inc(collector.env_wait_s)
+        frame = self.reports.next(returns, lengths, collector.acting_s, collector.env_wait_s, self.held.version,
+                                  self.rejected)
         collector.acting_s = collector.env_wait_s = 0.0
-        self.metrics.episodes.inc(len(returns))
-        self.metrics.episode_return.observe_many(returns)
-        self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
-        self.metrics.returns_given_up.inc(self.unacked.add(returns, lengths))
-        self.last_report = wire.encode(wire.ActorReport(
-            name=self.cfg.name, member=self.member, env_steps=steps,
-            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths,
-            policy_version=self.held.version, rejected=self.rejected, first_step_at=self.first_step_at,
-            session=self.session, steps_total=self.totals[0], episodes_total=self.totals[1],
-        ))
         self.rejected = 0
-        transport.send_frame(self.control, self.last_report)
+        transport.send_frame(self.control, frame)
         self.read_control()
 
     def flush_reports(self, timeout_s: float) -> None:
         """Wait (bounded) for the coordinator to acknowledge our last report, sending it again now
         and then: the coordinator may be away, and counts it once however often it comes."""
         deadline, resend = time.monotonic() + timeout_s, RateTimer(FINAL_RESEND_S)
-        while self.acked != self.totals and time.monotonic() < deadline:
+        while not self.reports.settled and time.monotonic() < deadline:
             if resend.due():
-                transport.send_frame(self.control, self.last_report)
+                transport.send_frame(self.control, self.reports.last)
             self.control.poll(50, zmq.POLLIN)
             self.read_control()
 

@@ -83,15 +83,20 @@ class Collector:
         arrays = allocate(self.spec, steps, self.num_envs)
         obs, actions, logprobs, rewards = arrays["obs"], arrays["actions"], arrays["logprobs"], arrays["rewards"]
         terminated, truncated, valid = arrays["terminated"], arrays["truncated"], arrays["valid"]
-        lanes, rng, clip, noise = self.lanes, self.rng, self.clip, self.colored_noise(policy)
-        if noise is not None and len(lanes) > 1:
+        rng, clip, noise = self.rng, self.clip, self.colored_noise(policy)
+        if noise is not None and len(self.lanes) > 1:
             raise ValueError("colored noise needs the slots in one lane")
+        # Each lane's views of the arrays, made once here, so that the loop indexes by time alone.
+        lanes = []
+        for lane in self.lanes:
+            s = lane.slots
+            lanes.append((lane, obs[:, s], actions[:, s], logprobs[:, s], rewards[:, s], terminated[:, s],
+                          truncated[:, s]))
         clock, waiting = time.perf_counter, 0.0
 
-        def send(t: int, lane: Lane) -> None:  # the hot loop: nothing here that can be done once per rollout
-            s = lane.slots
-            action, logp = policy.act(obs[t, s], rng) if noise is None else policy.act(obs[t, s], rng, noise.sample())
-            actions[t, s], logprobs[t, s] = action, logp
+        def send(t: int, lane: Lane, obs: np.ndarray, actions: np.ndarray, logprobs: np.ndarray) -> None:
+            action, logp = policy.act(obs[t], rng) if noise is None else policy.act(obs[t], rng, noise.sample())
+            actions[t], logprobs[t] = action, logp
             if clip is not None:
                 action = np.clip(action, *clip)
             if lane.halves is not None:
@@ -101,19 +106,19 @@ class Collector:
 
         obs[0] = self.obs  # in the spec's dtype from here on (a float64 observation becomes float32)
         started = clock()
-        for lane in lanes:
-            send(0, lane)
-        for t in range(steps):
-            for lane in lanes:
+        for lane, lane_obs, lane_actions, lane_logprobs, *_ in lanes:
+            send(0, lane, lane_obs, lane_actions, lane_logprobs)
+        for t in range(steps):  # the hot loop: nothing here that can be done once per rollout
+            for lane, lane_obs, lane_actions, lane_logprobs, lane_rewards, lane_terminated, lane_truncated in lanes:
                 waited = clock()
-                s, halves = lane.slots, lane.halves
+                halves = lane.halves
                 next_obs, reward, term, trunc, _ = halves.recv() if halves is not None else lane.env.step(lane.pending)
-                obs[t + 1, s], rewards[t, s], terminated[t, s], truncated[t, s] = next_obs, reward, term, trunc
+                lane_obs[t + 1], lane_rewards[t], lane_terminated[t], lane_truncated[t] = next_obs, reward, term, trunc
                 if noise is not None:
                     noise.restart(term | trunc)
                 waiting += clock() - waited
                 if t + 1 < steps:
-                    send(t + 1, lane)
+                    send(t + 1, lane, lane_obs, lane_actions, lane_logprobs)
         self.acting_s += clock() - started - waiting
         self.env_wait_s += waiting
         self.obs = obs[steps].copy()

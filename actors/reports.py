@@ -1,0 +1,67 @@
+"""What an actor tells the coordinator: env steps, episodes and their returns, kept as totals.
+
+Each report holds the actor's totals so far and every finished episode the coordinator has not
+acknowledged; the coordinator counts what the totals add, once, however often a report comes. So
+while the coordinator is away nothing is lost: reports go on, and the first one it reads after
+counts everything since. Metrics are updated here, once per report, off the actor's hot path.
+No sockets here: the actor sends the frames and hands back the acknowledgements.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from rlmq.actors.unacked import UnackedEpisodes
+from rlmq.common import wire
+from rlmq.common.metrics import ActorMetrics
+
+MAX_UNACKED_RETURNS = 4096  # returns kept for a coordinator that is away; beyond, the oldest are given up
+
+
+class Reports:
+    def __init__(self, name: str, member: int, metrics: ActorMetrics) -> None:
+        self.name, self.member, self.metrics = name, member, metrics
+        self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
+        self.totals = (0, 0)  # env steps and episodes so far
+        self.acked = (0, 0)  # the totals the coordinator says it has counted
+        self.unacked = UnackedEpisodes(MAX_UNACKED_RETURNS)
+        self.unreported_steps = 0
+        self.unreported_credit_wait = 0.0  # seconds
+        self.first_step_at = 0.0  # unix time of the first env step
+        self.last = b""  # the last report's frame, sent again while it waits to be acknowledged
+
+    def next(self, returns: np.ndarray, lengths: np.ndarray, acting_s: float, env_wait_s: float,
+             policy_version: int, rejected: int) -> bytes:
+        """The next report's frame, with the episodes that finished since the last one and the
+        collector's time since then; counts them all in the metrics."""
+        steps, self.unreported_steps = self.unreported_steps, 0
+        m = self.metrics
+        m.env_steps.inc(steps)
+        m.credit_wait.inc(self.unreported_credit_wait)
+        self.unreported_credit_wait = 0.0
+        m.acting.inc(acting_s)
+        m.env_wait.inc(env_wait_s)
+        m.episodes.inc(len(returns))
+        m.episode_return.observe_many(returns)
+        self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
+        m.returns_given_up.inc(self.unacked.add(returns, lengths))
+        self.last = wire.encode(wire.ActorReport(
+            name=self.name, member=self.member, env_steps=steps,
+            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths,
+            policy_version=policy_version, rejected=rejected, first_step_at=self.first_step_at,
+            session=self.session, steps_total=self.totals[0], episodes_total=self.totals[1],
+        ))
+        return self.last
+
+    def acknowledged(self, ack: wire.ReportAck) -> None:
+        """The coordinator counted these totals: keep only the returns it has not counted yet
+        (those it has not heard of, and those it heard of but does not count yet)."""
+        self.acked = max(self.acked, (ack.steps_total, ack.episodes_total))
+        self.unacked.keep_newest(self.totals[1] - ack.episodes_total + ack.episodes_uncounted)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the coordinator acknowledged everything reported."""
+        return self.acked == self.totals
