@@ -94,7 +94,10 @@ class Actor:
         if assign.weights is not None:
             self.take_weights(assign.weights, "assign")
         threads = self.cfg.env_threads or cores_given()
-        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads)
+        # Two lanes where the emulators have a core of their own while the policy acts (a GPU acts,
+        # or a second core): on one core they would only take turns with it (RESULTS.md §15).
+        split = device is not None or threads >= 2
+        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
         collector = Collector(lanes, spec, run_cfg.rollout_length, seed)
         log.info("%s: member %d, %s × %d in %d lane(s), acting on %s, learners %s", self.cfg.name, self.member,

@@ -4,16 +4,19 @@
 1. **Env only** (random actions, no policy): the box's env limit, each path with the same cores
    (`--cores`, default the cores this process is given), all of them stepping at once in windows
    of `--window-s` after a warm-up (ROM loads and resets stay out):
-     wrapper        today's reference path (gymnasium's AtariPreprocessing + FrameStackObservation),
+     wrapper        the reference path (gymnasium's AtariPreprocessing + FrameStackObservation),
                     a process per core, `--num-envs` slots each (one core each: Python steps them);
      native         ale-py's AtariVectorEnv (the same preprocessing in C++), a process per core,
                     `--num-envs` slots on one C++ thread each;
      native-1proc   one process, `--num-envs` × cores slots on as many C++ threads.
-2. **Acting** (an actor's loop, `Collector.collect`, with a fresh Nature-CNN PPO policy and no
-   learner): a process per core, `--num-envs` slots each, on the wrapper path with the CNN on the
-   CPU (the actors' path before the native env), on the native path in two lanes with the CNN on
-   the CPU, and, where torch sees a GPU, on the native path with the CNN on the GPU. Each row
-   says where the actor's time went (choosing actions, waiting for its envs).
+2. **Acting** (an actor's loop, `Collector.collect`, with a fresh PPO policy of the shipped config
+   and no learner), `--num-envs` slots a process: a process per core on the wrapper path (the
+   actors' path before the native env), on the native path in one lane and in two, each with the
+   CNN on the CPU; a process per two cores in two lanes on two threads; and, where there is a GPU,
+   a process per core in two lanes with the CNN on the GPU. Each row says where the actor's time
+   went (choosing actions, waiting for its envs).
+   Both are measured in `--rounds` rounds, every layout once a round in turn; each row gives the
+   median rate and the median of its rounds' ratios to the wrapper path's env-only rate.
 3. **End to end**: `rlmq up --env ENV --algo ppo` (`--config` if given, else the shipped config)
    with `--actors` actors and one learner on `--device` for `--train-s` seconds, scraped as
    `bench_scaling.py` does: env steps/s, the learner's busy fraction, the actors' credit wait,
@@ -44,7 +47,7 @@ import bench_scaling
 
 from rlmq.common.service import cores_given, limit_threads
 
-Measure = Callable[[Any, float, float], dict[str, float]]
+Make = Callable[..., Callable[[float], dict[str, float]]]  # (its arguments) → run(seconds) → figures
 
 
 def env_only(path: str, env_id: str, num_envs: int, threads: int) -> Callable[[float], dict[str, float]]:
@@ -67,7 +70,8 @@ def env_only(path: str, env_id: str, num_envs: int, threads: int) -> Callable[[f
     return run
 
 
-def acting(path: str, env_id: str, num_envs: int, device: str | None) -> Callable[[float], dict[str, float]]:
+def acting(path: str, env_id: str, num_envs: int, device: str | None,
+           threads: int = 1) -> Callable[[float], dict[str, float]]:
     import numpy as np
 
     from rlmq.actors.collector import Collector
@@ -84,8 +88,10 @@ def acting(path: str, env_id: str, num_envs: int, device: str | None) -> Callabl
     params = to_numpy_params(ActorCritic(spec, run.hidden_sizes, encoder=run.encoder_for(spec),
                                          activation=run.ppo.activation))
     policy = make_policy(run, params, spec, device=device)
-    lanes = envs.make_lanes(env_id, num_envs) if path == "native" else [
-        envs.make_vector_env(env_id, num_envs, native=False)]
+    if path == "wrapper":
+        lanes = [envs.make_vector_env(env_id, num_envs, native=False)]
+    else:
+        lanes = envs.make_lanes(env_id, num_envs, threads, split=path == "native")
     collector = Collector(lanes, spec, run.rollout_length, seed=os.getpid())
 
     def run_for(seconds: float) -> dict[str, float]:
@@ -98,7 +104,7 @@ def acting(path: str, env_id: str, num_envs: int, device: str | None) -> Callabl
     return run_for
 
 
-def child(make: Callable[..., Callable[[float], dict[str, float]]], make_args: tuple[Any, ...], warmup_s: float,
+def child(make: Make, make_args: tuple[Any, ...], warmup_s: float,
           window_s: float, barrier: Any, out: Any) -> None:
     limit_threads(1)
     run = make(*make_args)
@@ -109,7 +115,7 @@ def child(make: Callable[..., Callable[[float], dict[str, float]]], make_args: t
     out.put({**result, "wall_s": time.perf_counter() - started})
 
 
-def together(make: Callable[..., Callable[[float], dict[str, float]]], args_each: list[tuple[Any, ...]],
+def together(make: Make, args_each: list[tuple[Any, ...]],
              warmup_s: float, window_s: float) -> dict[str, float]:
     """Run one process per entry of `args_each` at once; their summed env steps per second, and the
     fractions of their time spent acting and waiting for envs."""
@@ -168,7 +174,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=cores_given())
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--window-s", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=3, help="of the env-only layouts, in turn")
+    parser.add_argument("--rounds", type=int, default=3, help="of the env-only and acting layouts, in turn")
     parser.add_argument("--actors", type=int, default=None, help="default: --cores")
     parser.add_argument("--device", default="auto", help="the learner's")
     parser.add_argument("--actor-device", default="auto")
@@ -185,33 +191,44 @@ def main() -> None:
     gpu = shutil.which("nvidia-smi") is not None
     cores, n = args.cores, args.num_envs
     print(f"{args.env}: {cores} cores, {n} envs a process, windows of {args.window_s} s", flush=True)
-    found: dict[str, dict[str, object]] = {}
+    found: dict[str, dict[str, Any]] = {}
 
     def row(name: str, result: dict[str, Any]) -> None:
         found[name] = result
         print(f"{name}: {json.dumps(result)}", flush=True)
 
+    layouts: dict[str, tuple[Make, list[tuple[Any, ...]]]] = {}
     if "env" not in args.skip:
-        layouts = {"env wrapper": [("wrapper", args.env, n, 1)] * cores,
-                   "env native": [("native", args.env, n, 1)] * cores,
-                   "env native-1proc": [("native", args.env, n * cores, cores)]}
-        rounds: dict[str, list[float]] = {name: [] for name in layouts}
-        for i in range(args.rounds):  # the layouts in turn, so that a drifting host drifts for all
-            for name, layout in layouts.items():
-                rounds[name].append(together(env_only, layout, args.warmup_s, args.window_s)["steps_per_s"])
-            print(f"round {i}: " + ", ".join(f"{name} {r[-1]:,.0f}" for name, r in rounds.items()), flush=True)
-        for name, rates in rounds.items():
-            ratios = [rate / wrapper for rate, wrapper in zip(rates, rounds["env wrapper"], strict=True)]
-            row(name, {"steps_per_s": statistics.median(rates), "rounds": rates,
-                       "ratio_median": statistics.median(ratios)})
+        layouts |= {"env wrapper": (env_only, [("wrapper", args.env, n, 1)] * cores),
+                    "env native": (env_only, [("native", args.env, n, 1)] * cores),
+                    "env native-1proc": (env_only, [("native", args.env, n * cores, cores)])}
     if "acting" not in args.skip:
-        row("acting wrapper, CNN on the CPU", together(acting, [("wrapper", args.env, n, None)] * cores,
-                                                       args.warmup_s, args.window_s))
-        row("acting native, CNN on the CPU", together(acting, [("native", args.env, n, None)] * cores,
-                                                      args.warmup_s, args.window_s))
+        layouts |= {"acting wrapper, CNN on the CPU": (acting, [("wrapper", args.env, n, None)] * cores),
+                    "acting native, one lane, CNN on the CPU": (acting, [("native-1lane", args.env, n, None)] * cores),
+                    "acting native, two lanes, CNN on the CPU": (acting, [("native", args.env, n, None)] * cores),
+                    "acting native, two lanes, 2 cores each, CNN on the CPU": (
+                        acting, [("native", args.env, 2 * n, None, 2)] * (cores // 2))}
         if gpu:
-            row("acting native, CNN on the GPU", together(acting, [("native", args.env, n, "cuda")] * cores,
-                                                          args.warmup_s, args.window_s))
+            layouts["acting native, two lanes, CNN on the GPU"] = (acting, [("native", args.env, n, "cuda")] * cores)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
+    for i in range(args.rounds):  # the layouts in turn, so that a drifting host drifts for all of them
+        for name, (make, each) in layouts.items():
+            if each:
+                results[name].append(together(make, each, args.warmup_s, args.window_s))
+        print(f"round {i}: " + ", ".join(f"{name} {r[-1]['steps_per_s']:,.0f}" for name, r in results.items() if r),
+              flush=True)
+    baseline = results.get("env wrapper", [])
+    for name, rounds in results.items():
+        if not rounds:
+            continue
+        rates = [r["steps_per_s"] for r in rounds]
+        result: dict[str, Any] = {"steps_per_s": statistics.median(rates), "rounds": rates}
+        if baseline:  # each round's ratio to the wrapper path's env-only rate in that round
+            ratios = [rate / base["steps_per_s"] for rate, base in zip(rates, baseline, strict=True)]
+            result["ratio_median"] = statistics.median(ratios)
+        if name.startswith("acting"):
+            result |= {key: statistics.median(r[key] for r in rounds) for key in ("acting", "env_wait")}
+        row(name, result)
     if args.train_s > 0:
         row("end to end", end_to_end(args, gpu))
 
@@ -224,15 +241,15 @@ def main() -> None:
     limit = max(rate("env native"), rate("env native-1proc"))
     for name, result in found.items():
         extra, ratio = "", rate(name) / wrapper
-        if "ratio_median" in result:  # env only: the median of the rounds' ratios, each side by side
-            ratio = float(result["ratio_median"])  # type: ignore[arg-type]
+        if "ratio_median" in result:  # the median of the rounds' ratios, each side by side
+            ratio = float(result["ratio_median"])
         if name.startswith("acting"):
             extra = f" (acting {result['acting']:.2f}, env wait {result['env_wait']:.2f} of the time)"
         if name == "end to end":
             ratio = rate(name) / limit
         print(f"| {name}{extra} | {rate(name):,.0f} | {ratio:.3f} |")
-    print("\nratios: env only, the median of the rounds' ratios to the wrapper path's; acting, to the wrapper "
-          "path's env-only median; end to end, to the best native env-only median (the box's env limit)")
+    print("\nratios: the median of the rounds' ratios to the wrapper path's env-only rate in the same round; "
+          "end to end, to the best native env-only median (the box's env limit)")
     if "end to end" in found:
         print(f"end to end: {json.dumps(found['end to end'])}")
     if args.json:

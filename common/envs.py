@@ -124,11 +124,11 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, 
     return env
 
 
-def make_lanes(env_id: str, num_envs: int, threads: int = 1) -> list[gym.vector.VectorEnv]:
+def make_lanes(env_id: str, num_envs: int, threads: int = 1, split: bool = True) -> list[gym.vector.VectorEnv]:
     """An actor's `num_envs` slots as vector envs over consecutive slots ("lanes"): two halves of
     the native Atari env (`threads` split between them), which steps in halves, so that the actor
-    chooses one lane's actions while the other's emulators run; one env otherwise."""
-    if num_envs < 2 or not _native_atari(env_id):
+    chooses one lane's actions while the other's emulators run; one env otherwise, or unless `split`."""
+    if num_envs < 2 or not split or not _native_atari(env_id):
         return [make_vector_env(env_id, num_envs, threads=threads)]
     half = num_envs // 2
     return [make_vector_env(env_id, half, threads=max(1, threads // 2)),

@@ -75,13 +75,17 @@ class TorchEncoder:
 
 # Host buffers the observations are staged in before they go to a GPU, by (shape, dtype): pinned
 # (page-locked) memory, which a copy to the GPU reads without first copying it again, costs a
-# driver call to allocate, so each lane's is allocated once and kept across policy versions.
+# driver call to allocate, so each lane's is allocated once and kept across policy versions. An
+# actor's lanes need one or two; beyond STAGING_KEPT shapes the old ones are let go.
 _STAGING: dict[tuple[tuple[int, ...], torch.dtype], Tensor] = {}
+STAGING_KEPT = 4
 
 
 def staging(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     key = (shape, dtype)
     if key not in _STAGING:
+        if len(_STAGING) >= STAGING_KEPT:
+            _STAGING.clear()
         _STAGING[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
     return _STAGING[key]
 

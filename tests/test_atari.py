@@ -5,8 +5,10 @@ the slots, and a policy acting on a torch device against the reference policy.""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +20,7 @@ from rlmq.common import atari, envs
 from rlmq.common.config import RunConfig
 from rlmq.common.models import EpsilonGreedyPolicy, NumpyPolicy, acting_device, make_policy
 from rlmq.common.schema import EnvSpec
+from rlmq.common.service import cores_given
 from rlmq.learners.networks import ActorCritic, to_numpy_params
 
 PONG = "ALE/Pong-v5"
@@ -102,6 +105,10 @@ def test_two_lanes_stepped_in_halves_collect_what_one_env_of_all_slots_does() ->
     spec = envs.probe(PONG)
     lanes = envs.make_lanes(PONG, 4, threads=2)
     assert [lane.num_envs for lane in lanes] == [2, 2]
+    unsplit, cartpole = envs.make_lanes(PONG, 4, threads=2, split=False), envs.make_lanes("CartPole-v1", 4, threads=2)
+    assert [lane.num_envs for lane in unsplit] == [4] and [lane.num_envs for lane in cartpole] == [4]
+    for lane in unsplit + cartpole:
+        lane.close()
     whole = envs.make_vector_env(PONG, 4)
     got = Collector(lanes, spec, 40, seed=7)
     want = Collector(whole, spec, 40, seed=7)
@@ -184,3 +191,14 @@ def test_a_host_without_a_gpu_acts_on_the_cpu_path() -> None:
              "print(acting_device('auto', 'mlp'), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["None", "False"]
+
+
+def test_env_threads_default_to_the_cores_given(tmp_path: Path) -> None:
+    """An actor's env threads (0: `cores_given`): the cores it may run on, fewer under a cgroup's
+    CPU quota (a pod's limit of 1.5 CPUs gives 2 threads, of 0.5 one)."""
+    cores = len(os.sched_getaffinity(0))
+    quota = tmp_path / "cpu.max"
+    for text, want in (("max 100000", cores), ("150000 100000", min(cores, 2)), ("50000 100000", 1)):
+        quota.write_text(text + "\n")
+        assert cores_given(str(quota)) == want, text
+    assert cores_given(str(tmp_path / "absent")) == cores
