@@ -114,13 +114,13 @@ class Actor:
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
                     break
-                self.reports.first_step_at = self.reports.first_step_at or time.time()
+                started_at = time.time()
                 rollout = collector.collect(self.held.policy, self.member, self.held.version, self.cfg.name)
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
                 self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit
                 steps = int(np.count_nonzero(rollout.valid))
-                self.reports.unreported_steps += steps
+                self.reports.collected(steps, started_at)
                 steps_total += steps
                 if report.due():
                     self.report(collector)
@@ -170,7 +170,7 @@ class Actor:
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
                 self.await_weights(self.awaited_version)
-                self.reports.unreported_credit_wait += time.perf_counter() - started
+                self.reports.waited_for_credit(time.perf_counter() - started)
                 return best
             self.greet_learners()
             self.poller.poll(50)
@@ -244,11 +244,9 @@ class Actor:
     def report(self, collector: Collector) -> None:
         """Tell the coordinator what was collected since the last report (actors/reports.py)."""
         returns, lengths = collector.finished_episodes()
-        frame = self.reports.next(returns, lengths, collector.acting_s, collector.env_wait_s, self.held.version,
-                                  self.rejected)
-        collector.acting_s = collector.env_wait_s = 0.0
+        encoded = self.reports.next(returns, lengths, *collector.take_times(), self.held.version, self.rejected)
         self.rejected = 0
-        transport.send_frame(self.control, frame)
+        transport.send_frame(self.control, encoded)
         self.read_control()
 
     def flush_reports(self, timeout_s: float) -> None:

@@ -73,7 +73,8 @@ class Collector:
         # the env's episodes may be.
         self.noise: ColoredNoise | None = None
         self.time_limit: int | None = getattr(envs[0].spec, "max_episode_steps", None)
-        # Where the time of `collect` went, seconds: choosing actions, and waiting for the envs.
+        # Where the time of `collect` went, seconds (`take_times`): waiting for the envs to step,
+        # and the rest, choosing actions above all.
         self.acting_s = self.env_wait_s = 0.0
 
     def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
@@ -113,10 +114,10 @@ class Collector:
                 waited = clock()
                 halves = lane.halves
                 next_obs, reward, term, trunc, _ = halves.recv() if halves is not None else lane.env.step(lane.pending)
+                waiting += clock() - waited
                 lane_obs[t + 1], lane_rewards[t], lane_terminated[t], lane_truncated[t] = next_obs, reward, term, trunc
                 if noise is not None:
                     noise.restart(term | trunc)
-                waiting += clock() - waited
                 if t + 1 < steps:
                     send(t + 1, lane, lane_obs, lane_actions, lane_logprobs)
         self.acting_s += clock() - started - waiting
@@ -130,6 +131,12 @@ class Collector:
         self.collected += 1
         return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
                        frame_stack=self.spec.frame_stack, **arrays)
+
+    def take_times(self) -> tuple[float, float]:
+        """(acting, waiting for the envs) in seconds since the last call."""
+        times = self.acting_s, self.env_wait_s
+        self.acting_s = self.env_wait_s = 0.0
+        return times
 
     def close(self) -> None:
         for lane in self.lanes:

@@ -30,12 +30,20 @@ class Reports:
         self.unreported_steps = 0
         self.unreported_credit_wait = 0.0  # seconds
         self.first_step_at = 0.0  # unix time of the first env step
-        self.last = b""  # the last report's frame, sent again while it waits to be acknowledged
+        self.last = b""  # the last report, encoded: sent again while it waits to be acknowledged
+
+    def collected(self, steps: int, started_at: float) -> None:
+        """A rollout of `steps` valid env steps, begun at unix time `started_at`, went out."""
+        self.first_step_at = self.first_step_at or started_at
+        self.unreported_steps += steps
+
+    def waited_for_credit(self, seconds: float) -> None:
+        self.unreported_credit_wait += seconds
 
     def next(self, returns: np.ndarray, lengths: np.ndarray, acting_s: float, env_wait_s: float,
              policy_version: int, rejected: int) -> bytes:
-        """The next report's frame, with the episodes that finished since the last one and the
-        collector's time since then; counts them all in the metrics."""
+        """The next report, encoded, with the episodes that finished since the last one and the
+        collector's times since then; counts them all in the metrics."""
         steps, self.unreported_steps = self.unreported_steps, 0
         m = self.metrics
         m.env_steps.inc(steps)

@@ -34,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -96,10 +97,11 @@ def acting(path: str, env_id: str, num_envs: int, device: str | None,
 
     def run_for(seconds: float) -> dict[str, float]:
         steps, deadline = 0, time.perf_counter() + seconds
-        collector.acting_s = collector.env_wait_s = 0.0
+        collector.take_times()
         while time.perf_counter() < deadline:
             steps += int(np.count_nonzero(collector.collect(policy, 0, 0, "bench").valid))
-        return {"steps": steps, "acting_s": collector.acting_s, "env_wait_s": collector.env_wait_s}
+        acting_s, env_wait_s = collector.take_times()
+        return {"steps": steps, "acting_s": acting_s, "env_wait_s": env_wait_s}
 
     return run_for
 
@@ -124,7 +126,18 @@ def together(make: Make, args_each: list[tuple[Any, ...]],
     procs = [ctx.Process(target=child, args=(make, a, warmup_s, window_s, barrier, out)) for a in args_each]
     for p in procs:
         p.start()
-    results = [out.get(timeout=600) for _ in procs]
+    results: list[dict[str, float]] = []
+    deadline = time.monotonic() + warmup_s + window_s + 120  # start-up included
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:  # the others wait at the barrier for it: end them
+                for p in procs:
+                    p.terminate()
+                    p.join()
+                raise RuntimeError(f"{make.__name__}{args_each[0]}: exit codes {failed or 'none (too slow)'}") from None
     for p in procs:
         p.join()
     wall = sum(r["wall_s"] for r in results)
@@ -212,9 +225,13 @@ def main() -> None:
             layouts["acting native, two lanes, CNN on the GPU"] = (acting, [("native", args.env, n, "cuda")] * cores)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
     for i in range(args.rounds):  # the layouts in turn, so that a drifting host drifts for all of them
-        for name, (make, each) in layouts.items():
-            if each:
-                results[name].append(together(make, each, args.warmup_s, args.window_s))
+        for name, (make, each) in list(layouts.items()):
+            try:
+                if each:
+                    results[name].append(together(make, each, args.warmup_s, args.window_s))
+            except RuntimeError as exc:  # left out from here on; the rest go on
+                print(f"{name}: {exc}", flush=True)
+                del layouts[name]
         print(f"round {i}: " + ", ".join(f"{name} {r[-1]['steps_per_s']:,.0f}" for name, r in results.items() if r),
               flush=True)
     baseline = results.get("env wrapper", [])
@@ -222,9 +239,9 @@ def main() -> None:
         if not rounds:
             continue
         rates = [r["steps_per_s"] for r in rounds]
-        result: dict[str, Any] = {"steps_per_s": statistics.median(rates), "rounds": rates}
+        result: dict[str, Any] = {"steps_per_s": statistics.median(rates), "rounds": rates}  # fewer if it failed
         if baseline:  # each round's ratio to the wrapper path's env-only rate in that round
-            ratios = [rate / base["steps_per_s"] for rate, base in zip(rates, baseline, strict=True)]
+            ratios = [rate / base["steps_per_s"] for rate, base in zip(rates, baseline, strict=False)]
             result["ratio_median"] = statistics.median(ratios)
         if name.startswith("acting"):
             result |= {key: statistics.median(r[key] for r in rounds) for key in ("acting", "env_wait")}

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Issue 39's GPU points (RESULTS.md §15), as one run that ends within a lent machine's 10-minute call:
-#   1. bench_atari.py without training: the box's env limit (both env paths, all cores) and the
-#      actors' loop with the CNN on the CPU and on the GPU (~1.5 min);
-#   2. the acting tests on the GPU: a policy acting there chooses the reference's actions
-#      (tests/test_atari.py; ~1 min);
+#   1. the acting tests on the GPU: a policy acting there chooses the reference's actions
+#      (tests/test_atari.py; ~30 s);
+#   2. the box's env limit: bench_atari.py's env-only rows, both env paths on all cores (~70 s);
 #   3. Pong to 18 through `rlmq up` with benchmarks/ppo-pong-gpu.toml (4 actors acting on the GPU, a
-#      GPU learner), GPU utilization sampled, for each of $SEEDS (default "0 1 2") while time is
-#      left, each cut off after 200 s of training (the target: ≤ 180 s).
+#      GPU learner), GPU utilization sampled, for each of $SEEDS (default "0 1": a third does not fit
+#      in one call; run SEEDS=2 in the next) while time is left, each cut off 205 s after its launch
+#      (the target: 18 within 180 s of training, start-up not counted);
+#   4. with ACTING=1, bench_atari.py's acting rows (the actors' loop with the CNN on the CPU and on
+#      the GPU, ~3 min), while time is left.
 # Each step is cut off so that the whole ends by 570 s; a step without the time it needs is skipped
 # and logged, and a failed one does not stop the rest. Output to $1 (default $OUT, the device tool's
-# folder that comes back): gpu_checks.log and a JSON per step, at most 5 files; run directories in
+# folder that comes back): gpu_checks.log and a JSON per step, at most 6 files; run directories in
 # /tmp. Where rlmq is not importable, it installs the wheels in .whl/ (benchmarks/gpu_wheels.sh makes
 # them here; carry .whl) and rlmq itself into /tmp/site first.
 #
@@ -44,14 +46,18 @@ checks() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     nproc
     install
-    step "env limit and acting" 120 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 4 --rounds 2 \
-        --train-s 0 --json "$out/bench-atari.json"
     step "acting tests" 60 python3 -m pytest -q -p no:cacheprovider tests/test_atari.py -k "device or gpu"
-    for seed in ${SEEDS:-0 1 2}; do
-        step "pong seed $seed" 230 python3 benchmarks/bench_atari.py --skip env acting --actors 4 --device cuda \
-            --config benchmarks/ppo-pong-gpu.toml --target-return 18 --total-steps 4000000 --train-s 200 \
+    step "env limit" 90 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 5 --rounds 1 --skip acting \
+        --train-s 0 --json "$out/env-limit.json"
+    for seed in ${SEEDS:-0 1}; do
+        step "pong seed $seed" 215 python3 benchmarks/bench_atari.py --skip env acting --actors 4 --device cuda \
+            --config benchmarks/ppo-pong-gpu.toml --target-return 18 --total-steps 4000000 --train-s 205 \
             --seed "$seed" --out-dir "$runs/pong-s$seed" --json "$out/pong-s$seed.json"
     done
+    if [ -n "${ACTING:-}" ]; then
+        step "acting" 200 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 4 --rounds 1 --skip env \
+            --train-s 0 --json "$out/acting.json"
+    fi
 }
 
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -268,8 +268,8 @@ def acting_device(requested: str, encoder: str, index: int = 0) -> str | None:
         return f"cuda:{index % count}" if count else None
     wanted = int(requested.partition(":")[2] or index % max(count, 1))
     if wanted >= count:
-        raise ValueError(f"--actor-device {requested}: torch sees {count} GPU(s) here; use --actor-device auto "
-                         "(a GPU where there is one, else the CPU) or cpu")
+        raise ValueError(f"actors' device {requested}: torch sees {count} GPU(s) here; use auto (a GPU where "
+                         "there is one, else the CPU) or cpu (rlmq up --actor-device, rlmq actor --device)")
     return f"cuda:{wanted}"
 
 

@@ -82,17 +82,17 @@ def limit_threads(torch_threads: int = 1) -> None:
 
 
 def cores_given(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
-    """The cores this process may use: those it may run on, fewer where its cgroup's CPU quota
-    (a Kubernetes pod's CPU limit) allows fewer, rounded up."""
+    """The whole cores this process may use: those it may run on, fewer where the CPU quota of its
+    container's cgroup (v2: a Kubernetes pod's CPU limit) allows fewer; at least 1."""
     cores = len(os.sched_getaffinity(0))
     try:
         with open(cgroup_cpu_max) as limits:
             quota, period = limits.read().split()
-    except (OSError, ValueError):  # no cgroup v2 quota file
+        if quota == "max":
+            return cores
+        return max(1, min(cores, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 quota file, or not one we can read
         return cores
-    if quota == "max":
-        return cores
-    return max(1, min(cores, -(-int(quota) // int(period))))
 
 
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:

@@ -75,8 +75,9 @@ class TorchEncoder:
 
 # Host buffers the observations are staged in before they go to a GPU, by (shape, dtype): pinned
 # (page-locked) memory, which a copy to the GPU reads without first copying it again, costs a
-# driver call to allocate, so each lane's is allocated once and kept across policy versions. An
-# actor's lanes need one or two; beyond STAGING_KEPT shapes the old ones are let go.
+# driver call to allocate, so it is allocated once per shape and kept across policy versions. Lanes
+# of one size share a buffer: each call waits for its output (`.cpu()`), and so for its copy in,
+# before the next call fills the buffer again. Beyond STAGING_KEPT shapes the old ones are let go.
 _STAGING: dict[tuple[tuple[int, ...], torch.dtype], Tensor] = {}
 STAGING_KEPT = 4
 
@@ -100,7 +101,7 @@ class DeviceForward:
     def __init__(self, encoder: NumpyEncoder, layers: list[tuple[np.ndarray, np.ndarray]], activation: str,
                  norm: ObsNorm | None, device: str) -> None:
         self.device = torch.device(device)
-        self.pinned = self.device.type == "cuda"
+        self.pinned = self.device.type == "cuda"  # observations staged in pinned memory
 
         def put(array: np.ndarray) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -111,15 +112,12 @@ class DeviceForward:
         self.layers = [(put(weight), put(bias)) for weight, bias in layers]  # [in, out]: x @ W + b
         self.activation = torch.tanh if activation == "tanh" else torch.relu
         self.norm = None if norm is None else (put(norm.mean), put(norm.std), norm.clip)
-        if self.pinned:
-            # Full float32 in the convolutions (cuDNN may round through TF32 by default), so that a
-            # GPU chooses the actions the reference policy would for the same observations.
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """[N, *obs_shape] observations → [N, outputs] float32."""
-        with torch.inference_mode():
+        """[N, *obs_shape] observations → [N, outputs] float32. The convolutions in full float32
+        (cuDNN rounds through TF32 by default; torch's matmuls do not), so that a GPU chooses the
+        actions the reference policy would for the same observations."""
+        with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             host = torch.from_numpy(obs)
             if self.pinned:
                 buffer = staging(tuple(obs.shape), host.dtype)

@@ -60,11 +60,15 @@ def test_both_paths_describe_the_same_env_from_one_declaration() -> None:
 
 
 def test_both_paths_reset_with_up_to_30_noops() -> None:
-    for native in (True, False):
+    """Each path by its library's rule (ale-py draws 0–29 no-ops, gymnasium's wrapper 1–30), one
+    frame each, different in different slots; the native env answers in slot order."""
+    for native, fewest, most in ((True, 0, 29), (False, 1, 30)):
         env = envs.make_vector_env(PONG, 8, native=native)
         _, info = env.reset(seed=1)
         frames = info["episode_frame_number"]
-        assert ((0 <= frames) & (frames <= 30)).all() and len(set(frames.tolist())) >= 3, (native, frames)
+        assert ((fewest <= frames) & (frames <= most)).all() and len(set(frames.tolist())) >= 3, (native, frames)
+        if native:
+            assert np.array_equal(env.step(np.zeros(8, np.int64))[4]["env_id"], np.arange(8))
         env.close()
 
 
@@ -99,24 +103,30 @@ def test_native_env_reports_rewards_unclipped_and_the_learners_clip_them() -> No
     assert RunConfig(env_id=env_id).signs_rewards
 
 
-def test_two_lanes_stepped_in_halves_collect_what_one_env_of_all_slots_does() -> None:
-    """The actor's pipelined lanes (one lane's emulators run while the next lane's actions are
-    chosen) against one native env of the four slots: the same rollouts, step for step."""
-    spec = envs.probe(PONG)
-    lanes = envs.make_lanes(PONG, 4, threads=2)
-    assert [lane.num_envs for lane in lanes] == [2, 2]
+def test_an_actor_splits_a_native_env_into_two_lanes_and_nothing_else() -> None:
+    lanes = envs.make_lanes(PONG, 5, threads=3)
+    assert [(lane.num_envs, atari.is_native(lane)) for lane in lanes] == [(2, True), (3, True)]
     unsplit, cartpole = envs.make_lanes(PONG, 4, threads=2, split=False), envs.make_lanes("CartPole-v1", 4, threads=2)
     assert [lane.num_envs for lane in unsplit] == [4] and [lane.num_envs for lane in cartpole] == [4]
-    for lane in unsplit + cartpole:
+    for lane in lanes + unsplit + cartpole:
         lane.close()
-    whole = envs.make_vector_env(PONG, 4)
-    got = Collector(lanes, spec, 40, seed=7)
-    want = Collector(whole, spec, 40, seed=7)
+
+
+def test_two_lanes_stepped_in_halves_collect_what_one_env_of_all_slots_does() -> None:
+    """The actor's pipelined lanes (one lane's emulators run while the next lane's actions are
+    chosen) against one native env of the four slots: the same rollouts, step for step, through
+    episodes that end (at 400 frames) and the reset steps after them."""
+    short = short_episodes(PONG, 400)
+    spec = envs.probe(PONG)
+    got = Collector([atari.native_env(short, 2, threads=1) for _ in range(2)], spec, 70, seed=7)
+    want = Collector(atari.native_env(short, 4, threads=1), spec, 70, seed=7)
     for _ in range(2):
         a, b = got.collect(ByPixels(), 0, 0, "a"), want.collect(ByPixels(), 0, 0, "a")
         for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    assert got.env_wait_s > 0 and got.acting_s > 0
+    assert a.truncated.any() and not a.valid.all()  # the second rollout holds ends and resets
+    acting_s, env_wait_s = got.take_times()
+    assert acting_s > 0 and env_wait_s > 0 and got.take_times() == (0.0, 0.0)
     got.close()
     want.close()
 
@@ -148,8 +158,8 @@ def test_acting_on_a_device_chooses_the_reference_policys_actions(device: str, n
     reference = NumpyPolicy(params, spec, encoder="nature", activation="relu")
     on_device = NumpyPolicy(params, spec, encoder="nature", activation="relu", device=device)
     np.testing.assert_allclose(on_device.forward(obs), reference.forward(obs), rtol=1e-4, atol=1e-4)
-    for _ in range(3):
-        want, got = reference.act(obs, np.random.default_rng(5)), on_device.act(obs, np.random.default_rng(5))
+    for seed in (5, 6, 7):
+        want, got = reference.act(obs, np.random.default_rng(seed)), on_device.act(obs, np.random.default_rng(seed))
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-4)
     greedy = [EpsilonGreedyPolicy(params, spec, 0.3, "nature", device=d) for d in (None, device)]
@@ -182,23 +192,36 @@ def test_a_host_without_a_gpu_acts_on_the_cpu_path() -> None:
         assert acting_device("auto", "nature", index=3) == f"cuda:{3 % torch.cuda.device_count()}"
         return
     assert acting_device("auto", "nature") is None
-    with pytest.raises(ValueError, match="--actor-device auto"):
+    with pytest.raises(ValueError, match="use auto .* or cpu"):
         acting_device("cuda", "nature")
     argv = ["up", "--env", PONG, "--algo", "ppo", "--actors", "1", "--actor-device", "cuda", "--total-steps", "1000"]
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=120)
-    assert up.returncode == 2 and "--actor-device auto" in up.stderr, up.stderr
+    assert up.returncode == 2 and "torch sees 0 GPU(s) here; use auto" in up.stderr, up.stderr
     probe = ("import sys; from rlmq.common.models import acting_device; "
              "print(acting_device('auto', 'mlp'), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["None", "False"]
 
 
-def test_env_threads_default_to_the_cores_given(tmp_path: Path) -> None:
-    """An actor's env threads (0: `cores_given`): the cores it may run on, fewer under a cgroup's
-    CPU quota (a pod's limit of 1.5 CPUs gives 2 threads, of 0.5 one)."""
+def test_the_cores_given_are_those_the_cgroup_quota_allows(tmp_path: Path) -> None:
+    """What an actor's env threads default to (`ActorConfig.env_threads` 0): the cores it may run
+    on, fewer under its container's CPU quota, in whole cores (a pod's limit of 2.5 CPUs gives 2
+    threads, of 0.5 one)."""
     cores = len(os.sched_getaffinity(0))
     quota = tmp_path / "cpu.max"
-    for text, want in (("max 100000", cores), ("150000 100000", min(cores, 2)), ("50000 100000", 1)):
+    for text, want in (("max 100000", cores), ("250000 100000", min(cores, 2)), ("50000 100000", 1),
+                       ("garbage", cores)):
         quota.write_text(text + "\n")
         assert cores_given(str(quota)) == want, text
     assert cores_given(str(tmp_path / "absent")) == cores
+
+
+def test_the_gpu_pong_candidate_config_loads_and_fits_pong() -> None:
+    """benchmarks/ppo-pong-gpu.toml, which benchmarks/gpu_checks.sh runs: the Nature CNN on Pong,
+    and a batch of its 4 actors' rollouts cut into √4 × 4 minibatches."""
+    from rlmq.common.loading import load_run_config
+    from rlmq.learners import ppo
+
+    run = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-pong-gpu.toml", {})
+    assert run.encoder_for(envs.probe(run.env_id, run.algo)) == "nature"
+    assert ppo.for_batch(run.ppo, 4).minibatches == 8 and run.num_envs % 2 == 0
