@@ -25,7 +25,7 @@
    that training uses.
 
     python benchmarks/bench_atari.py --window-s 6 --train-s 60
-    python benchmarks/bench_atari.py --actors 4 --num-envs 32 --device cuda --train-s 90   # a GPU box
+    python benchmarks/bench_atari.py --actors 4 --num-envs 16 --device cuda --config benchmarks/ppo-pong-gpu.toml
 """
 
 from __future__ import annotations
