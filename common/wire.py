@@ -217,15 +217,19 @@ class LearnerReport:
     rejected: int = 0
     applied_decision: int = 0  # the id of the last PBT decision this rank applied
     nonfinite_skipped: int = 0  # member steps skipped since the last report: gradient not finite
-    # Env steps and episode ends in the rollouts this rank took from each actor (by name) since
-    # its last report: a secure run counts no more of an actor's reports than these.
+    # Env steps and episode ends in the rollouts this rank's process took from each actor (by
+    # name), as totals of its `session` (drawn at random by the process): a secure run counts no
+    # more of an actor's reports than these add up to. Totals, so a lost report is owed nothing.
+    session: int = 0
     delivered_steps: dict[str, int] = field(default_factory=dict)
     delivered_episodes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
-                "applied_decision", "nonfinite_skipped")
+                "applied_decision", "nonfinite_skipped", "session")
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
+        _require(self.session > 0 or not (self.delivered_steps or self.delivered_episodes),
+                 "LearnerReport: delivered totals need a session")
         for counts in (self.delivered_steps, self.delivered_episodes):
             _require(len(counts) <= MAX_SEQUENCE and all(0 <= n <= MAX_COUNT for n in counts.values()),
                      f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors")

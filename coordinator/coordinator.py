@@ -190,7 +190,7 @@ class Coordinator:
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
-            self.store.add_deliveries(report.delivered_steps, report.delivered_episodes)
+            self.store.add_deliveries(report.session, report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
             self.nonfinite_skipped += report.nonfinite_skipped
             self.store.set_status(nonfinite_skipped=self.nonfinite_skipped)

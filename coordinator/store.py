@@ -14,6 +14,8 @@
     rlmq:{run}:learners            hash: learner rank → JSON LearnerRecord
     rlmq:{run}:progress            list: JSON ProgressSample, oldest first
     rlmq:{run}:tally:{actor}       hash: claimed_/delivered_/counted_ steps and episodes (secure runs)
+    rlmq:{run}:deliveries          hash: "{learner session}:{actor}" → "{env steps}:{episodes}" heard
+                                   of that learner process's delivered totals (secure runs)
 
 A store made by `RunStore.connect` rides out Redis outages for a budget of seconds (`OutageRetry`):
 each service picks its own, since a coordinator should wait and a status line should not.
@@ -197,6 +199,29 @@ return {steps, episodes, run_steps, recent, pending - episodes}
 """
 
 
+# KEYS: deliveries, then each name's tally. ARGV: the learner's session, then (name, steps total,
+# episode ends total) for each name, in the order of KEYS.
+_ADD_DELIVERIES = """
+local session = ARGV[1]
+for i = 2, #KEYS do
+  local a = 2 + (i - 2) * 3
+  local field = session .. ':' .. ARGV[a]
+  local steps, episodes = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local heard_steps, heard_episodes = 0, 0
+  local heard = redis.call('HGET', KEYS[1], field)
+  if heard then
+    local s, e = string.match(heard, '^(%d+):(%d+)$')
+    heard_steps, heard_episodes = tonumber(s), tonumber(e)
+  end
+  if steps > heard_steps then redis.call('HINCRBY', KEYS[i], 'delivered_steps', steps - heard_steps) end
+  if episodes > heard_episodes then
+    redis.call('HINCRBY', KEYS[i], 'delivered_episodes', episodes - heard_episodes)
+  end
+  redis.call('HSET', KEYS[1], field, math.max(steps, heard_steps) .. ':' .. math.max(episodes, heard_episodes))
+end
+"""
+
+
 class ReportCounted(NamedTuple):
     """What one actor report added (`RunStore.add_actor_report`)."""
 
@@ -293,14 +318,16 @@ class RunStore:
         return ReportCounted(int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent],
                              int(uncounted))
 
-    def add_deliveries(self, steps: dict[str, int], episodes: dict[str, int]) -> None:
-        """The env steps and episode ends a learner took in each actor's rollouts (since its last
-        report): what `add_actor_report(checked=True)` counts an actor's claims against."""
-        pipe = self.redis.pipeline(transaction=False)
-        for kind, counts in (("steps", steps), ("episodes", episodes)):
-            for actor, count in counts.items():
-                pipe.hincrby(self.key("tally", actor), f"delivered_{kind}", count)
-        pipe.execute()
+    def add_deliveries(self, session: int, steps: dict[str, int], episodes: dict[str, int]) -> None:
+        """The env steps and episode ends a learner process (`session`) took in each actor's
+        rollouts, as totals: what `add_actor_report(checked=True)` counts an actor's claims
+        against. Each name's tally grows by what its totals add to the last heard of the session,
+        so a report lost, repeated or overtaken adds nothing twice and leaves nothing out."""
+        names = sorted(steps.keys() | episodes.keys())
+        if names:
+            self.redis.eval(_ADD_DELIVERIES, 1 + len(names), self.key("deliveries"),
+                            *(self.key("tally", name) for name in names), session,
+                            *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))))
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

@@ -18,7 +18,9 @@ No peer can stall it, alive or dead:
 - A credit not used within the grant timeout is taken back. The timeout follows the actors: a few
   times the slowest recent turnaround (grant → rollout), kept within [min_s, max_s]; max_s until a
   rollout has come back. A rollout that arrives after its credit was taken back still teaches the
-  ledger how slow its actors are, and is kept when the budget has room for it.
+  ledger how slow its actors are, but at most twice the timeout it missed: slow actors raise the
+  timeout by doubling, while one rollout held up by a partition does not set it to its ceiling for
+  the next TURNAROUNDS_KEPT rollouts. It is kept when the budget has room for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 TURNAROUND_FACTOR = 4.0  # grant timeout = this × the slowest recent turnaround
 TURNAROUNDS_KEPT = 32
+LATE_GROWTH = 2.0  # a late rollout raises the grant timeout by at most this factor
 MAX_WAITING = 4096  # requests held at once; a flood of Hellos pushes out the oldest
 MAX_REVOKED = 4096  # credits taken back whose rollout may still come
 
@@ -99,7 +102,10 @@ class CreditLedger:
             since = self.revoked.pop(actor, None)
         if since is None:
             return False  # never granted one: no place in the queue either
-        self.turnarounds.append(now - since)
+        turnaround = now - since
+        if late:
+            turnaround = min(turnaround, LATE_GROWTH * self.grant_timeout_s() / TURNAROUND_FACTOR)
+        self.turnarounds.append(turnaround)
         self.waiting[actor] = now
         self.hear(actor, now)
         return not late or self.in_flight + queued < self.budget_at(now)

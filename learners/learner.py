@@ -409,7 +409,8 @@ class Learner:
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.pbt.applied,
-            nonfinite_skipped=self.counts.pop("nonfinite", 0), delivered_steps=steps, delivered_episodes=episodes,
+            nonfinite_skipped=self.counts.pop("nonfinite", 0), session=self.deliveries.session,
+            delivered_steps=steps, delivered_episodes=episodes,
         ))
 
     def close(self) -> None:

@@ -199,6 +199,31 @@ def test_a_rollout_whose_credit_was_taken_back_teaches_the_timeout_and_is_kept_i
     assert not ledger.delivered(A, 6.0, queued=1)  # now the budget is full: A's late rollout goes
 
 
+def test_a_partition_does_not_teach_the_ledger_its_length_and_a_slow_actor_still_does() -> None:
+    """A rollout held up 26 s by a partition arrives after its credit was taken back: the grant
+    timeout at most doubles, where the partition's turnaround would set it to its ceiling for the
+    next 32 rollouts. An actor that is slow for real keeps doubling it until its rollouts fit."""
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=100.0, min_s=0.5, max_s=10.0))
+
+    def round_trip(start: float, turnaround: float) -> bool:
+        """One credit to A and its rollout `turnaround` later; whether it came before the timeout."""
+        ledger.hello(A, start)
+        assert ledger.grant(now=start, queued=0) == [A]
+        ledger.grant(now=start + turnaround - 1e-3, queued=0)  # the ledger looks just before it comes
+        on_time = ledger.holds(A)
+        assert ledger.delivered(A, start + turnaround, queued=0)
+        return on_time
+
+    assert round_trip(0.0, 0.1) and ledger.grant_timeout_s() == 0.5
+    assert not round_trip(1.0, 26.0)  # the partition
+    assert ledger.grant_timeout_s() == pytest.approx(1.0)
+    timeouts = []
+    start = 30.0
+    while not round_trip(start, 3.0):  # an actor whose env takes 3 s a rollout
+        timeouts.append(ledger.grant_timeout_s())
+        start += 10.0
+    assert timeouts == [pytest.approx(2.0), pytest.approx(4.0)]
+
 def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_grant_timeout() -> None:
     """500 identities ask once and never again (a script, or actors that died); a live actor asks
     every CREDIT_REQUEST_RENEW_S. It gets a credit within the request TTL plus one grant timeout

@@ -304,8 +304,8 @@ def test_a_redis_password_leaves_the_url_for_a_private_file_and_comes_back(tmp_p
 
 
 def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() -> None:
-    """The fleet's key may name its rollouts as it likes: a learner reports the deliveries of at
-    most MAX_SEQUENCE names at a time and keeps the rest for its next report, each counted once."""
+    """The fleet's key may name its rollouts as it likes: a learner reports the delivered totals of
+    at most MAX_SEQUENCE names at a time, the names that grew first, and the rest in turn."""
     from rlmq.common.codec import MAX_SEQUENCE
     from rlmq.learners.deliveries import Deliveries
 
@@ -314,13 +314,17 @@ def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() 
     for i, name in enumerate(names):  # 32 valid steps each; every other one ends an episode
         deliveries.add(dataclasses.replace(ROLLOUT, actor=name,
                                            terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0)))
-    reported: list[dict[str, int]] = []
-    while deliveries.steps:
+    reported: list[tuple[dict[str, int], dict[str, int]]] = []
+    for _ in range(3):
         steps, episodes = deliveries.take()
         report = wire.decode(wire.encode(wire.LearnerReport(
             name="learner-0", rank=0, policy_version=0, updates=0, samples=0, stale_dropped=0, mean_policy_lag=0.0,
-            delivered_steps=steps, delivered_episodes=episodes)))
+            session=deliveries.session, delivered_steps=steps, delivered_episodes=episodes)))
         assert isinstance(report, wire.LearnerReport) and len(report.delivered_steps) <= MAX_SEQUENCE
-        reported += [report.delivered_steps, report.delivered_episodes]
-    assert len(reported) == 4 and sum(sum(r.values()) for r in reported[0::2]) == 32 * len(names)
-    assert sum(sum(r.values()) for r in reported[1::2]) == len(names[::2])
+        reported.append((report.delivered_steps, report.delivered_episodes))
+    # Two reports carry every name's totals; the rounds go on, a report's worth each.
+    first, second, third = reported
+    assert {**first[0], **second[0]} == dict.fromkeys(names, 32) and len(third[0]) == MAX_SEQUENCE
+    assert {**first[1], **second[1]} == {name: int(i % 2 == 0) for i, name in enumerate(names)}
+    deliveries.add(dataclasses.replace(ROLLOUT, actor=names[-1]))  # a name that grew goes first
+    assert next(iter(deliveries.take()[0].items())) == (names[-1], 64)

@@ -22,6 +22,18 @@ def store(redis_client: redis.Redis, run_id: str) -> RunStore:
     return RunStore(redis_client, run_id)
 
 
+def deliver(store: RunStore, steps: dict[str, int], episodes: dict[str, int], session: int = 1) -> None:
+    """A learner's report of deliveries since its last one, as a learner sends them: the totals."""
+    totals = _delivered.setdefault((id(store), session), ({}, {}))
+    for kind, counts in enumerate((steps, episodes)):
+        for name, count in counts.items():
+            totals[kind][name] = totals[kind].get(name, 0) + count
+    store.add_deliveries(session, *totals)
+
+
+_delivered: dict[tuple[int, int], tuple[dict[str, int], dict[str, int]]] = {}
+
+
 def test_config_round_trips(store: RunStore) -> None:
     config = RunConfig(env_id="Pendulum-v1", target_return=-200.0, hidden_sizes=(32, 16),
                        ppo=PPOConfig(learning_rate=3e-4, epochs=7))
@@ -75,26 +87,44 @@ def test_a_checked_report_counts_no_more_than_the_learners_took(store: RunStore)
         return added[0], added[1]
 
     assert report(1, 10**6, 100, [500.0] * 100) == (0, 0)  # nothing delivered yet
-    store.add_deliveries({"actor-0": 32, "actor-1": 8}, {"actor-0": 2})
+    deliver(store, {"actor-0": 32, "actor-1": 8}, {"actor-0": 2})
     assert report(1, 10**6, 100, [500.0] * 100) == (32, 2)
     assert store.recent_returns(0) == [500.0, 500.0]  # as many returns as counted episodes
-    store.add_deliveries({"actor-0": 64}, {"actor-0": 1})
+    deliver(store, {"actor-0": 64}, {"actor-0": 1})
     assert report(1, 10**6, 100, [500.0] * 100) == (64, 1)
     assert report(2, 10**6, 100, [500.0] * 100) == (0, 0)  # another session: no new allowance
     assert store.status().env_steps == 96 and store.status().episodes == 3
     # A restarted actor's new session leaves nothing of the old one's claims behind: what its
     # predecessor claimed and delivered late counts at the new session's next report.
-    store.add_deliveries({"actor-2": 60}, {"actor-2": 1})
+    deliver(store, {"actor-2": 60}, {"actor-2": 1})
     assert store.add_actor_report("actor-2", 0, 0, [], 1, 100, 2, checked=True)[:2] == (60, 1)
-    store.add_deliveries({"actor-2": 40 + 50}, {"actor-2": 1 + 1})
+    deliver(store, {"actor-2": 40 + 50}, {"actor-2": 1 + 1})
     assert store.add_actor_report("actor-2", 0, 0, [7.0], 2, 50, 1, checked=True)[:2] == (90, 2)
     # An honest actor's claims, deferred, are all counted once deliveries cover them.
-    store.add_deliveries({"actor-1": 40}, {"actor-1": 3})
+    deliver(store, {"actor-1": 40}, {"actor-1": 3})
     assert store.add_actor_report("actor-1", 0, 0, [1.0, 2.0], 5, 100, 5, checked=True)[:2] == (48, 3)
-    store.add_deliveries({"actor-1": 52}, {"actor-1": 2})
+    deliver(store, {"actor-1": 52}, {"actor-1": 2})
     assert store.add_actor_report("actor-1", 0, 0, [3.0], 5, 100, 5, checked=True)[:2] == (52, 2)
     assert store.add_actor_report("actor-1", 0, 0, [], 5, 100, 5, checked=True)[:2] == (0, 0)
 
+
+def test_delivered_totals_count_once_whatever_reports_are_lost_repeated_or_overtaken(store: RunStore) -> None:
+    """A learner's deliveries come as totals of its process: a report dropped on a full socket (the
+    coordinator cut off) is made good by the next, a repeated or overtaken one adds nothing, and
+    another process (a restarted learner, another rank) adds its own."""
+
+    def tally(name: str) -> tuple[int, int]:
+        raw = store.redis.hgetall(store.key("tally", name))
+        return int(raw.get(b"delivered_steps", 0)), int(raw.get(b"delivered_episodes", 0))
+
+    store.add_deliveries(7, {"actor-0": 64, "actor-1": 32}, {"actor-0": 1})
+    # the reports of 128 and 192 were lost; the next says all
+    store.add_deliveries(7, {"actor-0": 256}, {"actor-0": 4})
+    store.add_deliveries(7, {"actor-0": 256}, {"actor-0": 4})  # repeated
+    store.add_deliveries(7, {"actor-0": 192, "actor-1": 32}, {"actor-0": 3})  # overtaken
+    assert tally("actor-0") == (256, 4) and tally("actor-1") == (32, 0)
+    store.add_deliveries(8, {"actor-0": 64}, {"actor-0": 2})  # another learner process
+    assert tally("actor-0") == (320, 6) and tally("actor-1") == (32, 0)
 
 def test_a_checked_actor_resends_the_returns_of_episodes_not_yet_counted(store: RunStore) -> None:
     """An actor waiting for credit reports nothing new while the learner takes its last rollout and
@@ -119,14 +149,14 @@ def test_a_checked_actor_resends_the_returns_of_episodes_not_yet_counted(store: 
     for rollout in range(3):
         episode_returns = [10.0 * rollout + 1, 10.0 * rollout + 2]
         assert report(episode_returns, 64) == []  # claimed before the learner took the rollout
-        store.add_deliveries({"actor-0": 64}, {"actor-0": 2})
+        deliver(store, {"actor-0": 64}, {"actor-0": 2})
         assert report([], 0) == episode_returns  # counted now, from the returns sent again
         assert len(unacked) == 0
     # Deliveries that cover part of the claims count the oldest first; the rest wait.
     assert report([31.0, 32.0, 33.0], 96) == []
-    store.add_deliveries({"actor-0": 32}, {"actor-0": 1})
+    deliver(store, {"actor-0": 32}, {"actor-0": 1})
     assert report([], 0) == [31.0] and unacked.returns.tolist() == [32.0, 33.0]
-    store.add_deliveries({"actor-0": 64}, {"actor-0": 2})
+    deliver(store, {"actor-0": 64}, {"actor-0": 2})
     assert report([41.0], 32) == [32.0, 33.0]
     assert store.status().episodes == 9 and unacked.returns.tolist() == [41.0]
 
