@@ -27,6 +27,7 @@ from rlmq.actors.held_policy import HeldPolicy, Source
 from rlmq.actors.reports import Reports
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import ActorConfig
+from rlmq.common.contact import Contact
 from rlmq.common.metrics import ActorMetrics, serve
 from rlmq.common.models import acting_device
 from rlmq.common.security import Credentials
@@ -49,6 +50,7 @@ class Actor:
         self.credentials = Credentials.load(cfg.keys_dir, cfg.key_name or cfg.name, serves=False)
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{cfg.name}-{os.getpid()}".encode())
         self.credentials.client(self.control)
+        self.contacts = [Contact(self.control, f"the coordinator at {cfg.coordinator}", log)]
         self.control.connect(cfg.coordinator)
         self.learners: list[zmq.Socket] = []  # one DEALER per learner rank
         self.credits: list[int] = []
@@ -73,6 +75,7 @@ class Actor:
         for endpoint in assign.learner_endpoints:
             sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
             self.credentials.client(sock)
+            self.contacts.append(Contact(sock, f"the learner at {endpoint}", log))
             sock.connect(endpoint)
             self.learners.append(sock)
             self.credits.append(0)
@@ -210,8 +213,11 @@ class Actor:
 
     def read_broadcast(self, timeout_ms: int) -> None:
         """Apply the newest weights waiting on the broadcast; obey a stop. Every loop of the actor
-        passes here, waiting for credit or weights included: it is where the actor's heartbeat beats."""
+        passes here, waiting for credit or weights included: it is where the actor's heartbeat beats
+        and where it notices losing and regaining contact with its peers."""
         self.metrics.heartbeat.beat()
+        for contact in self.contacts:
+            contact.check()
         newest: wire.Weights | None = None
         if timeout_ms:
             self.broadcast.poll(timeout_ms, zmq.POLLIN)  # waits only while nothing is there
@@ -250,8 +256,10 @@ class Actor:
         self.read_control()
 
     def flush_reports(self, timeout_s: float) -> None:
-        """Wait (bounded) for the coordinator to acknowledge our last report, sending it again now
-        and then: the coordinator may be away, and counts it once however often it comes."""
+        """Wait (bounded) for the coordinator to acknowledge our last report and count all of it,
+        sending it again now and then: the coordinator may be away, and a secure run counts our
+        last rollouts only once the learners have reported taking them. It counts each step once
+        however often the report comes."""
         deadline, resend = time.monotonic() + timeout_s, RateTimer(FINAL_RESEND_S)
         while not self.reports.settled and time.monotonic() < deadline:
             if resend.due():
@@ -260,6 +268,8 @@ class Actor:
             self.read_control()
 
     def close(self) -> None:
+        for contact in self.contacts:
+            contact.close()
         for sock in (self.control, self.broadcast, *self.learners):
             sock.close()
 

@@ -25,7 +25,8 @@ class Reports:
         self.name, self.member, self.metrics = name, member, metrics
         self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
         self.totals = (0, 0)  # env steps and episodes so far
-        self.acked = (0, 0)  # the totals the coordinator says it has counted
+        self.acked = (0, 0)  # the totals the coordinator says it has heard
+        self.uncounted = (0, 0)  # of those, the env steps and episodes it does not count yet (a secure run)
         self.unacked = UnackedEpisodes(MAX_UNACKED_RETURNS)
         self.unreported_steps = 0
         self.unreported_credit_wait = 0.0  # seconds
@@ -66,10 +67,13 @@ class Reports:
     def acknowledged(self, ack: wire.ReportAck) -> None:
         """The coordinator counted these totals: keep only the returns it has not counted yet
         (those it has not heard of, and those it heard of but does not count yet)."""
-        self.acked = max(self.acked, (ack.steps_total, ack.episodes_total))
+        if (ack.steps_total, ack.episodes_total) >= self.acked:
+            self.acked = (ack.steps_total, ack.episodes_total)
+            self.uncounted = (ack.steps_uncounted, ack.episodes_uncounted)
         self.unacked.keep_newest(self.totals[1] - ack.episodes_total + ack.episodes_uncounted)
 
     @property
     def settled(self) -> bool:
-        """Whether the coordinator acknowledged everything reported."""
-        return self.acked == self.totals
+        """Whether the coordinator heard everything reported and counts all of it (a secure run
+        counts claims as the learners confirm the rollouts: the last ones wait for that)."""
+        return self.acked == self.totals and self.uncounted == (0, 0)

@@ -69,6 +69,20 @@ def _require_redis_url(url: str | None) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _require_keys(keys_dir: str, name: str | None, serves: bool, process: str) -> None:
+    """Exit 2 with one line naming the fix unless `keys_dir` (if given) holds the keys `process` reads."""
+    if not keys_dir:
+        return
+    from rlmq.common.security import load_keys
+
+    try:
+        load_keys(Path(keys_dir), name, serves)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: --keys {keys_dir}: {exc}; copy the bundle `rlmq keys` made for {process} "
+                   f"(KEYS/bundles/{process}/) to this host and give its path", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
 def _start(name: str, torch_threads: int = 1) -> StopFlag:
     limit_threads(torch_threads)
     log = configure_logging(name)
@@ -96,6 +110,7 @@ def coordinator(
 ) -> None:
     """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
     _require_redis_url(redis_url)
+    _require_keys(keys, None, True, "coordinator")
     stop = _start("coordinator")
     from rlmq.common.config import CoordinatorConfig, RunConfig
     from rlmq.common.loading import load_run_config
@@ -126,10 +141,13 @@ def learner(
     broadcast: Broadcast = "tcp://127.0.0.1:5556",
     rank: Annotated[int, _opt("This learner's rank.", "RANK")] = 0,
     world_size: Annotated[int, _opt("Number of learner ranks.", "WORLD_SIZE")] = 1,
-    master_addr: Annotated[str, _opt("Rank 0's address (torch.distributed).", "MASTER_ADDR")] = "127.0.0.1",
+    master_addr: Annotated[str, _opt("Rank 0's address (torch.distributed); auto: rank 0's advertised address, "
+                                     "from the coordinator.", "MASTER_ADDR")] = "auto",
     master_port: Annotated[int, _opt("Rendezvous port.", "MASTER_PORT")] = 29500,
-    advertise_host: Annotated[str, _opt("Host actors use to reach this learner.", "ADVERTISE_HOST")] = "127.0.0.1",
-    experience_port: Annotated[int, _opt("Experience ROUTER port (0: any).", "EXPERIENCE_PORT")] = 0,
+    advertise_host: Annotated[str, _opt("Address actors and the other ranks reach this learner at; auto: the one "
+                                        "this host reaches the coordinator from.", "ADVERTISE_HOST")] = "auto",
+    experience_port: Annotated[int | None, _opt("Experience ROUTER port (0: any); default 5557 + rank.",
+                                                "EXPERIENCE_PORT")] = None,
     experience_fd: Fd = -1,
     experience_ipc: Annotated[str, _opt("Serve experience on this Unix socket path (ipc://) instead of TCP: for "
                                         "actors on this host.", "EXPERIENCE_IPC")] = "",
@@ -150,14 +168,16 @@ def learner(
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", hidden=True)] = "",
 ) -> None:
     """Run one learner rank."""
+    _require_keys(keys, f"learner-{rank}", True, f"learner-{rank}")
     stop = _start(f"learner-{rank}", torch_threads)
-    from rlmq.common.config import LearnerConfig
+    from rlmq.common.config import EXPERIENCE_PORT, LearnerConfig
     from rlmq.learners.learner import main
 
     try:
         cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
                             world_size=world_size, master_addr=master_addr, master_port=master_port,
-                            advertise_host=advertise_host, experience_port=experience_port,
+                            advertise_host=advertise_host,
+                            experience_port=EXPERIENCE_PORT + rank if experience_port is None else experience_port,
                             metrics_port=metrics_port, device=device, torch_threads=torch_threads,
                             bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
                             credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
@@ -186,6 +206,7 @@ def actor(
                                      "process is given.", "ENV_THREADS", min=0)] = 0,
 ) -> None:
     """Run one actor."""
+    _require_keys(keys, key_name or name, False, name if not key_name else "its actors")
     stop = _start(name)
     from rlmq.actors.actor import main
     from rlmq.common.config import ActorConfig
@@ -354,7 +375,32 @@ def keys(
         raise typer.Exit(EXIT_USAGE) from None
     made = "the fleet's actor key, a Redis password and their Secrets' kustomization" if kubernetes else ""
     typer.echo(f"wrote the keys of {learners} learner(s) and {actors} actor(s){' and ' + made if made else ''} "
-               f"to {directory}")
+               f"to {directory}; {directory}/bundles/<process>/ holds one process's own (copy it to the host that "
+               "runs it, as its --keys)")
+
+
+@app.command("redis")
+def redis_server(
+    data_dir: Annotated[Path, _opt("Where its data (append-only file), config and password go.")] = Path("redis"),
+    port: Annotated[int, _opt("Port.")] = 6379,
+    bind: Annotated[str, _opt("Address it listens on: loopback serves a coordinator on this host.")] = "127.0.0.1",
+) -> None:
+    """Run a Redis server for services started one by one (the one rlmq installs): persistent, with
+    a password made at its first start in DATA_DIR/password, for the coordinator's
+    --redis-password-file."""
+    import os
+
+    from rlmq.cli.redis_server import server_binary, write_redis_password
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf, password = data_dir / "redis.conf", data_dir / "password"
+    if not conf.exists():
+        write_redis_password(conf, password)
+    typer.echo(f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
+               f"(the coordinator's --redis-password-file)", err=True)
+    binary = server_binary()
+    os.execv(binary, [binary, str(conf), "--port", str(port), "--bind", bind, "--dir", str(data_dir),
+                      "--appendonly", "yes", "--save", "", "--protected-mode", "yes"])
 
 
 @app.command()

@@ -12,14 +12,19 @@ Each Secret holds what one kind of pod needs and nothing more:
 
 kustomize appends a hash of the contents to each Secret's name, so applying new keys rolls every
 pod that mounts them: that is how keys are rotated on Kubernetes.
+
+Without Kubernetes, `bundles/<process>/` holds what one process reads (`security.key_files`), the
+`--keys` directory to copy to the host that runs it: `coordinator`, `learner-<rank>`,
+`actor-<i>`. Processes on one host may share a directory: the bundles never disagree.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rlmq.cli.redis_server import write_redis_password
-from rlmq.common.security import ALLOWED_FILE, FLEET, SERVER, create_keys
+from rlmq.common.security import ALLOWED_FILE, FLEET, SERVER, create_keys, key_files
 
 REDIS_CONFIG, REDIS_PASSWORD = "redis.conf", "redis-password"
 KUSTOMIZATION = """\
@@ -51,8 +56,27 @@ def make_keys(directory: Path, learners: int, actors: int, kubernetes: bool) -> 
         raise FileExistsError(f"{directory} is not empty: keys are made once per run; choose another directory "
                               "(rotating keys: make a new set, then restart the run's processes with it)")
     create_keys(directory, learners, actors, fleet=kubernetes)
+    write_bundles(directory, learners, actors)
     if kubernetes:
         write_redis_password(directory / REDIS_CONFIG, directory / REDIS_PASSWORD)
         entries = "".join(f"  - name: {name}\n    files: [{', '.join(files)}]\n"
                           for name, files in secret_files(learners).items())
         (directory / "kustomization.yaml").write_text(KUSTOMIZATION.format(secrets=entries))
+
+
+BUNDLES = "bundles"
+
+
+def write_bundles(directory: Path, learners: int, actors: int) -> None:
+    """`directory/bundles/<process>/`: each process's own keys (0700, each file 0600)."""
+    processes: dict[str, tuple[str | None, bool]] = {"coordinator": (None, True)}
+    processes |= {f"learner-{rank}": (f"learner-{rank}", True) for rank in range(learners)}
+    processes |= {f"actor-{i}": (f"actor-{i}", False) for i in range(actors)}
+    for process, (name, serves) in processes.items():
+        bundle = directory / BUNDLES / process
+        bundle.mkdir(parents=True, mode=0o700)
+        bundle.parent.chmod(0o700)
+        for file in key_files(name, serves):
+            fd = os.open(bundle / file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write((directory / file).read_bytes())

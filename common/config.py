@@ -235,6 +235,9 @@ class CoordinatorConfig:
     failpoint: str = ""  # tests only: a named point at which to die (coordinator/population.py)
 
 
+EXPERIENCE_PORT = 5557  # rank r's default experience port is this + r (the coordinator's: 5555, 5556)
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     run: str
@@ -242,12 +245,16 @@ class LearnerConfig:
     broadcast: str  # the coordinator's PUB endpoint
     rank: int = 0
     world_size: int = 1
-    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous (rank 0's address)
+    # torch.distributed's rendezvous, at rank 0. "auto": rank 0 its own advertised address, every
+    # other rank rank 0's, as the coordinator has it from rank 0's registration.
+    master_addr: str = "auto"
     master_port: int = 29500
     master_fd: int = -1  # rank 0: the rendezvous socket `rlmq up` bound for it (-1: bind here)
     bind_host: str = "*"  # where every listener binds: experience, /metrics, rank 0's rendezvous
-    advertise_host: str = "127.0.0.1"  # how actors reach this learner's experience socket
-    experience_port: int = 0  # 0 picks a free port
+    # How actors and peer ranks reach this learner. "auto": the address this host's routes use
+    # towards the coordinator (common/addresses.py), which everything else reaches too.
+    advertise_host: str = "auto"
+    experience_port: int = EXPERIENCE_PORT  # 0 picks a free port; the CLI's default is this + rank
     experience_fd: int = -1  # a socket listening at experience_port that `rlmq up` bound (-1: bind here)
     # A Unix socket path: experience over ipc:// there instead of TCP, for actors on this host
     # (`rlmq up --transport ipc`); experience_fd is then a socket listening at that path.

@@ -144,9 +144,19 @@ class Keys:
     allowed: dict[bytes, Peer]
 
 
+def key_files(name: str | None, serves: bool) -> list[str]:
+    """The files process `name` (None: a server only, the coordinator) reads from its keys
+    directory: what `rlmq keys` bundles for it."""
+    files = [f"{SERVER}.key_secret", ALLOWED_FILE] if serves else [f"{SERVER}.key"]
+    return files + ([f"{name}.key_secret"] if name is not None else [])
+
+
 def load_keys(directory: Path, name: str | None, serves: bool) -> Keys:
     """The keys process `name` (None: a server only, the coordinator) needs; OSError or ValueError
     naming the file for a missing or unreadable one."""
+    for file in key_files(name, serves):
+        if not (directory / file).is_file():
+            raise FileNotFoundError(f"{directory / file} is missing")
     server_public, server_secret = zmq.auth.load_certificate(directory / f"{SERVER}.key_secret" if serves
                                                              else directory / f"{SERVER}.key")
     public = secret = None

@@ -6,6 +6,7 @@ warmly (flush, say goodbye, close sockets). The second exits at once.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -14,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 EXIT_OK = 0
@@ -58,6 +60,22 @@ def install_signal_handlers(stop: StopFlag, log: logging.Logger) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+
+
+@contextlib.contextmanager
+def signals_end_at_once() -> Iterator[None]:
+    """While the main thread waits inside a C++ call that Python's signal handlers cannot run in
+    (torch's rendezvous waits minutes for its peers), SIGTERM and SIGINT end the process at once:
+    it holds nothing yet that a warm stop would save. Elsewhere than the main thread, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_DFL) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def configure_logging(name: str, level: str = "INFO") -> logging.Logger:

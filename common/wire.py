@@ -113,6 +113,7 @@ class Assign:
     hyperparams: tuple[dict[str, float], ...] = ()
     member_weights: tuple[Weights, ...] = ()
     applied_decision: int = 0
+    master_host: str = ""  # where rank 0 registered from: the rendezvous of `--master-addr auto`
 
     def __post_init__(self) -> None:
         _require(len(self.hyperparams) in (0, self.config.population), "Assign.hyperparams: one per member")
@@ -223,6 +224,7 @@ class LearnerReport:
     session: int = 0
     delivered_steps: dict[str, int] = field(default_factory=dict)
     delivered_episodes: dict[str, int] = field(default_factory=dict)
+    final: bool = False  # the rank's last report: it has stopped taking rollouts
 
     def __post_init__(self) -> None:
         _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
@@ -260,14 +262,17 @@ class ReportAck:
     """Coordinator → actor: your session's env steps and episodes are taken up to these totals.
     Taken, not necessarily counted yet: a secure run counts them as the learners confirm the
     rollouts (coordinator/store.py), and the returns of the newest `episodes_uncounted` taken are
-    to be sent again until they count; the others need not be."""
+    to be sent again until they count; the others need not be. An actor that stops sends its last
+    report again (for a bounded time) while `steps_uncounted` or `episodes_uncounted` are not 0:
+    its last rollouts count once the learners say they took them."""
 
     steps_total: int
     episodes_total: int
     episodes_uncounted: int = 0
+    steps_uncounted: int = 0
 
     def __post_init__(self) -> None:
-        _counts(self, "steps_total", "episodes_total", "episodes_uncounted")
+        _counts(self, "steps_total", "episodes_total", "episodes_uncounted", "steps_uncounted")
 
 
 @dataclass(frozen=True)

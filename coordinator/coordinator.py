@@ -46,6 +46,9 @@ TICK_S = 0.5
 # apart when a learner trains long between deliveries, and one tick's rate would read 0 between them.
 RATE_TICKS = 10
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
+# After the end, how long a secure run waits for the actors' last reports to count their last
+# rollouts: each actor sends its last report again for actors.actor.FINAL_ACK_WAIT_S (1 s).
+ACTORS_LAST_WORD_S = 2.0
 FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
 
@@ -93,6 +96,7 @@ class Coordinator:
         self.log_reject = RejectLog(log)
         self.finished_at: float | None = None
         self.final_weights = False
+        self.final_reports: set[int] = set()  # the learner ranks whose last report is in
         self.first_step_at = store.status().first_step_at or float("inf")
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
         self.nonfinite_skipped = store.status().nonfinite_skipped
@@ -151,6 +155,7 @@ class Coordinator:
             # The learners' own count: decisions after it are sent to them again and re-applied, so
             # that a restarted world makes the copies its predecessor had not made yet.
             applied_decision=self.population.learner_applied if learner else 0,
+            master_host=self.learners.master_host() if learner else "",
         )
         self.control.send_multipart([identity, wire.encode(assign)])
 
@@ -171,7 +176,7 @@ class Coordinator:
             os._exit(EXIT_FAILPOINT)
         if report.session:
             ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total,
-                                 episodes_uncounted=counted.uncounted)
+                                 episodes_uncounted=counted.uncounted, steps_uncounted=counted.steps_uncounted)
             self.control.send_multipart([identity, wire.encode(ack)])
         self.metrics.env_steps.inc(counted.steps)
         self.metrics.member_env_steps.labels(str(report.member)).inc(counted.steps)
@@ -189,6 +194,8 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        if report.final:
+            self.final_reports.add(report.rank)
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
             self.store.add_deliveries(report.session, report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
@@ -332,10 +339,16 @@ class Coordinator:
 
     def finishing(self) -> bool:
         """The run is over; status is frozen. Repeat `stop` (a PUB message can miss a slow joiner)
-        until the final weights arrive or the grace period ends."""
+        until the final weights and every rank's final report are in, and on a secure run until
+        the actors' last reports have counted what the learners took (they send them again for a
+        second: ACTORS_LAST_WORD_S), or until the grace period ends."""
         assert self.finished_at is not None
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
-        if self.final_weights or time.monotonic() - self.finished_at > self.cfg.shutdown_grace_s:
+        waited = time.monotonic() - self.finished_at
+        learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
+        if learners_done and self.gatekeeper is not None and waited < ACTORS_LAST_WORD_S:
+            learners_done = self.store.countable(list(self.population.actors)) == 0
+        if learners_done or waited > self.cfg.shutdown_grace_s:
             self.store.set_status(state="done", finished_at=time.time())
             return True
         return False

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 
+from rlmq.common.addresses import endpoint_host
 from rlmq.coordinator import stragglers
 from rlmq.coordinator.records import LearnerRecord
 
@@ -51,6 +52,11 @@ class LearnerWorld:
 
     def complete(self) -> bool:
         return self.live() == self.size
+
+    def master_host(self) -> str:
+        """The host rank 0 serves experience at ("" before it registered): its rendezvous."""
+        endpoint = self.endpoints.get(0, "")
+        return endpoint_host(endpoint) or ("127.0.0.1" if endpoint.startswith("ipc://") else "")
 
     def endpoint_list(self) -> tuple[str, ...]:
         return tuple(self.endpoints[rank] for rank in sorted(self.endpoints))

@@ -146,7 +146,8 @@ class OutageRetry(Retry):
 # checked ('1': count no more than the learners say they took), the returns (oldest first: the last
 # of them are the session's newest episodes).
 # Returns: env steps and episodes counted, the run's env steps, the member's recent returns if any
-# were pushed, and the episodes claimed but not counted yet (whose returns the actor sends again).
+# were pushed, the episodes claimed but not counted yet (whose returns the actor sends again), and
+# the env steps claimed but not counted yet.
 _ADD_REPORT = """
 local actor, session = ARGV[1], ARGV[5]
 local returns = #ARGV - 9
@@ -167,7 +168,7 @@ if session ~= '0' then
              .. math.max(total_episodes, heard_episodes))
 end
 -- Episodes claimed and not counted before this report, oldest first: they end with its newest.
-local pending = episodes
+local pending, steps_uncounted = episodes, 0
 if ARGV[9] == '1' then
   -- The name's claims add up over its sessions; what counts is what its deliveries cover.
   local function due(kind, claimed)
@@ -178,7 +179,9 @@ if ARGV[9] == '1' then
     redis.call('HINCRBY', KEYS[6], 'counted_' .. kind, now_due)
     return now_due, claims - counted
   end
-  steps = due('steps', steps)
+  local steps_pending
+  steps, steps_pending = due('steps', steps)
+  steps_uncounted = steps_pending - steps
   episodes, pending = due('episodes', episodes)
 end
 -- The counted episodes are the oldest `episodes` of the pending ones: their returns, where the
@@ -195,7 +198,7 @@ if last >= first then
   redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[8]) - 1)
   recent = redis.call('LRANGE', KEYS[4], 0, -1)
 end
-return {steps, episodes, run_steps, recent, pending - episodes}
+return {steps, episodes, run_steps, recent, pending - episodes, steps_uncounted}
 """
 
 
@@ -230,6 +233,7 @@ class ReportCounted(NamedTuple):
     run_steps: int  # the run's env steps after it
     recent: list[float]  # the member's recent returns, newest first, if the report pushed any
     uncounted: int  # the name's episodes claimed and not counted yet: the newest of its claims
+    steps_uncounted: int = 0  # the name's env steps claimed and not counted yet
 
 
 class RunStore:
@@ -309,14 +313,14 @@ class RunStore:
         (`add_deliveries`); what is not yet covered counts at a later report of the same name, in
         the order claimed. The member's record gets the returns of the episodes counted, as far as
         the report carries them; the actor sends those of the `uncounted` again."""
-        steps_added, episodes_added, steps, recent, uncounted = self.redis.eval(
+        steps_added, episodes_added, steps, recent, uncounted, steps_uncounted = self.redis.eval(
             _ADD_REPORT, 6, self.key("actors"), self.key("status"), self.key("member_steps"),
             self.key("returns", member), self.key("reports"), self.key("tally", actor),
             actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
             int(checked), *returns,
         )
         return ReportCounted(int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent],
-                             int(uncounted))
+                             int(uncounted), int(steps_uncounted))
 
     def add_deliveries(self, session: int, steps: dict[str, int], episodes: dict[str, int]) -> None:
         """The env steps and episode ends a learner process (`session`) took in each actor's
@@ -328,6 +332,14 @@ class RunStore:
             self.redis.eval(_ADD_DELIVERIES, 1 + len(names), self.key("deliveries"),
                             *(self.key("tally", name) for name in names), session,
                             *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))))
+
+    def countable(self, actors: list[str]) -> int:
+        """Env steps these actors claimed that the learners took and no report has counted yet:
+        what their next reports will count (a secure run)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for actor in actors:
+            pipe.hmget(self.key("tally", actor), "claimed_steps", "delivered_steps", "counted_steps")
+        return sum(max(min(int(c or 0), int(d or 0)) - int(k or 0), 0) for c, d, k in pipe.execute())
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

@@ -12,15 +12,15 @@ them, at the same iteration.
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import socket
 import zlib
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from rlmq.common.addresses import interface_of, is_loopback, loopback_interface
 
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # ranks may start minutes apart (pods, images)
 
@@ -53,20 +53,24 @@ def choose_device(requested: str, rank: int, placements: list[Placement]) -> tor
 
 
 def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str,
-               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1) -> torch.device:
+               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1,
+               reached_at: str = "") -> torch.device:
     """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
     `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
     is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
     each one trains.
 
     Rank 0 serves the store on `master_fd` if a parent bound it (`rlmq up`), else on `bind_host`
-    (torch's own store binds every interface); on a loopback `bind_host` gloo and NCCL listen on
-    the loopback interface too. The rendezvous waits
-    up to RENDEZVOUS_TIMEOUT for every rank; each collective after it, `collective_timeout_s`."""
-    if is_loopback(bind_host):
-        loopback = loopback_interface()
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    (torch's own store binds every interface). gloo and NCCL listen on the interface of a loopback
+    `bind_host`, else on the one holding `reached_at`, the address this rank's peers reach it at
+    (unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise): left to themselves they take
+    what the host name resolves to, 127.0.1.1 on a stock Debian, and the world never forms. The
+    rendezvous waits up to RENDEZVOUS_TIMEOUT for every rank; each collective after it,
+    `collective_timeout_s`."""
+    interface = loopback_interface() if is_loopback(bind_host) else interface_of(reached_at)
+    if interface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if rank == 0 and (master_fd >= 0 or bind_host != "*"):
         if master_fd < 0:
             master_fd = socket.create_server((bind_host, master_port), backlog=world_size + 8).detach()
@@ -90,24 +94,6 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # "*" or a host name
-        return False
-
-
-def loopback_interface() -> str:
-    """The loopback interface's name (Linux: the one flagged IFF_LOOPBACK; "lo" elsewhere)."""
-    for flags in sorted(Path("/sys/class/net").glob("*/flags")):
-        try:
-            if int(flags.read_text(), 16) & 0x8:  # IFF_LOOPBACK
-                return flags.parent.name
-        except (OSError, ValueError):
-            continue
-    return "lo"
 
 
 class Agreement(NamedTuple):

@@ -37,8 +37,9 @@ from rlmq.common.service import (
     StopFlag,
     announce,
     keep_freed_memory,
+    signals_end_at_once,
 )
-from rlmq.learners import checkpoint, distributed
+from rlmq.learners import checkpoint, distributed, reach
 from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
@@ -69,6 +70,7 @@ class Learner:
         self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
         credentials.client(self.control)
         self.control.connect(cfg.coordinator)
+        self.reached_at = reach.advertised_address(cfg.advertise_host, cfg.coordinator)
         self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
         credentials.server(self.experience)
         if self.gatekeeper is not None:
@@ -78,7 +80,7 @@ class Learner:
         else:
             port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
                                   cfg.experience_fd).rsplit(":", 1)[1]
-            self.endpoint = f"tcp://{cfg.advertise_host}:{port}"
+            self.endpoint = f"tcp://{self.reached_at}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
         credentials.client(self.directives)
         if cfg.rank == 0:
@@ -175,10 +177,9 @@ class Learner:
     # --- the run ------------------------------------------------------------------------------
 
     def run(self, max_updates: int | None = None) -> int:
-        assign = transport.request_assignment(self.control, wire.Hello(
-            role="learner", name=self.name, pid=os.getpid(), rank=self.cfg.rank,
-            experience_endpoint=self.endpoint, metrics_port=self.metrics_port,
-        ), self.stop, on_reject=self.reject)
+        hello = wire.Hello(role="learner", name=self.name, pid=os.getpid(), rank=self.cfg.rank,
+                           experience_endpoint=self.endpoint, metrics_port=self.metrics_port)
+        assign = reach.register(self.control, hello, self.cfg.master_addr, self.stop, self.reject)
         if assign is None:
             return EXIT_OK
         self.run_cfg: RunConfig = assign.config
@@ -200,9 +201,14 @@ class Learner:
         torch.manual_seed(self.run_cfg.seed)
         self.heartbeat.start()
         self.heartbeat.enter()  # the rendezvous waits for every rank
-        device = distributed.init_world(self.cfg.rank, self.cfg.world_size, self.cfg.master_addr, self.cfg.master_port,
-                                        self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
-                                        self.cfg.master_fd)
+        master = reach.master_address(self.cfg.master_addr, self.cfg.rank, self.reached_at, assign)
+        reached = self.cfg.rank == 0 or reach.await_master(master, self.cfg.master_port, self.stop)
+        if not reached or self.stop.is_set():
+            return EXIT_OK
+        with signals_end_at_once():  # a signal cannot reach Python inside torch's rendezvous
+            device = distributed.init_world(self.cfg.rank, self.cfg.world_size, master, self.cfg.master_port,
+                                            self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
+                                            self.cfg.master_fd, self.reached_at)
         self.adopt_rank0_state(device)
         log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
                  device, self.run_cfg.algo, population, self.endpoint)
@@ -311,10 +317,10 @@ class Learner:
                 self.heartbeat.leave()
             if report.due():
                 self.report()
+        self.report(final=True)  # ahead of the final weights: the coordinator may stop reading on those
         if self.cfg.rank == 0:
             for member in range(population):  # the last one says final: the coordinator has them all
                 self.publish(member, final=member == population - 1)
-        self.report()
         return EXIT_OK
 
     def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
@@ -400,7 +406,7 @@ class Learner:
         transport.send_frame(self.control,
                              wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
 
-    def report(self) -> None:
+    def report(self, final: bool = False) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
         steps, episodes = self.deliveries.take()
@@ -410,7 +416,7 @@ class Learner:
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.pbt.applied,
             nonfinite_skipped=self.counts.pop("nonfinite", 0), session=self.deliveries.session,
-            delivered_steps=steps, delivered_episodes=episodes,
+            delivered_steps=steps, delivered_episodes=episodes, final=final,
         ))
 
     def close(self) -> None:

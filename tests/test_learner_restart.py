@@ -21,7 +21,7 @@ def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Pa
     return [start_service(
         f"learner-{rank}-{tag}", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
         "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--rank", str(rank), "--world-size", "2",
-        "--master-port", str(master), "--metrics-port", "-1", "--checkpoint-dir", str(root),
+        "--master-port", str(master), "--metrics-port", "-1", "--experience-port", "0", "--checkpoint-dir", str(root),
         *(["--failpoint", failpoint] if rank == 1 and failpoint else []),
     ) for rank in range(2)]
 

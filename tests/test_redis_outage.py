@@ -66,7 +66,7 @@ def test_a_write_issued_during_an_outage_lands_once_redis_is_back(
     own_redis.restart()
     writer.join(15)
     assert not writer.is_alive() and len(replies) == 2, "the write never finished"
-    assert replies[0] == (7, 1, 7, [1.5], 0) and replies[1] - down_at >= 2.5
+    assert replies[0] == (7, 1, 7, [1.5], 0, 0) and replies[1] - down_at >= 2.5
     # what was written before the outage came back from the AOF; the report counted once
     assert store.status() == RunStatus(state="running", env_steps=7, episodes=1)
     assert store.progress() == [ProgressSample(time=1.0, env_steps=7)]

@@ -126,7 +126,7 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     learner = start_service(
         "learner", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
         "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--master-port", str(free_port()),
-        "--metrics-port", str(learner_metrics),
+        "--metrics-port", str(learner_metrics), "--experience-port", "0",
     )
     store = RunStore.connect(redis_url, run_id)
     endpoint = wait_for(lambda: (rank_0 := store.learners().get(0)) and rank_0.endpoint, 60, "learner registration")

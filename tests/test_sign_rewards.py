@@ -23,7 +23,7 @@ def learner_given_a_rollout(rewards: np.ndarray, sign_rewards: bool | None, env_
     """The rollout a learner queued for training after an actor holding its credit sent it one
     with these `rewards`."""
     cfg = LearnerConfig(run="signs", coordinator="tcp://127.0.0.1:9", broadcast="tcp://127.0.0.1:9",
-                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1")
+                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", experience_port=0)
     learner = Learner(cfg, StopFlag())
     actor = zmq.Context.instance().socket(zmq.DEALER)
     try:

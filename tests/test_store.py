@@ -45,7 +45,7 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        added, episodes, steps, recent, _ = store.add_actor_report("actor-0", 0, 50,
+        added, episodes, steps, recent, *_ = store.add_actor_report("actor-0", 0, 50,
                                                                    [float(v) for v in range(start, start + 50)])
         assert (added, episodes, steps) == (50, 50, start + 50) and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES

@@ -1,0 +1,56 @@
+"""Across hosts for real: the README's several-machines commands, run on five simulated hosts
+(network namespaces joined by a userspace switch, tests/helpers/hosts.py) as a user would run them,
+with an actor host and then the coordinator's host cut off and healed. Root only (namespaces, TAP
+devices): skipped elsewhere, with the reason."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import hosts  # tests/helpers: conftest puts them on the path
+import pytest
+from several_machines import ACTORS, HOSTS, delivered, start
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+              pytest.mark.skipif(hosts.why_not() is not None, reason=f"simulated hosts: {hosts.why_not()}")]
+
+ACTOR_CUT_S = 6.0
+HUB_CUT_S = 10.0
+
+
+def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_every_step_counted(
+        tmp_path: Path, repo_root: Path) -> None:
+    with hosts.Hosts(HOSTS, tmp_path) as net:
+        watch = start(net, repo_root)
+        try:
+            watch.until(lambda s: all(delivered(s, a) > 0 for a in ACTORS), 90, "every actor's rollouts delivered")
+
+            # An actor host cut off: training goes on; its actors are back within seconds of the heal.
+            net.cut("actors-1")
+            time.sleep(ACTOR_CUT_S)
+            before = {a: delivered(watch.latest, a) for a in ACTORS[2:]}
+            net.heal("actors-1")
+            healed = time.monotonic()
+            watch.until(lambda s: all(delivered(s, a) > before[a] for a in before), 30, "the cut actors' rollouts")
+            back_s = time.monotonic() - healed
+
+            # The coordinator's host cut off: nothing it would have counted is lost.
+            net.cut("hub")
+            time.sleep(HUB_CUT_S)
+            net.heal("hub")
+            end = watch.until(lambda s: s["state"] == "done", 120, "the run's end")
+            assert end["reason"] == "target", end
+            # Once the last reports are in, every env step the learners took is counted, once.
+            settled = watch.until(lambda s: all(t.get("counted_steps") == t.get("delivered_steps") for t in
+                                                s["tallies"].values()), 15, "the last reports counted")
+        finally:
+            watch.close()
+    tallies = settled["tallies"]
+    print(f"actors back {back_s:.2f} s after the heal; tallies {tallies}; run {settled['env_steps']} env steps")
+    assert settled["env_steps"] == sum(t["counted_steps"] for t in tallies.values())
+    assert settled["episodes"] == sum(t["counted_episodes"] for t in tallies.values())
+    assert all(t["counted_episodes"] == t["delivered_episodes"] for t in tallies.values()), tallies
+    assert all(t["claimed_steps"] == t["delivered_steps"] for name, t in tallies.items()
+               if name in ACTORS[:2]), tallies  # never cut off: every rollout arrived
+    assert back_s <= 3.0
