@@ -36,7 +36,9 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, Rej
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_WAIT_S = 0.5
 WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
-FINAL_ACK_WAIT_S = 1.0  # at the end, how long to wait for the last report to be counted
+# At the end, how long to wait for the last report to be counted: a connection to the coordinator
+# redialled after a partition takes up to transport.CONNECT_TIMEOUT_MS and a handshake.
+FINAL_ACK_WAIT_S = 2.0
 FINAL_RESEND_S = 0.25
 
 

@@ -166,10 +166,19 @@ def learner(
                                         "world resumes from; empty: none.", "CHECKPOINT_DIR")] = "",
     keys: KeysDir = "",
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", hidden=True)] = "",
+    restart: Annotated[bool, _opt("Start this rank again whenever its world is lost (a peer died or was cut off): "
+                                  "with --checkpoint-dir, the new world resumes where the old one was.")] = False,
 ) -> None:
     """Run one learner rank."""
     _require_keys(keys, f"learner-{rank}", True, f"learner-{rank}")
     stop = _start(f"learner-{rank}", torch_threads)
+    if restart:
+        import sys
+
+        from rlmq.cli.restarts import restarting
+
+        args = sys.argv[sys.argv.index("learner") + 1:]
+        raise typer.Exit(restarting([a for a in args if a != "--restart"], stop))
     from rlmq.common.config import EXPERIENCE_PORT, LearnerConfig
     from rlmq.learners.learner import main
 

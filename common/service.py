@@ -22,6 +22,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TARGET_MISSED = 3
+EXIT_WORLD_LOST = 75  # a learner rank whose torch.distributed world is gone: restarted, it joins a new one
 EXIT_INTERRUPTED = 130
 
 

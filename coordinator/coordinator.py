@@ -47,8 +47,8 @@ TICK_S = 0.5
 RATE_TICKS = 10
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
 # After the end, how long a secure run waits for the actors' last reports to count their last
-# rollouts: each actor sends its last report again for actors.actor.FINAL_ACK_WAIT_S (1 s).
-ACTORS_LAST_WORD_S = 2.0
+# rollouts: each actor sends its last report again for up to actors.actor.FINAL_ACK_WAIT_S.
+ACTORS_LAST_WORD_S = 3.0
 FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
 
@@ -340,14 +340,14 @@ class Coordinator:
     def finishing(self) -> bool:
         """The run is over; status is frozen. Repeat `stop` (a PUB message can miss a slow joiner)
         until the final weights and every rank's final report are in, and on a secure run until
-        the actors' last reports have counted what the learners took (they send them again for a
-        second: ACTORS_LAST_WORD_S), or until the grace period ends."""
+        the actors' last reports have counted what the learners took (for at most
+        ACTORS_LAST_WORD_S: an actor that died says no more), or until the grace period ends."""
         assert self.finished_at is not None
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
         waited = time.monotonic() - self.finished_at
         learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
         if learners_done and self.gatekeeper is not None and waited < ACTORS_LAST_WORD_S:
-            learners_done = self.store.countable(list(self.population.actors)) == 0
+            learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
         if learners_done or waited > self.cfg.shutdown_grace_s:
             self.store.set_status(state="done", finished_at=time.time())
             return True

@@ -333,13 +333,13 @@ class RunStore:
                             *(self.key("tally", name) for name in names), session,
                             *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))))
 
-    def countable(self, actors: list[str]) -> int:
-        """Env steps these actors claimed that the learners took and no report has counted yet:
-        what their next reports will count (a secure run)."""
+    def uncounted_deliveries(self, actors: list[str]) -> int:
+        """Env steps the learners took from these actors that no report has counted yet: what
+        their next reports would count (a secure run)."""
         pipe = self.redis.pipeline(transaction=False)
         for actor in actors:
-            pipe.hmget(self.key("tally", actor), "claimed_steps", "delivered_steps", "counted_steps")
-        return sum(max(min(int(c or 0), int(d or 0)) - int(k or 0), 0) for c, d, k in pipe.execute())
+            pipe.hmget(self.key("tally", actor), "delivered_steps", "counted_steps")
+        return sum(max(int(d or 0) - int(k or 0), 0) for d, k in pipe.execute())
 
     def recent_returns(self, member: int) -> list[float]:
         return [float(v) for v in self.redis.lrange(self.key("returns", member), 0, -1)]

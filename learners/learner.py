@@ -32,6 +32,7 @@ from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_WORLD_LOST,
     RateTimer,
     RejectLog,
     StopFlag,
@@ -433,7 +434,11 @@ def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> 
     learner = Learner(cfg, stop)
     try:
         return learner.run(max_updates)
-    except Exception:
+    except Exception as exc:
+        if cfg.world_size > 1 and distributed.lost_world(exc):
+            log.error("learner rank %d lost its world; exit %d (`rlmq learner --restart` joins a new one)",
+                      cfg.rank, EXIT_WORLD_LOST, exc_info=True)
+            return EXIT_WORLD_LOST
         log.exception("learner rank %d failed", cfg.rank)
         return EXIT_FAILED
     finally:

@@ -3,26 +3,30 @@ checkpoint: real learner processes in a gloo world, a real coordinator, actor an
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import torch
-from procs import start_coordinator, wait_for
+from procs import descendants, start_coordinator, wait_for
 from states import assert_same
 
+from rlmq.common.service import EXIT_WORLD_LOST
 from rlmq.common.transport import free_port
+from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint
 from rlmq.learners.learner import EXIT_FAILPOINT, FAILPOINT_IN_UPDATE
 
 
 def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Path, tag: str,
-                failpoint: str = "") -> list[Any]:
-    master = free_port()
+                failpoint: str = "", *more: str) -> list[Any]:
+    master, experience = free_port(), [free_port(), free_port()]  # fixed, as a restarted rank needs
     return [start_service(
         f"learner-{rank}-{tag}", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
         "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--rank", str(rank), "--world-size", "2",
-        "--master-port", str(master), "--metrics-port", "-1", "--experience-port", "0", "--checkpoint-dir", str(root),
-        *(["--failpoint", failpoint] if rank == 1 and failpoint else []),
+        "--master-port", str(master), "--metrics-port", "-1", "--experience-port", str(experience[rank]),
+        "--checkpoint-dir", str(root), *(["--failpoint", failpoint] if rank == 1 and failpoint else []), *more,
     ) for rank in range(2)]
 
 
@@ -42,7 +46,7 @@ def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoi
     assert first[1].process.returncode == EXIT_FAILPOINT, first[1].log()
     wait_for(lambda: not first[0].alive(), 60, "rank 0 to fail in the all-reduce")
     log = first[0].log()  # it failed inside the backward pass, in DDP's all-reduce, on the peer it lost
-    assert first[0].process.returncode != 0 and "by peer" in log and "backward" in log
+    assert first[0].process.returncode == EXIT_WORLD_LOST and "by peer" in log and "backward" in log
     actor.stop()
     written = [checkpoint.Checkpoints(root, rank, kept=3).latest() for rank in range(2)]
     assert written == [1, 1], written
@@ -64,3 +68,34 @@ def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoi
     assert torch.equal(ranks[0]["core"]["flat"], ranks[1]["core"]["flat"])
     assert torch.equal(ranks[0]["optimizer"]["exp_avg"], ranks[1]["optimizer"]["exp_avg"])
     assert float(ranks[0]["optimizer"]["steps"][0]) > 0  # it had trained: the moments are not the fresh zeros
+
+
+def test_ranks_started_with_restart_come_back_into_a_new_world_on_their_own(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    """Ranks started one by one with `--restart`, as on several machines: rank 1's learner process
+    is killed (its host lost); rank 0 loses its world and exits for a restart; each restart loop
+    starts its rank again, and the new world resumes from the newest checkpoint and trains on. A
+    stop ends each loop and its rank, leaving no process behind."""
+    root = tmp_path / "checkpoints"
+    coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0)
+    world = start_world(start_service, coord, run_id, root, "restarting", "", "--restart")
+    actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
+                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")
+    files = [checkpoint.Checkpoints(root, rank, kept=3) for rank in range(2)]
+    wait_for(lambda: all((f.latest() or 0) >= 1 for f in files), 120, "a checkpoint of each rank")
+    store = RunStore.connect(redis_url, run_id)
+    (rank_1,) = [pid for pid, command in descendants(world[1].process.pid).items() if "learner" in command]
+    os.kill(rank_1, signal.SIGKILL)
+    killed_at = store.weights(0).version
+    for rank, (service, why) in enumerate(zip(world, ("world was lost", "rank was killed (signal 9)"), strict=True)):
+        wait_for(lambda s=service, w=why: w in s.log() and "resumed from checkpoint" in s.log(), 120,
+                 f"rank {rank} to come back")
+    wait_for(lambda: store.weights(0).version > killed_at + 5, 120, "the new world to train past the old one")
+    assert world[0].alive() and world[1].alive() and actor.alive()
+    ranks = [pid for service in world for pid in descendants(service.process.pid)]
+    for service in world:
+        service.process.terminate()
+    for service in world:
+        assert service.process.wait(60) == 0, service.log()
+    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()]  # the loops' children went with them
