@@ -43,8 +43,10 @@ def train_s(delay_ms: float, timeout_s: float) -> float:
 
 
 def back_after_cut(cut_s: float, timeout_s: float) -> float:
-    """Seconds from the heal of an actor host cut off `cut_s` until its actors' rollouts arrive."""
+    """Seconds from the heal of an actor host cut off `cut_s` until its actors' rollouts arrive.
+    5 ms between the learner hosts makes the run outlast the cut (at 0 ms it ends during it)."""
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp, hosts.Hosts(HOSTS, Path(tmp)) as net:
+        net.delay_between("learner-0", "learner-1", 0.005)
         watch = start(net, REPO)
         try:
             watch.until(lambda s: all(delivered(s, a) > 0 for a in ACTORS), timeout_s, "every actor's rollouts")

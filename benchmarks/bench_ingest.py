@@ -117,7 +117,8 @@ def raw_rate(args: argparse.Namespace) -> Rate:
 def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     """Rollouts/s a real learner receives, validates and queues (and, with `train`, trains on)."""
     cfg = LearnerConfig(run="ingest", coordinator="tcp://127.0.0.1:9", broadcast="tcp://127.0.0.1:9",
-                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", device=args.device)
+                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", experience_port=0,
+                        device=args.device)
     learner = Learner(cfg, StopFlag())
     run_cfg = RunConfig(num_envs=args.slots, rollout_length=args.steps, rollouts_in_flight=args.actors,
                         ppo=PPOConfig(max_rollouts_per_batch=args.actors))

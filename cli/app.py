@@ -177,8 +177,10 @@ def learner(
 
         from rlmq.cli.restarts import restarting
 
-        args = sys.argv[sys.argv.index("learner") + 1:]
-        raise typer.Exit(restarting([a for a in args if a != "--restart"], stop))
+        if sys.argv[1:2] != ["learner"]:
+            typer.echo("error: --restart works from the command line (rlmq learner ... --restart)", err=True)
+            raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(restarting([a for a in sys.argv[2:] if a != "--restart"], stop))
     from rlmq.common.config import EXPERIENCE_PORT, LearnerConfig
     from rlmq.learners.learner import main
 
@@ -215,7 +217,7 @@ def actor(
                                      "process is given.", "ENV_THREADS", min=0)] = 0,
 ) -> None:
     """Run one actor."""
-    _require_keys(keys, key_name or name, False, name if not key_name else "its actors")
+    _require_keys(keys, key_name or name, False, key_name or name)
     stop = _start(name)
     from rlmq.actors.actor import main
     from rlmq.common.config import ActorConfig
@@ -399,7 +401,7 @@ def redis_server(
     --redis-password-file."""
     import os
 
-    from rlmq.cli.redis_server import server_binary, write_redis_password
+    from rlmq.cli.redis_server import server_argv, write_redis_password
 
     data_dir.mkdir(parents=True, exist_ok=True)
     conf, password = data_dir / "redis.conf", data_dir / "password"
@@ -407,9 +409,8 @@ def redis_server(
         write_redis_password(conf, password)
     typer.echo(f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
                f"(the coordinator's --redis-password-file)", err=True)
-    binary = server_binary()
-    os.execv(binary, [binary, str(conf), "--port", str(port), "--bind", bind, "--dir", str(data_dir),
-                      "--appendonly", "yes", "--save", "", "--protected-mode", "yes"])
+    argv = server_argv([str(conf)], port, bind, data_dir, persist=True)
+    os.execv(argv[0], argv)
 
 
 @app.command()

@@ -33,6 +33,13 @@ def server_binary() -> str:
     return str(get_binary_path())
 
 
+def server_argv(config: list[str], port: int, bind: str, data_dir: Path, persist: bool) -> list[str]:
+    """The server's command line: `config` (its config file, or none), listening on bind:port,
+    its data in `data_dir`, append-only with `persist`, no snapshots."""
+    return [server_binary(), *config, "--port", str(port), "--bind", bind, "--dir", str(data_dir), "--save", "",
+            "--protected-mode", "yes", "--appendonly", "yes" if persist else "no"]
+
+
 def write_redis_password(conf: Path, password_file: Path) -> str:
     """A new random password: the server's config file that requires it and the file clients read
     it from, both mode 0600 from the start."""
@@ -66,9 +73,7 @@ class RedisServer:
             secret = write_redis_password(conf, password_path)
             config, self.password_file = [str(conf)], str(password_path)
             self.url = f"redis://:{secret}@127.0.0.1:{self.port}/0"
-        self.args = [server_binary(), *config, "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--dir", str(data_dir), "--save", "", "--protected-mode", "yes",
-                     "--appendonly", "yes" if persist else "no", "--logfile", "redis.log"]
+        self.args = [*server_argv(config, self.port, "127.0.0.1", data_dir, persist), "--logfile", "redis.log"]
         self._spawn()
 
     def _spawn(self) -> None:

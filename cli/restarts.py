@@ -8,7 +8,8 @@ pause; the new processes meet in a new world at rank 0's rendezvous and resume f
 checkpoint (`--checkpoint-dir`), as a world restarted by `rlmq up` does. A child killed by a
 signal it was not passed is started again too; any other exit ends the loop with the child's code.
 Bounded: at most MAX_RESTARTS in RESTART_WINDOW_S, then it gives up.
-Signals: the first is passed on to the child (a warm stop), the second ends both at once.
+Signals: the first is passed on to the child (a warm stop), the second ends both at once. Under
+systemd, `KillMode=mixed` leaves the passing on to the loop.
 """
 
 from __future__ import annotations
@@ -32,18 +33,21 @@ def restarting(args: list[str], stop: StopFlag) -> int:
     """Run `rlmq learner ARGS` as a child until it exits for a reason other than a lost world."""
     starts: collections.deque[float] = collections.deque()
     while True:
-        child = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "learner", *args], preexec_fn=die_with_parent)
+        # A session of its own: a terminal's Ctrl-C reaches the loop alone, which passes one
+        # SIGTERM on (two would make the child stop at once, without its final checkpoint).
+        child = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "learner", *args], preexec_fn=die_with_parent,
+                                 start_new_session=True)
         passed_on = False
         while (code := child.poll()) is None:
             if stop.is_set() and not passed_on:
                 child.terminate()
                 passed_on = True
             time.sleep(0.1)
-        if passed_on and code == -signal.SIGTERM:
-            # The stop reached the child where only the default action was left: in torch's
-            # rendezvous or in its interpreter's shutdown, both with nothing to save.
-            return EXIT_OK
-        if stop.is_set() or not (code == EXIT_WORLD_LOST or code < 0):  # < 0: killed (the OOM killer, say)
+        if stop.is_set():
+            # -SIGTERM: the stop reached the child where only the default action was left (torch's
+            # rendezvous, its interpreter's shutdown), with nothing to save; a lost world, likewise.
+            return EXIT_OK if code in (EXIT_OK, EXIT_WORLD_LOST, -signal.SIGTERM) else code
+        if not (code == EXIT_WORLD_LOST or code < 0):  # < 0: killed (the OOM killer, say)
             return code
         now = time.monotonic()
         starts.append(now)
@@ -55,4 +59,4 @@ def restarting(args: list[str], stop: StopFlag) -> int:
         why = "the learner world was lost" if code == EXIT_WORLD_LOST else f"the rank was killed (signal {-code})"
         log.warning("%s: starting this rank again to join a new world", why)
         if stop.wait(PAUSE_S):
-            return code
+            return EXIT_OK

@@ -8,7 +8,7 @@ larger frame is disconnected before any of it is buffered). Receiving always tak
 Connections carry ZMTP heartbeats, and a connect attempt gives up after CONNECT_TIMEOUT_MS: across
 hosts, a peer cut off by a partition is then dropped within HEARTBEAT_TIMEOUT_MS and reached again
 within about a second of the heal, where TCP alone noticed nothing and came back on its own
-retransmission backoff (12 s after a 15 s cut in issue 40's test bed).
+retransmission backoff (RESULTS.md §16).
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from rlmq.common import wire
 DEFAULT_HWM = 16
 LINGER_MS = 200
 HEARTBEAT_IVL_MS = 1000  # a PING this often on a quiet connection ...
-HEARTBEAT_TIMEOUT_MS = 3000  # ... and the connection is dropped (and redialled) when nothing came back this long
+# ... and the connection is dropped (and redialled) when no whole message came back this long. libzmq
+# counts whole messages only (zeromq/libzmq#2709), so this bounds how long one frame may take to
+# cross: 10 s is a 64 MiB frame at 54 Mbit/s.
+HEARTBEAT_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 1000  # a connect attempt unanswered this long is abandoned and tried again
 
 
@@ -45,6 +48,11 @@ def make_socket(
     sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
+    if kind == zmq.ROUTER:
+        # A peer that redials after a partition comes with its old identity while this side may
+        # still hold the old connection: the new one takes over, where ZeroMQ's default ignores it
+        # until the old one dies.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     return sock
 
 

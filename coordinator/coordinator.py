@@ -338,10 +338,11 @@ class Coordinator:
         return "budget" if steps >= self.run_config.total_steps else None
 
     def finishing(self) -> bool:
-        """The run is over; status is frozen. Repeat `stop` (a PUB message can miss a slow joiner)
-        until the final weights and every rank's final report are in, and on a secure run until
-        the actors' last reports have counted what the learners took (for at most
-        ACTORS_LAST_WORD_S: an actor that died says no more), or until the grace period ends."""
+        """The run is over; its status is final but for the last reports' counts. Repeat `stop`
+        (a PUB message can miss a slow joiner) until the final weights and every rank's final
+        report are in, and on a secure run until the actors' last reports have counted what the
+        learners took (for at most ACTORS_LAST_WORD_S: an actor that died says no more), or until
+        the grace period ends."""
         assert self.finished_at is not None
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
         waited = time.monotonic() - self.finished_at

@@ -54,7 +54,11 @@ class LearnerWorld:
         return self.live() == self.size
 
     def master_host(self) -> str:
-        """The host rank 0 serves experience at ("" before it registered): its rendezvous."""
+        """The host rank 0 serves experience at, its rendezvous; "" unless rank 0 of the current
+        world is live (an earlier world's record, from Redis or a dead process, may be stale)."""
+        heard = self.heard.get(0)
+        if 0 not in self.identities or heard is None or time.monotonic() - heard > stragglers.SILENT_S:
+            return ""
         endpoint = self.endpoints.get(0, "")
         return endpoint_host(endpoint) or ("127.0.0.1" if endpoint.startswith("ipc://") else "")
 

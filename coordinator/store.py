@@ -333,6 +333,10 @@ class RunStore:
                             *(self.key("tally", name) for name in names), session,
                             *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))))
 
+    def tally(self, actor: str) -> dict[str, int]:
+        """An actor's tally (a secure run): claimed_/delivered_/counted_ steps and episodes."""
+        return {_text(k): int(v) for k, v in self.redis.hgetall(self.key("tally", actor)).items()}
+
     def uncounted_deliveries(self, actors: list[str]) -> int:
         """Env steps the learners took from these actors that no report has counted yet: what
         their next reports would count (a secure run)."""

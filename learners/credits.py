@@ -50,7 +50,8 @@ class CreditLedger:
         # actor → its latest request; in the order of first request (a renewal keeps the place)
         self.waiting: OrderedDict[bytes, float] = OrderedDict()
         self.granted: dict[bytes, float] = {}  # actor → when its one credit was granted
-        self.revoked: OrderedDict[bytes, float] = OrderedDict()  # actor → when the lost credit was granted
+        # actor → (when the lost credit was granted, the grant timeout it missed)
+        self.revoked: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
         self.turnarounds: deque[float] = deque(maxlen=TURNAROUNDS_KEPT)
 
     @property
@@ -97,14 +98,15 @@ class CreditLedger:
         received before it and not yet trained). Its credit is spent either way, and an actor that
         held one asks for the next."""
         since = self.granted.pop(actor, None)
+        turnaround = 0.0 if since is None else now - since
         late = since is None
         if late:
-            since = self.revoked.pop(actor, None)
-        if since is None:
-            return False  # never granted one: no place in the queue either
-        turnaround = now - since
-        if late:
-            turnaround = min(turnaround, LATE_GROWTH * self.grant_timeout_s() / TURNAROUND_FACTOR)
+            revoked = self.revoked.pop(actor, None)
+            if revoked is None:
+                return False  # never granted one: no place in the queue either
+            # against the timeout it missed, not today's: actors cut off together all come late,
+            # and each capped against the last one's raise would take it to the ceiling after all
+            turnaround = min(now - revoked[0], LATE_GROWTH * revoked[1] / TURNAROUND_FACTOR)
         self.turnarounds.append(turnaround)
         self.waiting[actor] = now
         self.hear(actor, now)
@@ -119,7 +121,7 @@ class CreditLedger:
         for actor, since in list(self.granted.items()):
             if seen - since > timeout:  # it died, or the credit was lost: it asks again if it lives
                 del self.granted[actor]
-                self.revoked[actor] = since
+                self.revoked[actor] = (since, timeout)
                 if len(self.revoked) > MAX_REVOKED:
                     self.revoked.popitem(last=False)
         granted, budget = [], self.budget_at(seen)

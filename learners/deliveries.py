@@ -18,6 +18,8 @@ import numpy as np
 from rlmq.common import wire
 from rlmq.common.codec import MAX_SEQUENCE
 
+RESENT_PER_REPORT = 64  # names whose totals did not grow, sent again per report, in turn
+
 
 class Deliveries:
     def __init__(self) -> None:
@@ -38,15 +40,17 @@ class Deliveries:
 
     def take(self) -> tuple[dict[str, int], dict[str, int]]:
         """(steps, episode ends) totals for a report: the names that grew since they were last
-        taken, then the others in turn, at most a report's worth (a flood of names cannot make a
-        report the wire refuses). Every name comes round again, so a lost report is made good."""
+        taken, then RESENT_PER_REPORT of the others in turn, at most a report's worth (a flood of
+        names cannot make a report the wire refuses). Every name comes round again, so a report
+        lost after a name's last growth is made good."""
         chosen: dict[str, None] = {}
         while self.changed and len(chosen) < MAX_SEQUENCE:
             name = next(iter(self.changed))
             del self.changed[name]
             chosen[name] = None
+        most = min(len(chosen) + RESENT_PER_REPORT, MAX_SEQUENCE)
         for _ in range(len(self.names)):
-            if len(chosen) >= MAX_SEQUENCE:
+            if len(chosen) >= most:
                 break
             name = self.names[self.cursor % len(self.names)]
             self.cursor = (self.cursor + 1) % len(self.names)

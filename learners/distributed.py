@@ -96,13 +96,14 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
     return device
 
 
-LOST_WORLD_SIGNS = ("gloo", "nccl", "by peer", "timed out", "connection reset", "broken pipe")
+LOST_WORLD_SIGNS = ("gloo/transport", "by peer", "connection reset", "broken pipe")
 
 
 def lost_world(exc: BaseException) -> bool:
     """Whether `exc` says the world is gone (a peer rank died or is cut off, a collective or the
     store timed out), not that this rank's own code failed: torch raises DistError for most of
-    these, and gloo's transport a plain RuntimeError naming itself or the peer."""
+    these (NCCL's included), and gloo's transport a plain RuntimeError naming its source file
+    (its timeouts too) or the peer."""
     return isinstance(exc, dist.DistError) or (
         isinstance(exc, RuntimeError) and any(sign in str(exc).lower() for sign in LOST_WORLD_SIGNS))
 

@@ -81,7 +81,8 @@ class Learner:
         else:
             port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
                                   cfg.experience_fd).rsplit(":", 1)[1]
-            self.endpoint = f"tcp://{self.reached_at}:{port}"
+            host = f"[{self.reached_at}]" if ":" in self.reached_at else self.reached_at  # IPv6
+            self.endpoint = f"tcp://{host}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
         credentials.client(self.directives)
         if cfg.rank == 0:
@@ -207,6 +208,8 @@ class Learner:
         if not reached or self.stop.is_set():
             return EXIT_OK
         with signals_end_at_once():  # a signal cannot reach Python inside torch's rendezvous
+            if self.stop.is_set():  # one came just before
+                return EXIT_OK
             device = distributed.init_world(self.cfg.rank, self.cfg.world_size, master, self.cfg.master_port,
                                             self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
                                             self.cfg.master_fd, self.reached_at)

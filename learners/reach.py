@@ -40,7 +40,11 @@ def advertised_address(advertise_host: str, coordinator: str) -> str:
             log.warning("--advertise-host %s is not an address of this host's interfaces: actors will be sent it "
                         "(right only behind a NAT or a proxy)", advertise_host)
         return advertise_host
-    return source_address(coordinator_host) if coordinator_host else "127.0.0.1"
+    found = source_address(coordinator_host) if coordinator_host else "127.0.0.1"
+    if is_loopback(found) and coordinator_host and not is_loopback(coordinator_host):
+        log.warning("no route from this host to the coordinator's %s: advertising %s, which actors on other hosts "
+                    "cannot reach (give --advertise-host)", coordinator_host, found)
+    return found
 
 
 def _is_address(host: str) -> bool:

@@ -224,6 +224,21 @@ def test_a_partition_does_not_teach_the_ledger_its_length_and_a_slow_actor_still
         start += 10.0
     assert timeouts == [pytest.approx(2.0), pytest.approx(4.0)]
 
+
+def test_actors_cut_off_together_raise_the_timeout_no_more_than_one_does() -> None:
+    """Each late rollout is capped against the timeout its credit missed, not against the one
+    its predecessors raised: else N actors of a partition would double it N times."""
+    ledger = CreditLedger(3, CreditTimeouts(request_ttl_s=100.0, min_s=0.5, max_s=10.0))
+    for actor in (A, B, C):
+        ledger.hello(actor, 0.0)
+    assert sorted(ledger.grant(now=0.0, queued=0)) == sorted([A, B, C])
+    assert ledger.delivered(A, 0.1, queued=0) and ledger.grant_timeout_s() == 0.5
+    ledger.grant(now=0.7, queued=1)  # B's and C's credits are taken back: the partition
+    assert not ledger.holds(B) and not ledger.holds(C)
+    for actor in (B, C):
+        ledger.delivered(actor, 26.0, queued=1)
+    assert ledger.grant_timeout_s() == pytest.approx(1.0)
+
 def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_grant_timeout() -> None:
     """500 identities ask once and never again (a script, or actors that died); a live actor asks
     every CREDIT_REQUEST_RENEW_S. It gets a credit within the request TTL plus one grant timeout

@@ -24,14 +24,14 @@ def store(redis_client: redis.Redis, run_id: str) -> RunStore:
 
 def deliver(store: RunStore, steps: dict[str, int], episodes: dict[str, int], session: int = 1) -> None:
     """A learner's report of deliveries since its last one, as a learner sends them: the totals."""
-    totals = _delivered.setdefault((id(store), session), ({}, {}))
+    totals = _delivered.setdefault((store.prefix, session), ({}, {}))
     for kind, counts in enumerate((steps, episodes)):
         for name, count in counts.items():
             totals[kind][name] = totals[kind].get(name, 0) + count
     store.add_deliveries(session, *totals)
 
 
-_delivered: dict[tuple[int, int], tuple[dict[str, int], dict[str, int]]] = {}
+_delivered: dict[tuple[str, int], tuple[dict[str, int], dict[str, int]]] = {}
 
 
 def test_config_round_trips(store: RunStore) -> None:
@@ -114,8 +114,8 @@ def test_delivered_totals_count_once_whatever_reports_are_lost_repeated_or_overt
     another process (a restarted learner, another rank) adds its own."""
 
     def tally(name: str) -> tuple[int, int]:
-        raw = store.redis.hgetall(store.key("tally", name))
-        return int(raw.get(b"delivered_steps", 0)), int(raw.get(b"delivered_episodes", 0))
+        counts = store.tally(name)
+        return counts.get("delivered_steps", 0), counts.get("delivered_episodes", 0)
 
     store.add_deliveries(7, {"actor-0": 64, "actor-1": 32}, {"actor-0": 1})
     # the reports of 128 and 192 were lost; the next says all

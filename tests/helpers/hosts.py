@@ -33,6 +33,7 @@ from typing import Any
 
 TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x0002, 0x1000
 MAX_FRAME = 65536
+MAX_HELD = 100_000  # frames on their way at once (delays); beyond, dropped
 
 
 def why_not() -> str | None:
@@ -183,6 +184,9 @@ def switch(ports: list[str]) -> None:
                     loss[name] = float(value[0])
                 elif verb == "link":
                     link[name, value[0]] = link[value[0], name] = float(value[1])
+                else:
+                    print(f"unknown {verb}", flush=True)
+                    continue
                 print("ok", flush=True)
                 continue
             frame = os.read(fd, MAX_FRAME)
@@ -193,6 +197,8 @@ def switch(ports: list[str]) -> None:
             target = behind.get(frame[:6])
             for name in [target] if target is not None else fds:
                 if name == source or name in cut or draw.random() < max(loss[source], loss[name]):
+                    continue
+                if len(held) >= MAX_HELD:  # a full queue drops, as a switch's would
                     continue
                 order += 1
                 wait = delay[source] + delay[name] + link.get((source, name), 0.0)

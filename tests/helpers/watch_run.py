@@ -25,8 +25,7 @@ def main(url: str, password_file: str, run: str, actors: list[str]) -> None:
     while not select.select([sys.stdin], [], [], POLL_S)[0]:
         try:
             status = store.status()
-            tallies = {name: {k.decode(): int(v) for k, v in store.redis.hgetall(store.key("tally", name)).items()}
-                       for name in actors}
+            tallies = {name: store.tally(name) for name in actors}
         except redis.RedisError:  # not up yet
             continue
         print(json.dumps({"time": time.time(), "state": status.state, "reason": status.reason,
