@@ -69,6 +69,13 @@ def delivered(seen: dict[str, Any], actor: str) -> int:
     return int(seen["tallies"][actor].get("delivered_steps", 0))
 
 
+def status(net: hosts.Hosts, repo_root: Path) -> subprocess.CompletedProcess[str]:
+    """The README's `rlmq status`, run on the hub."""
+    command = readme_section(repo_root)[1]["status"]
+    return subprocess.run(net.command("hub", RLMQ + command.split()[1:]), cwd=net.workdir, capture_output=True,
+                          text=True, timeout=60)
+
+
 def start(net: hosts.Hosts, repo_root: Path) -> Watch:
     """Write the README's run config into the hosts' workdir and run its commands there: the keys,
     Redis and the coordinator on "hub", a learner rank on each learner host, two actors on each
