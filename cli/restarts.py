@@ -30,7 +30,8 @@ RESTART_WINDOW_S = 600.0
 
 
 def restarting(args: list[str], stop: StopFlag) -> int:
-    """Run `rlmq learner ARGS` as a child until it exits for a reason other than a lost world."""
+    """Run `rlmq learner ARGS` as a child until it exits for a reason other than a lost world or a
+    signal it was not passed; its exit code (EXIT_OK after a stop)."""
     starts: collections.deque[float] = collections.deque()
     while True:
         # A session of its own: a terminal's Ctrl-C reaches the loop alone, which passes one
