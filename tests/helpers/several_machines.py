@@ -4,6 +4,7 @@ tests/test_hosts.py and benchmarks/bench_hosts.py share. Imported as `several_ma
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import subprocess
@@ -40,17 +41,22 @@ def flag(command: str, name: str) -> str:
 class Watch:
     """The run as Redis on the hub has it, read by watch_run.py there: the latest line, kept fresh."""
 
-    def __init__(self, net: hosts.Hosts, url: str, password_file: str, run: str) -> None:
+    def __init__(self, net: hosts.Hosts, url: str, password_file: str, run: str, trained: bool = False) -> None:
+        """`trained`: each line also has each learner rank's trained env steps ("trained")."""
         helper = Path(__file__).parent / "watch_run.py"
-        self.process = net.start("hub", [sys.executable, str(helper), url, password_file, run, *ACTORS], "watch.err",
+        watched = [url, password_file, run, *(["--trained"] if trained else []), *ACTORS]
+        self.process = net.start("hub", [sys.executable, str(helper), *watched], "watch.err",
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
         self.latest: dict[str, Any] = {}
+        self.lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=100_000)  # oldest first
+        self.actors: dict[str, subprocess.Popen[Any]] = {}
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.latest = json.loads(line)
+            self.lines.append(self.latest)
 
     def until(self, predicate: Any, timeout: float, what: str) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -76,10 +82,10 @@ def status(net: hosts.Hosts, repo_root: Path) -> subprocess.CompletedProcess[str
                           text=True, timeout=60)
 
 
-def start(net: hosts.Hosts, repo_root: Path) -> Watch:
+def start(net: hosts.Hosts, repo_root: Path, trained: bool = False) -> Watch:
     """Write the README's run config into the hosts' workdir and run its commands there: the keys,
     Redis and the coordinator on "hub", a learner rank on each learner host, two actors on each
-    actor host; returns the watch on the run."""
+    actor host; returns the watch on the run (its `actors`: each actor's process)."""
     config, by_kind = readme_section(repo_root)
     workdir = net.workdir
     (workdir / "run.toml").write_text(config)
@@ -98,7 +104,9 @@ def start(net: hosts.Hosts, repo_root: Path) -> Watch:
     net.start("hub", argv(by_kind["coordinator"]), "coordinator.log")
     for rank in (0, 1):
         net.start(f"learner-{rank}", argv(by_kind["learner"], R=rank), f"learner-{rank}.log")
-    for i, actor in enumerate(ACTORS):
-        net.start(f"actors-{i // 2}", argv(by_kind["actor"], I=i), f"{actor}.log")
+    actors = {actor: net.start(f"actors-{i // 2}", argv(by_kind["actor"], I=i), f"{actor}.log")
+              for i, actor in enumerate(ACTORS)}
     coordinator = by_kind["coordinator"]
-    return Watch(net, flag(coordinator, "redis-url"), str(workdir / password), flag(coordinator, "run"))
+    watch = Watch(net, flag(coordinator, "redis-url"), str(workdir / password), flag(coordinator, "run"), trained)
+    watch.actors = actors
+    return watch
