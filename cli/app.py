@@ -399,18 +399,9 @@ def redis_server(
     """Run a Redis server for services started one by one (the one rlmq installs): persistent, with
     a password made at its first start in DATA_DIR/password, for the coordinator's
     --redis-password-file."""
-    import os
+    from rlmq.cli.redis_server import exec_standalone
 
-    from rlmq.cli.redis_server import server_argv, write_redis_password
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    conf, password = data_dir / "redis.conf", data_dir / "password"
-    if not conf.exists():
-        write_redis_password(conf, password)
-    typer.echo(f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
-               f"(the coordinator's --redis-password-file)", err=True)
-    argv = server_argv([str(conf)], port, bind, data_dir, persist=True)
-    os.execv(argv[0], argv)
+    exec_standalone(data_dir, port, bind)
 
 
 @app.command()

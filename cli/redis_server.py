@@ -6,11 +6,14 @@ ships (a dependency of rlmq), so a fresh machine needs nothing else.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import redis
 
@@ -49,6 +52,19 @@ def write_redis_password(conf: Path, password_file: Path) -> str:
         path.chmod(0o600)
         path.write_text(text)
     return secret
+
+
+def exec_standalone(data_dir: Path, port: int, bind: str) -> NoReturn:
+    """`rlmq redis`: become the server (exec), its data, config and password in `data_dir`; the
+    password is made at the first start and kept in `data_dir/password` for the coordinator."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf, password = data_dir / "redis.conf", data_dir / "password"
+    if not conf.exists():
+        write_redis_password(conf, password)
+    print(f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
+          "(the coordinator's --redis-password-file)", file=sys.stderr, flush=True)
+    argv = server_argv([str(conf)], port, bind, data_dir, persist=True)
+    os.execv(argv[0], argv)
 
 
 class RedisServer:
