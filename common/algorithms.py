@@ -59,6 +59,7 @@ def _non_finite(value: Any, name: str) -> list[tuple[str, float]]:
 
 
 MINIBATCH_GROWTHS = ("count", "size", "sqrt")  # PPOConfig.minibatch_growth
+SYNC_MODES = ("auto", "gradients", "batch")  # PPOConfig.sync
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ class PPOConfig:
     # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default) or
     # "relu" (gymnax-blines' and PureJaxRL's MinAtar agents).
     activation: str = "tanh"
+    # How learner ranks stay in step: "gradients" (DDP: each minibatch's gradient all-reduced),
+    # "batch" (the ranks' batches all-gathered once per update, then every rank runs the same
+    # update: one collective instead of epochs × minibatches, each rank computing all of it) or
+    # "auto" (whichever the world times as cheaper when it forms: learners/replicas.py).
+    sync: str = "auto"
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
@@ -126,6 +132,7 @@ class PPOConfig:
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
             'minibatch_growth is "count", "size" or "sqrt"': self.minibatch_growth in MINIBATCH_GROWTHS,
+            'sync is "auto", "gradients" or "batch"': self.sync in SYNC_MODES,
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
         if problems:

@@ -160,6 +160,9 @@ class LearnerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples = Counter(f"{PREFIX}_learner_samples", "Env steps trained on.", registry=r)
+        self.received = Counter(f"{PREFIX}_learner_received_steps",
+                                "Env steps of the rollouts received and accepted (before the policy-lag gate).",
+                                registry=r)
         self.updates = Counter(f"{PREFIX}_learner_updates", "Updates applied.", registry=r)
         self.stale_dropped = Counter(
             f"{PREFIX}_learner_stale_dropped",

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+R = TypeVar("R")  # a rollout (common/wire.py, which imports this module)
 
 # The dtypes an observation may travel in: floats as float32, integer Boxes as int64.
 OBS_DTYPES = ("float32", "uint8", "int64", "bool")
@@ -98,6 +102,20 @@ def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (),
     make = np.zeros if zeros else np.empty
     return {name: make((*lead, *shape), np.dtype(dtype))
             for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
+
+
+def side_by_side(per_member: Sequence[Sequence[R]], out: np.ndarray,
+                 piece: Callable[[int, R], np.ndarray]) -> np.ndarray:
+    """`out` [P, T, W, ...] with each member's rollouts joined along the slot axis of its row, in
+    order: `piece(member, rollout)` [T, slots, ...] of each. What no rollout fills keeps its value
+    (zeros: padding, and invalid where `out` is a validity mask). The one way rollouts are joined."""
+    for member, rollouts in enumerate(per_member):
+        start = 0
+        for rollout in rollouts:
+            part = piece(member, rollout)
+            out[member, :, start : start + part.shape[1]] = part
+            start += part.shape[1]
+    return out
 
 
 ROLLOUT_DTYPES = _every_dtype()

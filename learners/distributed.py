@@ -118,31 +118,48 @@ class Agreement(NamedTuple):
 
 
 def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-          checkpoint: bool, device: torch.device, batch_rollouts: int, varying: bool = False) -> Agreement:
-    """One all-reduce per iteration. Only rank 0 offers a decision, so the sum is its length.
-    `member_samples`: what this rank would train on if the world updates now; `batch_rollouts`:
-    the most rollouts of one member it would take. Where that `varying` from one update to the
-    next (learner batching), a second all-reduce takes the largest over the ranks, which every
-    rank's batch is shaped by (the minibatches, and so the backward passes, must match)."""
+          checkpoint: bool, device: torch.device, batch_rollouts: int) -> Agreement:
+    """One collective per iteration: an all-gather of every rank's `proposal`, which each rank
+    reduces alike (`agreement_of`)."""
     if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
         return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint, batch_rollouts)
-    flags = torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), *member_samples],
-                         dtype=torch.int64, device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    ready_ranks, overdue_ranks, stops, length, checkpoints, *samples = (int(v) for v in flags.tolist())
-    if varying:
-        batch_rollouts = extremes(batch_rollouts, device)[1]
-    return Agreement(ready_ranks == dist.get_world_size() or overdue_ranks > 0, stops > 0, samples, length,
-                     checkpoints > 0, batch_rollouts)
+    return agreement_of(every_rank(proposal(ready, overdue, stop, member_samples, decision_bytes, checkpoint,
+                                            batch_rollouts, device)))
+
+
+def proposal(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
+             checkpoint: bool, batch_rollouts: int, device: torch.device) -> torch.Tensor:
+    """This rank's side of an agreement, as a row of int64. Only rank 0 offers a decision, so the
+    sum is its length. `member_samples`: what this rank would train on if the world updates now;
+    `batch_rollouts`: the most rollouts of one member it would take, whose largest over the ranks
+    shapes every rank's batch (learner batching: the minibatches, and so the backward passes, must
+    match)."""
+    return torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), batch_rollouts,
+                         *member_samples], dtype=torch.int64, device=device)
+
+
+def agreement_of(rows: torch.Tensor) -> Agreement:
+    """The agreement of every rank's `proposal` rows [world, n]: the same on every rank."""
+    ready_ranks, overdue_ranks, stops, length, checkpoints, _, *samples = (int(v) for v in rows.sum(0))
+    return Agreement(ready_ranks == len(rows) or overdue_ranks > 0, stops > 0, samples, length, checkpoints > 0,
+                     int(rows[:, 5].max()))
 
 
 def extremes(value: int, device: torch.device) -> tuple[int, int]:
     """(smallest, largest) of every rank's `value`."""
     if dist.get_world_size() == 1:
         return value, value
-    both = torch.tensor([value, -value], dtype=torch.int64, device=device)
-    dist.all_reduce(both, op=dist.ReduceOp.MIN)
-    return int(both[0]), -int(both[1])
+    values = every_rank(torch.tensor([value], dtype=torch.int64, device=device))
+    return int(values.min()), int(values.max())
+
+
+def every_rank(values: torch.Tensor) -> torch.Tensor:
+    """Every rank's `values`, stacked in rank order [world, ...], for a small tensor to be reduced
+    locally: an all-gather is one step of gloo's ring where its all-reduce takes two, so half the
+    round trips between ranks on different hosts (docs/architecture.md, "Learners across a network")."""
+    everyone = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, values)
+    return torch.stack(everyone)
 
 
 def share_any_length(frame: bytes, device: torch.device) -> bytes:

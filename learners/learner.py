@@ -40,14 +40,14 @@ from rlmq.common.service import (
     keep_freed_memory,
     signals_end_at_once,
 )
-from rlmq.learners import checkpoint, distributed, reach
+from rlmq.learners import checkpoint, distributed, ppo, reach
 from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues, Taken
 from rlmq.learners.pbt_state import PbtState
-from rlmq.learners.trainers import Trainer, make_trainer
+from rlmq.learners.trainers import PPOTrainer, Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
@@ -129,6 +129,7 @@ class Learner:
                 if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
+                self.metrics.received.inc(message.num_steps)
             except wire.WireError as exc:
                 self.reject(exc, len(parts[-1]), parts[0].bytes)
         self.members.drained()
@@ -304,8 +305,8 @@ class Learner:
             self.metrics.stale_dropped.inc(stale)
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
-            agreed = self.agree(device, self.stop.is_set() or limit_hit,
-                                self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
+            agreed, staged = self.agree(device, self.stop.is_set() or limit_hit,
+                                        self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
             if agreed.stop:
                 self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
@@ -313,7 +314,7 @@ class Learner:
             if agreed.checkpoint:
                 self.save_checkpoint(device)
             if agreed.update:
-                taken, stats, updated = self.update(agreed)
+                taken, stats, updated = self.update(agreed, staged)
                 self.heartbeat.leave()  # the update's collectives are behind us: what follows is local
                 self.record_update(taken, stats, updated)
                 updates_done += 1
@@ -327,30 +328,44 @@ class Learner:
                 self.publish(member, final=member == population - 1)
         return EXIT_OK
 
-    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
+    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> tuple[distributed.Agreement,
+                                                                                      ppo.Batch | None]:
         """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
-        rank 0's next PBT decision applied everywhere first."""
+        rank 0's next PBT decision applied everywhere first; and, where replicas agree inside their
+        gather (`PPOTrainer.agrees_in_gather`), every rank's batch already gathered for the update."""
         offer = self.pbt.offer()
-        agreed = distributed.agree(self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(),
-                                   len(offer), checkpoint_due, device,
-                                   max(self.members.batch_sizes() + [self.members.need]),
-                                   self.members.most > self.members.need)
+        proposal = (self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(), len(offer),
+                    checkpoint_due)
+        staged = None
+        if isinstance(self.trainer, PPOTrainer) and self.trainer.agrees_in_gather and self.cfg.world_size > 1:
+            staged, rows = self.trainer.stage(self.members.peek(), distributed.proposal(
+                *proposal, self.members.need, device))
+            agreed = distributed.agreement_of(rows)
+        else:
+            agreed = distributed.agree(*proposal, device, max(self.members.batch_sizes() + [self.members.need]))
         if agreed.decision_bytes:
             replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
             if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                 agreed.member_samples[replaced] = 0
-        return agreed
+                if staged is not None:
+                    staged.valid[replaced] = False
+        return agreed, staged
 
-    def update(self, agreed: distributed.Agreement) -> tuple[Taken, dict[str, float], list[int]]:
+    def update(self, agreed: distributed.Agreement,
+               staged: ppo.Batch | None) -> tuple[Taken, dict[str, float], list[int]]:
         """One update of every member with a batch, on every rank in step: (what was taken, the
-        losses, the members updated)."""
+        losses, the members updated). `staged`: the batch `agree` gathered, if it did."""
         taken = self.members.take()
         if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
             log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
                       self.checkpoint_number)
             os._exit(EXIT_FAILPOINT)
         started = time.perf_counter()
-        stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+        if staged is not None:
+            assert isinstance(self.trainer, PPOTrainer)
+            stats, updated = self.trainer.train_on(staged, None, agreed.member_samples, agreed.batch_rollouts)
+        else:
+            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
         self.metrics.update_seconds.observe(time.perf_counter() - started)
         return taken, stats, updated
 

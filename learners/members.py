@@ -108,6 +108,10 @@ class MemberQueues:
         now = time.monotonic()
         return any(len(q) >= self.need and now - q[0][0] >= seconds for q in self.queues)
 
+    def peek(self) -> list[list[wire.Rollout]]:
+        """What `take` would take now, left queued."""
+        return [[queue[i][1] for i in range(size)] for queue, size in zip(self.queues, self.batch_sizes(), strict=True)]
+
     def take(self) -> Taken:
         rollouts, lags = [], []
         for member, (queue, size) in enumerate(zip(self.queues, self.batch_sizes(), strict=True)):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlmq.common.schema import OBS_NORM_EPS, OBS_NORM_KEYS, EnvSpec
+from rlmq.common.schema import OBS_NORM_EPS, OBS_NORM_KEYS, EnvSpec, side_by_side
 from rlmq.common.wire import Rollout
 from rlmq.learners.networks import obs_features
 
@@ -43,14 +43,15 @@ class RunningMoments:
         self.var = torch.ones(population, *shape, dtype=torch.float64, device=device)
         self.count = torch.zeros(population, dtype=torch.float64, device=device)
 
-    def update(self, x: Tensor, mask: Tensor) -> None:
-        """Merge in the rows of x [P, n, *F] where mask [P, n] is True, over all ranks."""
+    def update(self, x: Tensor, mask: Tensor, across_ranks: bool = True) -> None:
+        """Merge in the rows of x [P, n, *F] where mask [P, n] is True, over all ranks (or this
+        rank's alone where `across_ranks` is False: it holds every rank's data, learners/replicas.py)."""
         x64, weight = x.to(torch.float64), mask.to(torch.float64)
         weight = weight.view(*weight.shape, *([1] * (x.ndim - 2)))
         local = torch.cat([mask.to(torch.float64).sum(1, keepdim=True),
                            (x64 * weight).sum(1).reshape(len(x), -1),
                            (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if across_ranks and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(local)
         size = self.mean[0].numel()
         count = local[:, 0]
@@ -87,9 +88,9 @@ class ObsNormalizer(RunningMoments):
         super().__init__(population, (size,), device)
         self.clip, self.enabled = clip, enabled
 
-    def update(self, x: Tensor, mask: Tensor) -> None:
+    def update(self, x: Tensor, mask: Tensor, across_ranks: bool = True) -> None:
         if self.enabled:
-            super().update(x, mask)
+            super().update(x, mask, across_ranks)
 
     def __call__(self, x: Tensor) -> Tensor:
         if not self.enabled:
@@ -121,17 +122,13 @@ class ObsNormalizer(RunningMoments):
 def stacked_observations(per_member: list[list[Rollout]], spec: EnvSpec, device: torch.device) -> tuple[Tensor, Tensor]:
     """Every member's rollouts' observations (not the bootstrap row) as features [P, n, F] with
     their validity [P, n], members with fewer padded as invalid."""
-    features = [[obs_features(torch.from_numpy(r.obs[:-1]).flatten(0, 1), spec) for r in rollouts]
-                for rollouts in per_member]
-    valid = [[torch.from_numpy(r.valid).flatten() for r in rollouts] for rollouts in per_member]
-    width = max((sum(len(v) for v in member) for member in valid), default=0)
-    x = torch.zeros(len(per_member), width, spec.obs_size)
-    mask = torch.zeros(len(per_member), width, dtype=torch.bool)
-    for member, (xs, vs) in enumerate(zip(features, valid, strict=True)):
-        if xs:
-            rows = torch.cat(xs)
-            x[member, : len(rows)], mask[member, : len(rows)] = rows, torch.cat(vs)
-    return x.to(device), mask.to(device)
+    steps = next((len(r.valid) for rollouts in per_member for r in rollouts), 0)
+    width = max((sum(r.valid.shape[1] for r in rollouts) for rollouts in per_member), default=0)
+    lead = (len(per_member), steps, width)
+    obs = side_by_side(per_member, np.zeros((*lead, *spec.obs_shape), spec.obs_dtype), lambda _, r: r.obs[:-1])
+    valid = side_by_side(per_member, np.zeros(lead, bool), lambda _, r: r.valid)
+    return (obs_features(torch.from_numpy(obs).flatten(1, 2), spec).to(device),
+            torch.from_numpy(valid).flatten(1, 2).to(device))
 
 
 class RewardScaler:
@@ -165,22 +162,16 @@ class RewardScaler:
             self.returns.popitem(last=False)
         return out
 
-    def scale(self, per_member: list[list[Rollout]], rewards: Tensor, gammas: list[float]) -> Tensor:
-        """Update the statistics with the rollouts' returns, then scale `rewards` [P, T, B] (the
-        rollouts joined along B, in order) by them."""
+    def running_returns(self, per_member: list[list[Rollout]], shape: torch.Size, gammas: list[float]) -> Tensor:
+        """Each step's running discounted return, [P, T, B] as the rollouts' rewards joined along B
+        in order (zeros where no rollout is)."""
+        out = side_by_side(per_member, np.zeros(tuple(shape)), lambda m, r: self.discounted_returns(r, gammas[m]))
+        return torch.from_numpy(out).to(self.moments.mean.device)
+
+    def scale(self, returns: Tensor, valid: Tensor, rewards: Tensor, across_ranks: bool = True) -> Tensor:
+        """Update the statistics with the valid `returns` (from `running_returns`), then scale `rewards`
+        [P, T, B] by them; `across_ranks` as `RunningMoments.update` says."""
         population = rewards.shape[0]
-        width = max((sum(r.rewards.shape[1] for r in rollouts) for rollouts in per_member), default=0)
-        returns = np.zeros((population, rewards.shape[1], width))
-        valid = np.zeros((population, rewards.shape[1], width), bool)
-        for member, rollouts in enumerate(per_member):
-            start = 0
-            for r in rollouts:
-                slots = r.rewards.shape[1]
-                returns[member, :, start : start + slots] = self.discounted_returns(r, gammas[member])
-                valid[member, :, start : start + slots] = r.valid
-                start += slots
-        device = self.moments.mean.device
-        self.moments.update(torch.from_numpy(returns.reshape(population, -1)).to(device),
-                            torch.from_numpy(valid.reshape(population, -1)).to(device))
+        self.moments.update(returns.reshape(population, -1), valid.reshape(population, -1), across_ranks)
         std = (self.moments.var + OBS_NORM_EPS).sqrt().float().view(population, 1, 1)
         return (rewards / std).clamp(-self.clip, self.clip)

@@ -14,6 +14,7 @@ n = T·B and a validity mask. A member with no data this update has an all-False
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
-from rlmq.common.schema import EnvSpec, allocate
+from rlmq.common.schema import EnvSpec, allocate, side_by_side
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.capture import captured, compiled, with_gradient
@@ -77,18 +78,16 @@ class PPOLoss(NamedTuple):
     entropy: Tensor
 
 
+def _field(name: str, _member: int, rollout: Rollout) -> Any:
+    return getattr(rollout, name)
+
+
 def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int,
                   device: torch.device) -> Batch:
     """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid."""
     arrays = allocate(spec, steps, slots, lead=(len(per_member),), zeros=True)
-    for member, rollouts in enumerate(per_member):
-        start = 0
-        for r in rollouts:
-            width = r.rewards.shape[1]
-            for name, array in arrays.items():
-                array[member, :, start : start + width] = getattr(r, name)
-            start += width
-    t = {name: torch.from_numpy(a).to(device) for name, a in arrays.items()}
+    t = {name: torch.from_numpy(side_by_side(per_member, array, functools.partial(_field, name))).to(device)
+         for name, array in arrays.items()}
     return Batch(obs_features(t["obs"], spec), t["actions"], t["logprobs"], t["rewards"], t["terminated"],
                  t["truncated"], t["valid"])
 

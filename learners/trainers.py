@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import ppo
+from rlmq.learners import ppo, replicas
 from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
@@ -87,17 +87,26 @@ class PPOTrainer:
         for w in weights:  # a restarted world carries on from the last publication
             self.load_member(w.member, dict(w.params))
         self.model: torch.nn.Module = self.core
-        self.captured = None if run_cfg.compile_update == "off" else ppo.capture(run_cfg.compile_update,
-                                                                                        allreduce_mean)
+        self.replicated = replicas.choose(self.cfg.sync, world_size, self.cfg.epochs * self.cfg.minibatches,
+                                          lambda: replicas.measure(self.core, spec, run_cfg, device)) == "batch"
+        sync = (lambda grad: None) if self.replicated else allreduce_mean
+        self.captured = None if run_cfg.compile_update == "off" else ppo.capture(run_cfg.compile_update, sync)
         if world_size > 1:  # replicas start equal: DDP broadcasts rank 0's parameters, or we do
-            if self.captured is None:
+            if self.captured is None and not self.replicated:
                 self.model = DistributedDataParallel(self.core,
                                                      device_ids=[device.index] if device.type == "cuda" else None)
-            else:  # `ppo.update` all-reduces between the captured steps (`captured.sync`)
+            else:  # `ppo.update` all-reduces between the captured steps (`captured.sync`), or no one does
                 dist.broadcast(self.core.flat.data, src=0)
             self.obs_norm.broadcast()
         self.optimizer = PopulationAdam(self.core.flat)
-        self.generator = torch.Generator().manual_seed(run_cfg.seed * 1000 + rank)
+        # Replicas draw the same minibatches; DDP's ranks each their own.
+        self.generator = torch.Generator().manual_seed(run_cfg.seed * 1000 + (0 if self.replicated else rank))
+        self.resyncs = 0  # times the replicas were found to differ (replicas.gather_checked)
+        # Replicas agree on each iteration inside their gather (one collective, not two) where
+        # every rank's batch is as wide whatever the agreement (no learner batching) and a batch
+        # gathered for an iteration that does not update leaves nothing behind (no reward scale).
+        self.agrees_in_gather = (self.replicated and self.reward_scaler is None
+                                 and self.cfg.max_rollouts_per_batch <= self.cfg.rollouts_per_batch)
         self.trained = [0] * population  # env steps each member trained on: drives its annealing
         self.horizon = max(run_cfg.total_steps // population, 1)
 
@@ -125,26 +134,61 @@ class PPOTrainer:
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
               batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
-        cfg, steps = ppo.for_batch(self.cfg, batch_rollouts), self.run_cfg.rollout_length
         slots = batch_rollouts * self.run_cfg.num_envs
+        batch = ppo.join_rollouts(rollouts, self.spec, self.run_cfg.rollout_length, slots, self.device)
+        returns = (None if self.reward_scaler is None
+                   else self.reward_scaler.running_returns(rollouts, batch.rewards.shape, self.hp.gamma.tolist()))
+        if self.replicated:
+            batch, returns, _ = self.gather(batch, returns)
+        return self.train_on(batch, returns, member_samples, batch_rollouts)
+
+    def stage(self, rollouts: list[list[wire.Rollout]], proposal: torch.Tensor) -> tuple[ppo.Batch, torch.Tensor]:
+        """Replicas' agreement in their gather (`agrees_in_gather`): this rank's next batch (its
+        `rollouts`, not yet taken) joined with every rank's, and every rank's `proposal` rows
+        (distributed.proposal) to agree by."""
+        slots = self.cfg.rollouts_per_batch * self.run_cfg.num_envs
+        batch, _, rows = self.gather(ppo.join_rollouts(rollouts, self.spec, self.run_cfg.rollout_length, slots,
+                                                       self.device), None, proposal)
+        assert rows is not None
+        return batch, rows
+
+    def train_on(self, batch: ppo.Batch, returns: torch.Tensor | None, member_samples: list[int],
+                 batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
+        """`train` on a joined `batch` (every rank's, for replicas) and its rewards' running returns."""
+        cfg = ppo.for_batch(self.cfg, batch_rollouts)
         samples = torch.tensor(member_samples, device=self.device)
         active = samples > 0
         anneal = torch.tensor([ppo.annealed(cfg, t, self.horizon) for t in self.trained], device=self.device)
-        batch = ppo.join_rollouts(rollouts, self.spec, steps, slots, self.device)
+        across_ranks = not self.replicated  # a replica holds every rank's data
         # Statistics first, as SB3's VecNormalize updates them before it normalizes the step.
-        self.obs_norm.update(batch.obs[:, :-1].flatten(1, 2), batch.valid.flatten(1))
+        self.obs_norm.update(batch.obs[:, :-1].flatten(1, 2), batch.valid.flatten(1), across_ranks)
         batch = batch._replace(obs=self.obs_norm(batch.obs))
         if self.reward_scaler is not None:
-            batch = batch._replace(rewards=self.reward_scaler.scale(rollouts, batch.rewards, self.hp.gamma.tolist()))
+            assert returns is not None
+            batch = batch._replace(rewards=self.reward_scaler.scale(returns, batch.valid, batch.rewards, across_ranks))
         plan = [None if idx is None else idx.to(self.device)
-                for idx in ppo.minibatch_plan(steps * slots, cfg, self.generator)]
-        norm = ppo.loss_normalizers(samples, cfg.minibatches, self.world_size)
+                for idx in ppo.minibatch_plan(batch.valid[0].numel(), cfg, self.generator)]
+        norm = ppo.loss_normalizers(samples, cfg.minibatches, 1 if self.replicated else self.world_size)
         stats = ppo.update(self.model, self.core, self.optimizer, batch, self.hp, cfg, plan, anneal, norm, active,
                            self.captured)
         updated = [int(m) for m in active.nonzero().flatten().tolist()]
         for member in updated:
             self.trained[member] += member_samples[member]
         return stats, updated
+
+    def gather(self, batch: ppo.Batch, returns: torch.Tensor | None, proposal: torch.Tensor | None = None
+               ) -> tuple[ppo.Batch, torch.Tensor | None, torch.Tensor | None]:
+        """Every rank's batch (and reward returns) joined along the slot axis, in one all-gather
+        that also carries each rank's `proposal` (returned as rows) and compares the replicas'
+        fingerprints: rank 0's state everywhere if they differ."""
+        fields = [*batch, *([] if returns is None else [returns])]
+        state = [self.core.flat, self.optimizer.exp_avg, self.optimizer.exp_avg_sq, self.optimizer.steps,
+                 self.obs_norm.mean, self.obs_norm.var, self.obs_norm.count,
+                 *([] if self.reward_scaler is None else [getattr(self.reward_scaler.moments, name)
+                                                         for name in self.reward_scaler.moments.STATE])]
+        joined, rows, differed = replicas.gather_checked(fields, state, self.generator, proposal)
+        self.resyncs += differed
+        return ppo.Batch(*joined[: len(batch)]), (joined[-1] if returns is not None else None), rows
 
 
 MakeTrainer = Callable[[EnvSpec, RunConfig, tuple[wire.Weights, ...], int, int, torch.device], Trainer]

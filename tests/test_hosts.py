@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 
 ACTOR_CUT_S = 12.0  # past the heartbeat timeout (10 s): the connections are dropped and redialled
 HUB_CUT_S = 10.0
-# Between the learner hosts, so that the run (11 s of training at 0 ms, RESULTS.md §16) outlasts the
-# actor host's cut: the cut actors must come back to a run that still trains.
+# Between the learner hosts, with DDP's all-reduce per gradient step (`ppo.sync = "gradients"`, not
+# the config's "auto", which replicates and so barely notices the delay), so that the run outlasts
+# the actor host's cut: the cut actors must come back to a run that still trains (RESULTS.md §16).
 LEARNER_DELAY_S = 0.002
 
 
@@ -26,7 +27,7 @@ def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_e
         tmp_path: Path, repo_root: Path) -> None:
     with hosts.Hosts(HOSTS, tmp_path) as net:
         net.delay_between("learner-0", "learner-1", LEARNER_DELAY_S)
-        watch = start(net, repo_root)
+        watch = start(net, repo_root, ppo_sync="gradients")
         try:
             watch.until(lambda s: all(delivered(s, a) > 0 for a in ACTORS), 90, "every actor's rollouts delivered")
 

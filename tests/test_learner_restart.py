@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from procs import descendants, start_coordinator, wait_for
 from states import assert_same
@@ -30,23 +31,27 @@ def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Pa
     ) for rank in range(2)]
 
 
-def test_a_rank_lost_in_the_update_all_reduce_and_the_world_resumes_its_checkpoint_exactly(
-    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+@pytest.mark.parametrize("sync", ["gradients", "batch"])
+def test_a_rank_lost_in_the_update_and_the_world_resumes_its_checkpoint_exactly(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str, sync: str
 ) -> None:
     """Rank 1 exits at the start of the update that follows the world's first checkpoint, while
-    rank 0 waits for it in that update's all-reduce; rank 0 fails too. A new world resumes from
-    checkpoint 1: with no actor left to feed it, the checkpoint it writes when stopped holds
-    exactly the state it resumed (every member's parameters, Adam's moments and step counts)."""
+    rank 0 waits for it in that update's collective (DDP's all-reduce in the backward pass, or the
+    replicas' gather); rank 0 fails too. A new world resumes from checkpoint 1: with no actor left
+    to feed it, the checkpoint it writes when stopped holds exactly the state it resumed (every
+    member's parameters, Adam's moments and step counts)."""
     root = tmp_path / "checkpoints"
-    coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0)
+    coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0,
+                              ppo={"sync": sync})
     first = start_world(start_service, coord, run_id, root, "first", FAILPOINT_IN_UPDATE)
     actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
                           "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")
     wait_for(lambda: not first[1].alive(), 120, "rank 1 to exit at its failpoint")
     assert first[1].process.returncode == EXIT_FAILPOINT, first[1].log()
     wait_for(lambda: not first[0].alive(), 60, "rank 0 to fail in the all-reduce")
-    log = first[0].log()  # it failed inside the backward pass, in DDP's all-reduce, on the peer it lost
-    assert first[0].process.returncode == EXIT_WORLD_LOST and "by peer" in log and "backward" in log
+    log = first[0].log()  # it failed in the update's collective, on the peer it lost
+    assert first[0].process.returncode == EXIT_WORLD_LOST and "by peer" in log, log
+    assert ("backward" if sync == "gradients" else "gather_along") in log, log
     actor.stop()
     written = [checkpoint.Checkpoints(root, rank, kept=3).latest() for rank in range(2)]
     assert written == [1, 1], written

@@ -161,7 +161,9 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
             running = running * gamma + float(r.rewards[t, 0])
             returns.append(running)
             running = 0.0 if r.terminated[t, 0] else running
-        scaled = scaler.scale([[r]], torch.from_numpy(r.rewards)[None], [gamma])
+        rewards = torch.from_numpy(r.rewards)[None]
+        running_returns = scaler.running_returns([[r]], rewards.shape, [gamma])
+        scaled = scaler.scale(running_returns, torch.from_numpy(r.valid)[None], rewards)
         np.testing.assert_allclose(scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8),
                                    rtol=1e-5)
     assert returns[:4] == pytest.approx([1.0, 2.9, 3.0, 6.7]) and returns[4] == pytest.approx(6.7 * 0.9 + 1)

@@ -54,8 +54,7 @@ def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: P
     rank holds (learner batching), its minibatches as many more (`ppo.for_batch`)."""
     device = torch.device("cpu")
     local = [sum(r.num_steps for r in rs) for rs in rollouts]
-    agreed = distributed.agree(ready, overdue, False, local, 0, False, device, max(len(rs) for rs in rollouts),
-                               varying=True)
+    agreed = distributed.agree(ready, overdue, False, local, 0, False, device, max(len(rs) for rs in rollouts))
     assert agreed.update and not agreed.stop
     width = agreed.batch_rollouts
     cfg = ppo.for_batch(cfg, width)

@@ -41,10 +41,10 @@ def flag(command: str, name: str) -> str:
 class Watch:
     """The run as Redis on the hub has it, read by watch_run.py there: the latest line, kept fresh."""
 
-    def __init__(self, net: hosts.Hosts, url: str, password_file: str, run: str, trained: bool = False) -> None:
-        """`trained`: each line also has each learner rank's trained env steps ("trained")."""
+    def __init__(self, net: hosts.Hosts, url: str, password_file: str, run: str, received: bool = False) -> None:
+        """`received`: each line also has the env steps each learner rank received ("received")."""
         helper = Path(__file__).parent / "watch_run.py"
-        watched = [url, password_file, run, *(["--trained"] if trained else []), *ACTORS]
+        watched = [url, password_file, run, *(["--received"] if received else []), *ACTORS]
         self.process = net.start("hub", [sys.executable, str(helper), *watched], "watch.err",
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
         self.latest: dict[str, Any] = {}
@@ -82,11 +82,15 @@ def status(net: hosts.Hosts, repo_root: Path) -> subprocess.CompletedProcess[str
                           text=True, timeout=60)
 
 
-def start(net: hosts.Hosts, repo_root: Path, trained: bool = False) -> Watch:
+def start(net: hosts.Hosts, repo_root: Path, received: bool = False, ppo_sync: str = "") -> Watch:
     """Write the README's run config into the hosts' workdir and run its commands there: the keys,
     Redis and the coordinator on "hub", a learner rank on each learner host, two actors on each
-    actor host; returns the watch on the run (its `actors`: each actor's process)."""
+    actor host; returns the watch on the run (its `actors`: each actor's process). `ppo_sync`: a
+    `ppo.sync` in the config's place (benchmarks/bench_hosts.py compares them)."""
     config, by_kind = readme_section(repo_root)
+    if ppo_sync:
+        assert "[ppo]\n" in config, "the README's run config has no [ppo] table"
+        config = config.replace("[ppo]\n", f'[ppo]\nsync = "{ppo_sync}"\n')
     workdir = net.workdir
     (workdir / "run.toml").write_text(config)
 
@@ -107,6 +111,6 @@ def start(net: hosts.Hosts, repo_root: Path, trained: bool = False) -> Watch:
     actors = {actor: net.start(f"actors-{i // 2}", argv(by_kind["actor"], I=i), f"{actor}.log")
               for i, actor in enumerate(ACTORS)}
     coordinator = by_kind["coordinator"]
-    watch = Watch(net, flag(coordinator, "redis-url"), str(workdir / password), flag(coordinator, "run"), trained)
+    watch = Watch(net, flag(coordinator, "redis-url"), str(workdir / password), flag(coordinator, "run"), received)
     watch.actors = actors
     return watch
