@@ -21,16 +21,20 @@ newest `kept` (`write_everywhere`); a starting world loads the newest n that eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlmq.common.config import RunConfig
+from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
 
 log = logging.getLogger("rlmq.learner")
@@ -188,6 +192,27 @@ def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, An
     assert files is not None
     files.prune(number)
     return True
+
+
+def record(trainer: Any, versions: list[int], pbt: dict[str, Any], rank: int, world_size: int, run_cfg: RunConfig,
+           spec: EnvSpec, hyperparams: list[dict[str, float]]) -> dict[str, Any]:
+    """A rank's checkpoint: its `trainer`'s whole state (`capture`) and the learner's (policy
+    `versions`, the `pbt` state); rank 0's also what `rlmq eval` and `rlmq export` read in
+    checkpoint.pt (each member's weights, version, trained steps and hyperparameters, the env spec
+    and the run config)."""
+    state: dict[str, Any] = {
+        "learner": {"versions": list(versions), **pbt, "rank": rank, "world_size": world_size, "time": time.time()},
+        "trainer": capture(trainer),
+    }
+    if rank == 0:
+        members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in trainer.member_params(m).items()},
+                       "version": versions[m], "trained_steps": trainer.trained_steps(m),
+                       "hyperparams": hyperparams[m]}
+                   for m in range(run_cfg.population)}
+        state |= {"members": members, "best_member": 0, "params": members[0]["params"],
+                  "version": members[0]["version"], "env_spec": dataclasses.asdict(spec),
+                  "run_config": json.loads(json.dumps(dataclasses.asdict(run_cfg)))}
+    return state
 
 
 def numbers(directory: Path) -> list[int]:

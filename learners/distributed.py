@@ -1,12 +1,12 @@
 """The learners' torch.distributed world: set-up, the per-iteration agreement, teardown.
 
-Every loop iteration all ranks join one small all-reduce that says whether each is ready to
-update (or overdue: it has waited too long for the others), whether any must stop, how much data
-each member has, and whether rank 0 has a PBT decision to hand out. An update runs when every rank
-is ready, or when one is overdue: every rank then runs it, those without data on an empty batch,
-so no rank ever waits in a DDP backward its peers never run, and no rank without data holds the
-others hostage. A stop seen by one rank stops all of them, and a decision is applied by all of
-them, at the same iteration.
+Every loop iteration all ranks join one small all-gather (each rank reduces its rows alike) that
+says whether each is ready to update (or overdue: it has waited too long for the others), whether
+any must stop, how much data each member has, and whether rank 0 has a PBT decision to hand out.
+An update runs when every rank is ready, or when one is overdue: every rank then runs it, those
+without data on an empty batch, so no rank ever waits in a DDP backward its peers never run, and
+no rank without data holds the others hostage. A stop seen by one rank stops all of them, and a
+decision is applied by all of them, at the same iteration.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def proposal(ready: bool, overdue: bool, stop: bool, member_samples: list[int], 
 
 def agreement_of(rows: torch.Tensor) -> Agreement:
     """The agreement of every rank's `proposal` rows [world, n]: the same on every rank."""
-    ready_ranks, overdue_ranks, stops, length, checkpoints, _, *samples = (int(v) for v in rows.sum(0))
+    ready_ranks, overdue_ranks, stops, length, checkpoints, _, *samples = rows.sum(0).tolist()
     return Agreement(ready_ranks == len(rows) or overdue_ranks > 0, stops > 0, samples, length, checkpoints > 0,
                      int(rows[:, 5].max()))
 

@@ -53,7 +53,7 @@ log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
 NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
 # Tests: exit at the start of the update that follows this process's first checkpoint, while the
-# other ranks wait for it in that update's all-reduce.
+# other ranks wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
 FAILPOINT_IN_UPDATE = "exit-in-update-after-checkpoint"
 EXIT_FAILPOINT = 86
 
@@ -271,20 +271,8 @@ class Learner:
             log.info("checkpoint %d written in %.2f s", self.checkpoint_number, time.perf_counter() - started)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "learner": {"versions": list(self.members.versions), **self.pbt.to_json(), "rank": self.cfg.rank,
-                        "world_size": self.cfg.world_size, "time": time.time()},
-            "trainer": checkpoint.capture(self.trainer),
-        }
-        if self.cfg.rank == 0:  # and what `rlmq eval` and `rlmq export` read in checkpoint.pt
-            members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in self.trainer.member_params(m).items()},
-                           "version": self.members.versions[m], "trained_steps": self.trainer.trained_steps(m),
-                           "hyperparams": self.pbt.hyperparams[m]}
-                       for m in range(self.run_cfg.population)}
-            state |= {"members": members, "best_member": 0, "params": members[0]["params"],
-                      "version": members[0]["version"], "env_spec": dataclasses.asdict(self.spec),
-                      "run_config": json.loads(json.dumps(dataclasses.asdict(self.run_cfg)))}
-        return state
+        return checkpoint.record(self.trainer, self.members.versions, self.pbt.to_json(), self.cfg.rank,
+                                 self.cfg.world_size, self.run_cfg, self.spec, self.pbt.hyperparams)
 
     # --- training -------------------------------------------------------------------------------
 

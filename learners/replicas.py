@@ -2,18 +2,20 @@
 world one collective instead of one per gradient step.
 
 DDP all-reduces the gradient after every minibatch's backward pass: PPO's update of 10 epochs of
-one minibatch makes 10 all-reduces, each about two round trips between the ranks. Between ranks on
+one minibatch makes 10 all-reduces, each two round trips between the ranks. Between ranks on
 one host or one rack that is cheap; between hosts a few milliseconds apart it is most of the update.
 With `ppo.sync = "batch"` the ranks instead all-gather their batches once (`gather_along`), and each
 rank runs the same update on the same data in the same minibatch order: the same arithmetic in the
 same order gives every rank the same weights, as DDP's averaged gradients do. The gradient of each
-minibatch is the same quantity DDP computes (the mean loss over every rank's samples in it); what
-replication gives up is the division of the compute: each rank computes the whole update, so it
-pays where the round trips cost more than the arithmetic, small models across a network.
+minibatch is the mean loss over every rank's samples in it, as DDP's (its advantages normalized
+over the whole minibatch, where DDP's ranks normalize their own shares); what replication gives up
+is the division of the compute: each rank computes the whole update, so it pays where the round
+trips cost more than the arithmetic, small models across a network.
 
 Bitwise equal arithmetic needs the same kernels on every rank (the same torch build and CPU or GPU
-kind). Each rank's fingerprint of its state rides in the gather; where they differ, every rank
-takes rank 0's state (`resync`) before the update, and says so in its log.
+kind; nothing here makes cuDNN deterministic). Each rank's fingerprint of its state and minibatch
+generator rides in the gather; where they differ, every rank takes rank 0's (`resync`) before the
+update, and says so in its log.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rlmq.learners.distributed import every_rank
 from rlmq.learners.networks import PopulationActorCritic, obs_features
 
 log = logging.getLogger(__name__)
+GATHER_SAMPLE_BYTES = 8 << 20  # `measure` times a larger gather at this size and scales it
 
 
 class SyncCosts(NamedTuple):
@@ -67,14 +70,15 @@ def choose(mode: str, world_size: int, gradient_steps: int, costs: Callable[[], 
 def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, device: torch.device) -> SyncCosts:
     """`SyncCosts` on this world, the slowest rank's of each (every rank then decides alike), the
     best of a few tries: the steps (the loss's forward and backward, as `_targets` runs them) on
-    zero observations of a minibatch's size, the collectives on zeros of the real sizes. Timed,
+    zero observations of a minibatch's size, the collectives on zeros of the real sizes (a gather
+    past `GATHER_SAMPLE_BYTES` timed at that size and scaled, as bandwidth then bounds it). Timed,
     not modelled: a small network's step on twice the samples costs far less than twice as much."""
     cfg, world = run_cfg.ppo, dist.get_world_size()
     arrays = {name: torch.from_numpy(a).to(device) for name, a in
               allocate(spec, run_cfg.rollout_length, run_cfg.num_envs * cfg.rollouts_per_batch * world,
                        lead=(run_cfg.population,), zeros=True).items()}
     share = max(arrays["rewards"][0].numel() // (world * cfg.minibatches), 1)
-    obs = obs_features(arrays["obs"][:, :-1], spec).flatten(1, 2)
+    obs = obs_features(arrays["obs"][:, :-1].flatten(1, 2)[:, : world * share], spec)
     actions = arrays["actions"].flatten(1, 2)
 
     def step(samples: int, all_reduce: bool) -> Callable[[], None]:
@@ -86,14 +90,15 @@ def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, devi
             core.flat.grad = None
         return run
 
-    batch = torch.zeros(batch_bytes(spec, run_cfg), dtype=torch.uint8, device=device)
+    total = gathered_bytes(spec, run_cfg)
+    batch = torch.zeros(min(total, GATHER_SAMPLE_BYTES), dtype=torch.uint8, device=device)
     gathered = [torch.empty_like(batch) for _ in range(world)]
     costs = [best_of(step(share, True), device), best_of(step(world * share, False), device),
-             best_of(lambda: dist.all_gather(gathered, batch), device)]
+             best_of(lambda: dist.all_gather(gathered, batch), device) * total / len(batch)]
     return SyncCosts(*every_rank(torch.tensor(costs, dtype=torch.float64, device=device)).max(0).values.tolist())
 
 
-def best_of(run: Callable[[], object], device: torch.device, tries: int = 5) -> float:
+def best_of(run: Callable[[], object], device: torch.device, tries: int = 3) -> float:
     """The shortest of `tries` timed runs of `run`, after one untimed."""
     times = []
     for i in range(tries + 1):
@@ -106,11 +111,18 @@ def best_of(run: Callable[[], object], device: torch.device, tries: int = 5) -> 
     return min(times)
 
 
-def batch_bytes(spec: EnvSpec, run_cfg: RunConfig) -> int:
-    """A rank's PPO batch, every member's, as its rollouts carry it over the wire."""
-    layout = rollout_layout(spec, run_cfg.rollout_length, run_cfg.num_envs)
-    rollout = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in layout.values())
-    return rollout * run_cfg.ppo.rollouts_per_batch * run_cfg.population
+def gathered_bytes(spec: EnvSpec, run_cfg: RunConfig) -> int:
+    """A rank's part of the replicas' gather at its widest (learner batching's most rollouts), as
+    the update holds it: every member's joined batch with its observations as float32 features
+    (`obs_features`: 4 bytes a pixel, a one-hot row a Discrete observation), and the reward scale's
+    running returns (float64) where rewards are normalized."""
+    cfg = run_cfg.ppo
+    steps, slots = run_cfg.rollout_length, run_cfg.num_envs * max(cfg.rollouts_per_batch, cfg.max_rollouts_per_batch)
+    layout = rollout_layout(spec, steps, slots)
+    per_member = sum(math.prod(shape) * np.dtype(dtype).itemsize for name, (shape, dtype) in layout.items()
+                     if name != "obs")
+    per_member += (steps + 1) * slots * spec.obs_size * 4 + (steps * slots * 8 if cfg.normalize_reward else 0)
+    return per_member * run_cfg.population
 
 
 def _bytes(t: Tensor) -> Tensor:
@@ -143,11 +155,12 @@ def gather_along(tensors: Sequence[Tensor], dim: int, tags: Tensor) -> tuple[lis
 def gather_checked(fields: Sequence[Tensor], state: Sequence[Tensor], generator: torch.Generator,
                    proposal: Tensor | None) -> tuple[list[Tensor], Tensor | None, bool]:
     """`gather_along` the slot axis (2) of a PPO batch's `fields`, with the fingerprint of the
-    replicas' `state` and this rank's agreement `proposal` riding along: (the joined fields, every
-    rank's proposal rows or None, whether the replicas differed). Where the fingerprints differ,
-    every rank takes rank 0's `state` and minibatch `generator` (`resync`) and says so."""
+    replicas' `state` and minibatch `generator` and this rank's agreement `proposal` riding along:
+    (the joined fields, every rank's proposal rows or None, whether the replicas differed). Where
+    the fingerprints differ, every rank takes rank 0's `state` and `generator` (`resync`) and says so."""
     device = fields[0].device
-    tags = torch.cat([torch.tensor([fingerprint(state)], dtype=torch.int64, device=device),
+    mine = fingerprint([*state, generator.get_state()])
+    tags = torch.cat([torch.tensor([mine], dtype=torch.int64, device=device),
                       torch.zeros(0, dtype=torch.int64, device=device) if proposal is None else proposal])
     joined, rows = gather_along(fields, 2, tags)
     fingerprints = rows[:, 0].tolist()

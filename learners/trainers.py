@@ -47,8 +47,9 @@ class Trainer(Protocol):
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
               batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
-        """One iteration on this rank's share; (stats, the members whose policy changed).
-        `batch_rollouts`: the most rollouts of one member any rank trains on now."""
+        """One iteration on this rank's `rollouts` (every rank's, for PPO's replicas, which gather
+        them); (stats, the members whose policy changed). `batch_rollouts`: the most rollouts of
+        one member any rank trains on now."""
         ...
 
     def nonfinite_skipped(self) -> int:
