@@ -119,12 +119,15 @@ class Agreement(NamedTuple):
 
 def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
           checkpoint: bool, device: torch.device, batch_rollouts: int) -> Agreement:
-    """One collective per iteration: an all-gather of every rank's `proposal`, which each rank
-    reduces alike (`agreement_of`)."""
-    if dist.get_world_size() == 1:  # nothing to agree with: skip the collective
-        return Agreement(ready or overdue, stop, list(member_samples), decision_bytes, checkpoint, batch_rollouts)
-    return agreement_of(every_rank(proposal(ready, overdue, stop, member_samples, decision_bytes, checkpoint,
-                                            batch_rollouts, device)))
+    """`agreement` on this rank's `proposal` of these."""
+    return agreement(proposal(ready, overdue, stop, member_samples, decision_bytes, checkpoint, batch_rollouts,
+                              device))
+
+
+def agreement(mine: torch.Tensor) -> Agreement:
+    """One collective per iteration: every rank's `proposal` all-gathered and reduced alike
+    (`agreement_of`); none in a world of one."""
+    return agreement_of(mine[None] if dist.get_world_size() == 1 else every_rank(mine))
 
 
 def proposal(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,

@@ -40,14 +40,14 @@ from rlmq.common.service import (
     keep_freed_memory,
     signals_end_at_once,
 )
-from rlmq.learners import checkpoint, distributed, ppo, reach
+from rlmq.learners import checkpoint, distributed, reach
 from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues, Taken
 from rlmq.learners.pbt_state import PbtState
-from rlmq.learners.trainers import PPOTrainer, Trainer, make_trainer
+from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
@@ -227,6 +227,10 @@ class Learner:
             self.resume(device)
             self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
             code = self.train(device, max_updates)
+            # DDP's reducer holds the process group: released here, the group goes with the world
+            # rather than at interpreter exit, where a rank aborted once in ~15 runs of
+            # tests/test_learner_restart.py ("terminate called without an active exception").
+            del self.trainer
             distributed.shutdown(together=True)
             return code
         finally:
@@ -293,8 +297,8 @@ class Learner:
             self.metrics.stale_dropped.inc(stale)
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
-            agreed, staged = self.agree(device, self.stop.is_set() or limit_hit,
-                                        self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
+            agreed = self.agree(device, self.stop.is_set() or limit_hit,
+                                self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
             if agreed.stop:
                 self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
@@ -302,7 +306,7 @@ class Learner:
             if agreed.checkpoint:
                 self.save_checkpoint(device)
             if agreed.update:
-                taken, stats, updated = self.update(agreed, staged)
+                taken, stats, updated = self.update(agreed)
                 self.heartbeat.leave()  # the update's collectives are behind us: what follows is local
                 self.record_update(taken, stats, updated)
                 updates_done += 1
@@ -316,44 +320,29 @@ class Learner:
                 self.publish(member, final=member == population - 1)
         return EXIT_OK
 
-    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> tuple[distributed.Agreement,
-                                                                                      ppo.Batch | None]:
+    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
         """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
-        rank 0's next PBT decision applied everywhere first; and, where replicas agree inside their
-        gather (`PPOTrainer.agrees_in_gather`), every rank's batch already gathered for the update."""
+        rank 0's next PBT decision applied everywhere first."""
         offer = self.pbt.offer()
-        proposal = (self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(), len(offer),
-                    checkpoint_due)
-        staged = None
-        if isinstance(self.trainer, PPOTrainer) and self.trainer.agrees_in_gather and self.cfg.world_size > 1:
-            staged, rows = self.trainer.stage(self.members.peek(), distributed.proposal(
-                *proposal, self.members.need, device))
-            agreed = distributed.agreement_of(rows)
-        else:
-            agreed = distributed.agree(*proposal, device, max(self.members.batch_sizes() + [self.members.need]))
+        agreed = self.trainer.agree(distributed.proposal(
+            self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(), len(offer),
+            checkpoint_due, max(self.members.batch_sizes() + [self.members.need]), device), self.members.peek)
         if agreed.decision_bytes:
             replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
             if replaced is not None:  # its queued batch, another policy's, is gone on every rank
                 agreed.member_samples[replaced] = 0
-                if staged is not None:
-                    staged.valid[replaced] = False
-        return agreed, staged
+        return agreed
 
-    def update(self, agreed: distributed.Agreement,
-               staged: ppo.Batch | None) -> tuple[Taken, dict[str, float], list[int]]:
+    def update(self, agreed: distributed.Agreement) -> tuple[Taken, dict[str, float], list[int]]:
         """One update of every member with a batch, on every rank in step: (what was taken, the
-        losses, the members updated). `staged`: the batch `agree` gathered, if it did."""
+        losses, the members updated)."""
         taken = self.members.take()
         if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
             log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
                       self.checkpoint_number)
             os._exit(EXIT_FAILPOINT)
         started = time.perf_counter()
-        if staged is not None:
-            assert isinstance(self.trainer, PPOTrainer)
-            stats, updated = self.trainer.train_on(staged, None, agreed.member_samples, agreed.batch_rollouts)
-        else:
-            stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+        stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
         self.metrics.update_seconds.observe(time.perf_counter() - started)
         return taken, stats, updated
 

@@ -3,11 +3,11 @@ learner rank (SB3's VecNormalize, moved to the learner).
 
 Observations: each member's running mean and variance of its observation features, merged
 (Chan et al.'s parallel algorithm, as SB3's RunningMeanStd) with the moments of every rank's new
-data, all-reduced (or, for PPO's replicas, taken from every rank's gathered batch: learners/replicas.py),
-so that every rank holds the statistics of all actors' data. They travel inside
-the member's weights (`obs_norm.mean`, `obs_norm.var`): an actor normalizes a step exactly as the
-learner that trained those weights did, and checkpoints, `rlmq eval` and `rlmq export` get them
-for free.
+data, all-reduced (or, for PPO's replicas, taken from every rank's gathered batch:
+learners/replicas.py), so that every rank holds the statistics of all actors' data. They travel
+inside the member's weights (`obs_norm.mean`, `obs_norm.var`): an actor normalizes a step exactly
+as the learner that trained those weights did, and checkpoints, `rlmq eval` and `rlmq export` get
+them for free.
 
 Rewards (PPO): divided by the running standard deviation of each actor slot's discounted return,
 reset at every episode's end, as VecNormalize does; clipped to ±clip. A learner rank carries each

@@ -8,6 +8,7 @@ its own optimizer steps (the lesson of Horovod's distributed SAC: every optimize
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ from rlmq.common import wire
 from rlmq.common.algorithms import ReplayConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
+from rlmq.learners import distributed
 from rlmq.learners.networks import Stacked
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
 from rlmq.learners.optim import PopulationAdam, Sync
@@ -147,6 +149,9 @@ class OffPolicyTrainer:
 
     def nonfinite_skipped(self) -> int:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
+
+    def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
+        return distributed.agreement(proposal)
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
               batch_rollouts: int) -> tuple[dict[str, float], list[int]]:

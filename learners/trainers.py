@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import ppo, replicas
+from rlmq.learners import distributed, ppo, replicas
 from rlmq.learners.dqn import DQN
 from rlmq.learners.networks import PopulationActorCritic, Stacked
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
@@ -44,6 +44,12 @@ class Trainer(Protocol):
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None: ...
 
     def copy_member(self, decision: wire.Decision) -> None: ...
+
+    def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
+        """The world's agreement on every rank's `proposal` (distributed.proposal). PPO's replicas
+        gather in the same collective the `batch` this rank would take (left queued), which the
+        next `train` then trains on."""
+        ...
 
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
               batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
@@ -108,6 +114,7 @@ class PPOTrainer:
         # gathered for an iteration that does not update leaves nothing behind (no reward scale).
         self.agrees_in_gather = (self.replicated and self.reward_scaler is None
                                  and self.cfg.max_rollouts_per_batch <= self.cfg.rollouts_per_batch)
+        self.staged: ppo.Batch | None = None  # every rank's batch, gathered with this iteration's agreement
         self.trained = [0] * population  # env steps each member trained on: drives its annealing
         self.horizon = max(run_cfg.total_steps // population, 1)
 
@@ -129,12 +136,26 @@ class PPOTrainer:
         if self.reward_scaler is not None:
             self.reward_scaler.moments.copy_member(decision.source, decision.target)
         self.trained[decision.target] = self.trained[decision.source]
+        if self.staged is not None:  # the target's gathered data are its old policy's: not trained on
+            self.staged.valid[decision.target] = False
 
     def nonfinite_skipped(self) -> int:
         return int(self.optimizer.nonfinite)
 
+    def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
+        if not self.agrees_in_gather:
+            return distributed.agreement(proposal)
+        slots = self.cfg.rollouts_per_batch * self.run_cfg.num_envs
+        joined = ppo.join_rollouts(batch(), self.spec, self.run_cfg.rollout_length, slots, self.device)
+        self.staged, _, rows = self.gather(joined, None, proposal)
+        assert rows is not None
+        return distributed.agreement_of(rows)
+
     def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
               batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
+        if self.staged is not None:  # gathered with the agreement: every rank's, `rollouts` among them
+            staged, self.staged = self.staged, None
+            return self.train_on(staged, None, member_samples, batch_rollouts)
         slots = batch_rollouts * self.run_cfg.num_envs
         batch = ppo.join_rollouts(rollouts, self.spec, self.run_cfg.rollout_length, slots, self.device)
         returns = (None if self.reward_scaler is None
@@ -142,16 +163,6 @@ class PPOTrainer:
         if self.replicated:
             batch, returns, _ = self.gather(batch, returns)
         return self.train_on(batch, returns, member_samples, batch_rollouts)
-
-    def stage(self, rollouts: list[list[wire.Rollout]], proposal: torch.Tensor) -> tuple[ppo.Batch, torch.Tensor]:
-        """Replicas' agreement in their gather (`agrees_in_gather`): this rank's next batch (its
-        `rollouts`, not yet taken) joined with every rank's, and every rank's `proposal` rows
-        (distributed.proposal) to agree by."""
-        slots = self.cfg.rollouts_per_batch * self.run_cfg.num_envs
-        batch, _, rows = self.gather(ppo.join_rollouts(rollouts, self.spec, self.run_cfg.rollout_length, slots,
-                                                       self.device), None, proposal)
-        assert rows is not None
-        return batch, rows
 
     def train_on(self, batch: ppo.Batch, returns: torch.Tensor | None, member_samples: list[int],
                  batch_rollouts: int) -> tuple[dict[str, float], list[int]]:

@@ -53,11 +53,16 @@ def test_two_replicas_train_as_one_process_on_both_ranks_data_with_one_collectiv
                                msg=f"replicas differ from one process by up to {float(moved)}")
     torch.testing.assert_close(a["obs_mean"], alone.obs_norm.mean, rtol=1e-9, atol=1e-9)
 
-    # The learner's iterations: the agreement rides in the gather of the batches it would train on.
-    assert not a["staging"]["agrees_in_gather"]  # its rewards are normalized: it agrees first, then gathers
-    assert a["staging"]["collectives"] == ["all_gather"] and not a["staging"]["update"]
-    assert a["staging"]["samples"] == [2 * replica_rank.STEPS * replica_rank.SLOTS] * replica_rank.POPULATION
-    assert a["staging"]["width"] == 2 * replica_rank.SLOTS
+    # The learner's iterations without the reward scale: the agreement rides in the gather of the
+    # batches each rank would take, one collective, whether or not the world then updates; a PBT
+    # copy leaves its target's gathered rows out, and the update needs no collective of its own.
+    staging = a["staging"]
+    assert staging["agrees_in_gather"]
+    assert staging["idle_collectives"] == staging["collectives"] == ["all_gather"]
+    assert not staging["idle_update"] and staging["update"]
+    assert staging["samples"] == [2 * replica_rank.STEPS * replica_rank.SLOTS] * replica_rank.POPULATION
+    assert staging["width"] == 2 * replica_rank.SLOTS and staging["copied_invalid"]
+    assert staging["train_collectives"] == [] and staging["updated"] == [0] and not staging["staged_after"]
     # Rank 1's weights nudged before the last update: the fingerprints differ, every rank takes
     # rank 0's state (one broadcast per state tensor and the generator) and they end equal.
     assert a["resyncs"] == b["resyncs"] == 1

@@ -6,6 +6,7 @@ replica_rank.py RANK WORLD PORT OUT."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlmq.common.algorithms import PPOConfig
+from rlmq.common import wire
+from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
@@ -23,6 +25,7 @@ from rlmq.learners.trainers import make_trainer
 
 SPEC = EnvSpec(obs_shape=(3,), action_kind="discrete", action_dim=2)
 POPULATION, STEPS, SLOTS, UPDATES = 2, 8, 4, 3
+DECISION = wire.Decision(id=1, target=1, source=0, hyperparams=dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.5))
 # minibatch_growth "size": the reference process, handed both ranks' rollouts as a batch twice as
 # wide, cuts it into as many minibatches as each replica does the gathered batch.
 RUN_CFG = RunConfig(num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, hidden_sizes=(16,),
@@ -80,14 +83,30 @@ def main(rank: int, world: int, port: int, out: str) -> None:
         calls.clear()
         trainer.train(rollouts, samples.member_samples, 1)
         collectives.append(list(calls))
-    # An iteration whose agreement rides in the gather (the learner's way, `agrees_in_gather`): rank
-    # 1 is not ready, so the world will not update, and the batches gathered are left unused.
+    # Without the reward scale the agreement rides in the gather (the learner's way, `agrees_in_gather`):
+    # first rank 1 is not ready, so the world does not update and the batches gathered go unused;
+    # then both are, a PBT copy lands on member 1, and the update trains on what was gathered.
+    fused = make_trainer(SPEC, dataclasses.replace(RUN_CFG, ppo=dataclasses.replace(RUN_CFG.ppo,
+                                                                                     normalize_reward=False)),
+                         (), rank, world, device)
+    fused.set_hyperparams([RUN_CFG.base_hyperparams()] * POPULATION)
+
+    def agree(ready: bool) -> tuple[list[str], distributed.Agreement]:
+        calls.clear()
+        agreed = fused.agree(distributed.proposal(ready, False, False, [STEPS * SLOTS] * POPULATION, 0, False, 1,
+                                                  device), lambda: per_member(rank, UPDATES + 1))
+        return list(calls), agreed
+
+    idle_calls, idle = agree(rank == 0)
+    both_calls, both = agree(True)
+    staging = {"agrees_in_gather": fused.agrees_in_gather, "idle_collectives": idle_calls, "idle_update": idle.update,
+               "collectives": both_calls, "update": both.update, "samples": both.member_samples,
+               "width": fused.staged.valid.shape[2] if fused.staged is not None else 0}
+    fused.copy_member(DECISION)
+    staging["copied_invalid"] = not bool(fused.staged.valid[DECISION.target].any())
     calls.clear()
-    staged, rows = trainer.stage(per_member(rank, UPDATES + 1), distributed.proposal(
-        rank == 0, False, False, [STEPS * SLOTS] * POPULATION, 0, False, 1, device))
-    agreed = distributed.agreement_of(rows)
-    staging = {"collectives": list(calls), "update": agreed.update, "samples": agreed.member_samples,
-               "width": staged.valid.shape[2], "agrees_in_gather": trainer.agrees_in_gather}
+    _, updated = fused.train(per_member(rank, UPDATES + 1), [2 * STEPS * SLOTS, 0], 1)
+    staging |= {"train_collectives": list(calls), "updated": updated, "staged_after": fused.staged is not None}
     torch.save({**saved, "staging": staging, "collectives": collectives, "resyncs": trainer.resyncs,
                 "replicated": trainer.replicated, "costs": list(costs), "final": trainer.core.flat.detach().clone(),
                 "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone()}, out)
