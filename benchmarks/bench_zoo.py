@@ -10,7 +10,7 @@ For each case and seed, one run after the other (never at the same time):
           where the published 207 trained once per episode), RL-Zoo's n_envs,
           `learn(total_timesteps=budget)`, torch on `--sb3-threads` intra-op threads.
 
-Both final policies are then evaluated by the same protocol (`rlmq.cli.evaluate.play`): 20
+Both final policies are then evaluated by the same protocol (`rlmq.common.episodes.play`): 20
 episodes, deterministic actions, episode i from reset(seed=1000 + i). Wall time: rlmq's whole
 `rlmq up` (start-up included), SB3's `learn`; beside it the CPU seconds each spent (all of rlmq's
 processes; SB3's one), which another load on the machine inflates far less than the wall time.
@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from rlmq.cli.evaluate import evaluate, load_checkpoint, play
+from rlmq.cli.evaluate import evaluate, load_checkpoint
+from rlmq.common.episodes import play
 
 EVAL_EPISODES, EVAL_SEED = 20, 1000
 

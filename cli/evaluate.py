@@ -1,15 +1,8 @@
-"""`rlmq eval`: a checkpoint's policy played for N episodes, as RL-Zoo and CleanRL report theirs.
-
-Episode i starts from `env.reset(seed=seed + i)`, so two policies (or rlmq and SB3 in
-benchmarks/bench_zoo.py) meet the same episodes. Deterministic by default: the likeliest action,
-the Gaussian's mean, SAC's tanh of the mean, TD3's action without noise (`NumpyPolicy.mode`); with
-`deterministic=False` the actors' own sampling, colored exploration noise included. Observation
-statistics in the weights apply as they did on the actors.
-"""
+"""`rlmq eval`: a checkpoint's policy played for N episodes (common/episodes.py says how),
+deterministic by default, optionally filmed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +11,11 @@ import numpy as np
 
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
+from rlmq.common.episodes import Evaluation, play_policy
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy, make_policy
-from rlmq.common.noise import ColoredNoise, colored_noise_for
 from rlmq.common.schema import EnvSpec
 
-MAX_EPISODE_STEPS = 1_000_000  # an env that never ends an episode must not hang `rlmq eval`
 VIDEO_FPS = 30
 
 
@@ -70,72 +62,12 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
         raise ValueError(f"{file} is not a checkpoint of rlmq up ({type(exc).__name__}: {exc})") from exc
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    returns: list[float]
-    lengths: list[int]
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.returns))
-
-    @property
-    def std(self) -> float:
-        return float(np.std(self.returns))
-
-
 def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
     """The member's policy, as its actors ran it; ValueError for weights that do not fit."""
     try:
         return make_policy(checkpoint.run_config, checkpoint.params, checkpoint.spec, checkpoint.trained_steps)
     except KeyError as exc:
         raise ValueError(f"the checkpoint's weights do not fit its policy: missing {exc}") from exc
-
-
-class Sampler:
-    """The actors' own sampling for one env slot: a policy with a `noise_color` draws colored
-    noise, a new sequence each episode, as the collector does (actors/collector.py)."""
-
-    def __init__(self, policy: NumpyPolicy, spec: EnvSpec, rng: np.random.Generator) -> None:
-        self.policy, self.spec, self.rng = policy, spec, rng
-        self.noise: ColoredNoise | None = None
-
-    def new_episode(self, time_limit: int | None) -> None:
-        self.noise = colored_noise_for(self.policy.noise_color, self.spec, 1, time_limit, self.rng)
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample())[0]
-
-
-def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
-         frames: list[np.ndarray] | None = None,
-         new_episode: Callable[[int | None], None] | None = None) -> Evaluation:
-    """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
-    episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended.
-    `new_episode` hears the env's time limit at each reset."""
-    env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
-    if frames is not None and env.render_mode != "rgb_array":
-        env.close()
-        raise ValueError(f"--video needs an env that renders rgb_array frames; {env_id} does not")
-    returns, lengths = [], []
-    try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            if new_episode is not None:
-                new_episode(getattr(env.spec, "max_episode_steps", None))
-            total, steps, done = 0.0, 0, False
-            while not done and steps < MAX_EPISODE_STEPS:
-                if frames is not None and episode == 0:
-                    frames.append(np.asarray(env.render()[0]))  # type: ignore[index]
-                action = act(obs)
-                obs, reward, terminated, truncated, _ = env.step(action if clip is None else np.clip(action, *clip))
-                total, steps = total + float(reward[0]), steps + 1
-                done = bool(terminated[0] or truncated[0])
-            returns.append(total)
-            lengths.append(steps)
-    finally:
-        env.close()
-    return Evaluation(returns, lengths)
 
 
 def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True,
@@ -145,13 +77,8 @@ def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic
     if found != checkpoint.spec:
         raise ValueError(f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on "
                          f"{checkpoint.spec}")
-    spec = checkpoint.spec
-    sampler = None if deterministic else Sampler(policy, spec, np.random.default_rng(seed))
-    clip = ((np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
-            if spec.action_low else None)
     frames: list[np.ndarray] | None = [] if video is not None else None
-    result = play(checkpoint.run_config.env_id, policy.mode if sampler is None else sampler, episodes, seed, clip,
-                  frames, None if sampler is None else sampler.new_episode)
+    result = play_policy(policy, checkpoint.run_config.env_id, checkpoint.spec, episodes, seed, deterministic, frames)
     if video is not None and frames:
         write_video(video, frames, fps=VIDEO_FPS)
     return result

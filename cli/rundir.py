@@ -263,7 +263,13 @@ def summarize(
         # Counted when the run ended; actors winding down add a few more to `env_steps`.
         "env_steps": status.env_steps if status.env_steps_at_end is None else status.env_steps_at_end,
         "episodes": status.episodes,
-        "mean_return_last_100": status.mean_return,  # the best member's
+        "mean_return_last_100": status.mean_return,  # the best member's, as its actors reported them
+        # The run's own latest evaluation (coordinator/judge.py): the verdict on the target.
+        "evaluation": None if status.evaluated_return is None else {
+            "member": status.evaluated_member, "version": status.evaluated_version,
+            "mean_return": status.evaluated_return, "std": status.evaluated_std,
+            "episodes": status.evaluated_episodes, "deterministic": status.evaluated_deterministic,
+            "at_env_steps": status.evaluated_at_steps, "evaluations": status.evaluations},
         "policy_version": policy_version,  # the best member's (checkpoint "params")
         "population": run_config.population,
         "best_member": status.best_member,

@@ -91,6 +91,11 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
         f"episodes {status.episodes:,}  mean return (last {window}) "
         f"{'—' if mean is None else f'{mean:.1f}'}"
     )
+    if status.evaluated_return is not None:
+        print(f"  evaluated (the verdict): member {status.evaluated_member} version {status.evaluated_version}: "
+              f"{status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over {status.evaluated_episodes} "
+              f"{'deterministic' if status.evaluated_deterministic else 'sampled'} episodes "
+              f"at {status.evaluated_at_steps:,} env steps ({status.evaluations} evaluation(s))")
     print(
         f"  policy version {status.policy_version}  policy lag {status.policy_lag:.1f}  "
         f"actors {status.actors}  learners {len(learners)}"

@@ -410,8 +410,13 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
     try:
         print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
               f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
-        print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library defaults "
-              f"(no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` lists them)")
+        if cfg.resume:
+            print(f"rlmq up: config: the run's own, {cfg.run_dir / 'config.json'} (with --total-steps, "
+                  "--target-return and --checkpoint-every if given)")
+        else:
+            print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library "
+                  f"defaults (no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` "
+                  "lists them)")
         if not cfg.secure:
             print("rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
                   "this host can join the run. For a trusted single host only.", file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import re
+import socket
 import tempfile
 import time
 import uuid
@@ -95,11 +96,32 @@ def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str,
                          f"use --actors {run_config.population} or more")
     if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
         raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
+    if bind_host != "*":
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((bind_host, 0))
+        except OSError as exc:
+            raise ValueError(f"--bind-host {bind_host} is not an address of this machine ({exc.strerror}): use one "
+                             "of its own (`ip -4 addr`), 127.0.0.1, or * for every interface") from None
     for flag, value in (("--device", device), ("--actor-device", actor_device)):
         if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"{flag} {value}: use auto, cpu, cuda or cuda:N")
+        if value.startswith("cuda"):
+            check_gpu(flag, value)
     if transport not in ("ipc", "tcp"):
         raise ValueError(f"--transport {transport}: use ipc or tcp")
+
+
+def check_gpu(flag: str, device: str) -> None:
+    """ValueError unless torch sees the GPU `device` names, before any process starts (a learner
+    world that cannot start would be restarted again and again)."""
+    import torch  # only when a GPU is asked for: `rlmq up` itself needs no torch
+
+    index = int(device.partition(":")[2] or 0)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= count:
+        found = f"{count} GPU(s)" if count else "no GPU"
+        raise ValueError(f"{flag} {device}: torch sees {found} on this machine; use {flag} auto or cpu")
 
 
 def probe_run_dir(path: Path) -> None:

@@ -92,6 +92,21 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
 # `RunConfig.compile_update`: "off" runs the learners' update eagerly; "default" and "max-autotune"
 # with kernels torch.compile generates in that mode; "reduce-overhead" ("default"'s kernels) and
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """The run's own evaluation (coordinator/evaluator.py): the verdict on `target_return` and PBT's
+    fitness come from episodes a process of the coordinator's plays, never from what actors report."""
+
+    episodes: int = 10  # per evaluation; 0: believe the actors' reported returns (a trusted network only)
+    deterministic: bool = True  # the likeliest action (as `rlmq eval`), or the actors' own sampling
+    timeout_s: float = 600.0  # an evaluation not back by then is given up (the evaluator restarted)
+
+    def __post_init__(self) -> None:
+        refuse_non_finite(self, "evaluation")
+        if not 0 <= self.episodes <= 1000 or self.timeout_s <= 0:
+            raise ValueError("evaluation.episodes must be in [0, 1000] and evaluation.timeout_s positive")
+
+
 # "max-autotune" replay each part of a gradient step as a CUDA graph on a GPU, and "cuda-graphs" does
 # with eager kernels, compiling nothing (learners/capture.py). On a CPU graphs are not replayed.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "cuda-graphs")
@@ -107,7 +122,9 @@ class RunConfig:
     num_envs: int = 8  # vector-env slots per actor
     rollout_length: int = 32  # steps per rollout message
     total_steps: int = 1_000_000  # env-step budget summed over all actors
-    target_return: float | None = None  # stop once the mean of the last `return_window` episodes reaches it
+    # Stop once the run's own evaluation of a member reaches it (`evaluation`); the mean of a member's
+    # last `return_window` reported episodes reaching it is what asks for that evaluation.
+    target_return: float | None = None
     return_window: int = 100  # episodes (of one member) the mean return is taken over; at most 100
     seed: int = 0
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -146,6 +163,7 @@ class RunConfig:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     population: int = 1  # members trained together; more than 1 turns on population-based training
     pbt: PBTConfig = field(default_factory=PBTConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
     # torch.compile's, or "cuda-graphs" (COMPILE_MODES says which replay CUDA graphs on a GPU).
     compile_update: str = "off"

@@ -215,6 +215,18 @@ class CoordinatorMetrics:
             ["member"],
             registry=r,
         )
+        self.evaluated_return = Gauge(
+            f"{PREFIX}_member_evaluated_return",
+            "Mean return of the member's latest evaluation by the run's own evaluator (the verdict).",
+            ["member"],
+            registry=r,
+        )
+        self.evaluations = Counter(
+            f"{PREFIX}_evaluations",
+            "Evaluations by the run's own evaluator, by outcome (played, failed).",
+            ["outcome"],
+            registry=r,
+        )
         self.member_env_steps = Counter(
             f"{PREFIX}_member_env_steps",
             "Env steps collected for the member.",

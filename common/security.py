@@ -25,6 +25,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,8 @@ SERVER = "server"
 FLEET = "actors"  # the key file of the fleet's shared actor key
 ANY_ACTOR = "*"  # the name the fleet's key speaks as: any actor's
 ALLOWED_FILE = "allowed.json"
-MAX_LOGGED_KEYS = 4096  # refused keys remembered so that each is logged once
+MAX_LOGGED_KEYS = 16  # refused keys logged one by one; past them, a count once a minute (a flood of keys)
+REFUSED_SUMMARY_S = 60.0
 # A peer without CURVE fails the handshake on the mechanism (ZMTP "mechanism mismatch"), or early.
 PLAIN_PEER_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
@@ -208,6 +210,7 @@ class Gatekeeper(ThreadAuthenticator):
         super().__init__(ctx)
         self.allowed, self.refused = allowed, refused
         self.logged: set[bytes] = set()
+        self.unlogged, self.summarized_at = 0, time.monotonic()  # refusals past MAX_LOGGED_KEYS, not yet logged
         self.monitors: list[zmq.Socket] = []
         self.watching = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="gatekeeper-monitors", daemon=True)
@@ -248,9 +251,16 @@ class Gatekeeper(ThreadAuthenticator):
         """ZAP asks about a connecting client's key (Z85); runs in the handler's thread."""
         if key in self.allowed:
             return True
-        first = key not in self.logged
-        if first and len(self.logged) < MAX_LOGGED_KEYS:
+        first = key not in self.logged and len(self.logged) < MAX_LOGGED_KEYS
+        if first:
             self.logged.add(key)
+        elif key not in self.logged:
+            self.unlogged += 1
+            if time.monotonic() - self.summarized_at >= REFUSED_SUMMARY_S:
+                log.warning("refused %d more connection(s) with keys not on this run's allow-list in the last "
+                            "%g s (the first %d keys were logged one by one)", self.unlogged, REFUSED_SUMMARY_S,
+                            MAX_LOGGED_KEYS)
+                self.unlogged, self.summarized_at = 0, time.monotonic()
         self.refused(key.decode("ascii", "replace"), first)
         return False
 

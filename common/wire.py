@@ -18,6 +18,8 @@ Topology (who sends what to whom, see docs/architecture.md):
     learner         ROUTER → actor                Credit
     coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
                                                   Decision ("pbt.", to learner 0)
+    coordinator     PAIR  ↔ its evaluator         EvaluationRequest → EvaluationResult (a private
+                                                  Unix socket: coordinator/evaluator.py)
 """
 
 from __future__ import annotations
@@ -327,6 +329,44 @@ class Decision:
         _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")
 
 
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """The coordinator asks its evaluator (a child process, over a private socket) to play one
+    member's weights for `episodes` episodes, episode i from `seed + i`."""
+
+    id: int
+    config: RunConfig
+    env_spec: EnvSpec
+    weights: Weights
+    episodes: int
+    deterministic: bool
+    seed: int
+
+    def __post_init__(self) -> None:
+        _counts(self, "id", "seed")
+        _require(1 <= self.episodes <= MAX_SEQUENCE, f"EvaluationRequest.episodes {self.episodes}")
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """What the evaluator saw for request `id`: each episode's return and length, or why it could
+    not play them (`error`)."""
+
+    id: int
+    returns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    seconds: float = 0.0
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        _counts(self, "id")
+        _require(self.returns.ndim == 1 and self.returns.dtype.name == "float64", "returns must be 1-D float64")
+        _require(self.lengths.shape == self.returns.shape and self.lengths.dtype.name == "int64",
+                 "lengths must be int64 and match returns")
+        _require(0 <= self.seconds <= MAX_COUNT and (len(self.returns) > 0) != bool(self.error),
+                 "EvaluationResult: returns or an error, and a time in [0, 2^40]")
+
+
 # PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".
 DIRECTIVE_TOPIC = b"ctl."
 DECISION_TOPIC = b"pbt."
@@ -337,11 +377,11 @@ def weights_topic(member: int) -> bytes:
 
 
 Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | ReportAck | LearnerReport | LearnerHeartbeat
-           | Directive | Decision)
+           | Directive | Decision | EvaluationRequest | EvaluationResult)
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, ReportAck, LearnerReport, LearnerHeartbeat,
-                Directive, Decision)
+                Directive, Decision, EvaluationRequest, EvaluationResult)
 }
 
 

@@ -2,7 +2,8 @@
 
     loop until stopped:
         receive one control message (poll with a timeout) → its handler
-        every tick: status and progress to Redis; is the target or the step budget reached?
+        an evaluation back from the run's own evaluator → is the target reached? (judge.py)
+        every tick: status and progress to Redis; PBT; is the step budget reached?
     when the run is over: broadcast `stop`, wait (bounded) for the learners' final weights
 
 Redis is its only state: a restarted coordinator reloads config, weights, learners and counters.
@@ -35,6 +36,7 @@ from rlmq.common.service import (
     StopFlag,
     announce,
 )
+from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import EXIT_FAILPOINT, Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
@@ -101,6 +103,11 @@ class Coordinator:
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
         self.nonfinite_skipped = store.status().nonfinite_skipped
         self.recent_steps = collections.deque([(time.monotonic(), store.status().env_steps)], maxlen=RATE_TICKS + 1)
+        # The verdict on the target and PBT's fitness: the run's own evaluations, unless the run
+        # believes its actors (evaluation.episodes = 0).
+        self.judge = Judge(self.run_config, self.spec, ctx) if self.run_config.evaluation.episodes else None
+        self.pbt_due: dict[int, int] = {}  # member due for a PBT decision → its version when it fell due
+        self.passed: Judged | None = None  # the evaluation that reached the target
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
             wire.ActorReport: self.on_actor_report,
@@ -188,8 +195,11 @@ class Coordinator:
         # the run is over, the tick comes now: its status and progress sample record the end.
         if self.finished_at is None:
             recent = {report.member: counted.recent} if counted.recent else {}
-            _, mean_return, full_record = self.population.best(recent)
-            if self.end_reason(counted.run_steps, mean_return, full_record) is not None:
+            best, mean_return, full_record = self.population.best(recent)
+            if self.judge is not None and self.reported_target(mean_return, full_record):
+                self.judge.want(best, self.version_of(best))
+                self.evaluate()
+            elif self.end_reason(counted.run_steps, mean_return, full_record) is not None:
                 self.on_tick()
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
@@ -205,9 +215,10 @@ class Coordinator:
             for target in self.population.learner_reported(report.applied_decision):
                 # Rank 0 published the copy before this report: episodes played before it were
                 # the old policy's and must not count towards the member's new fitness.
-                latest = self.latest_weights.get(target)
-                self.fresh_from[target] = latest.version if latest is not None else 0
+                self.fresh_from[target] = self.version_of(target)
                 self.store.clear_returns(target)
+                if self.judge is not None:
+                    self.judge.forget(target)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
 
@@ -274,15 +285,22 @@ class Coordinator:
         log.info("run %s: %s, %d learner(s); control %s, broadcast %s", self.cfg.run,
                  self.run_config.env_id, self.run_config.num_learners, self.control_endpoint,
                  self.broadcast_endpoint)
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        if self.judge is not None:
+            poller.register(self.judge.socket, zmq.POLLIN)
         while not self.stop.is_set() and (until is None or time.monotonic() < until):
             self.metrics.heartbeat.beat()
-            if self.control.poll(int(TICK_S * 1000), zmq.POLLIN):
+            ready = dict(poller.poll(int(TICK_S * 1000)))
+            if self.control in ready:
                 parts = self.control.recv_multipart(copy=False)
                 if len(parts) == 2:
                     self.handle(parts[0].bytes, parts[1].bytes, parts[1])
                 else:
                     self.metrics.rejected.labels("garbage").inc()
-            if tick.due() and self.on_tick():
+            if self.judge is not None and self.judge.socket in ready:
+                self.evaluate()
+            if (tick.due() or (self.passed is not None and self.finished_at is None)) and self.on_tick():
                 break
         return EXIT_OK
 
@@ -295,7 +313,10 @@ class Coordinator:
         status = self.store.status()
         steps = status.env_steps
         recent = self.population.recent_returns()
-        self.population.tick(recent, steps)
+        if self.judge is None:
+            self.population.tick(self.population.judged(recent), steps)
+        else:
+            self.population.tick(self.judge.fitness(), steps, self.fitness_ready())
         for decision in self.population.for_learners():  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
@@ -320,22 +341,70 @@ class Coordinator:
                               pbt_decisions=self.population.applied)
         self.store.append_progress(ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag,
                                                   member_means))
+        if self.judge is not None:
+            if self.reported_target(mean_return, full_record):
+                self.judge.want(best, self.version_of(best))
+            self.evaluate()
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
         if reason == "target":
             who = f" (member {best})" if self.population.size > 1 else ""
-            self.finish("target", f"mean return {mean_return:.1f}{who} ≥ {target:g} at {steps} env steps",
-                        True, steps)
+            said = self.passed.describe() if self.passed is not None else f"mean return {mean_return:.1f}{who}"
+            self.finish("target", f"{said} ≥ {target:g} at {steps} env steps", True, steps)
         elif reason == "budget":
             self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
         return False
 
-    def end_reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
-        """Why the run ends now: "target" (a member's last `return_window` returns reach it),
-        "budget" (the env steps), or None."""
+    def reported_target(self, mean_return: float | None, full_record: bool) -> bool:
+        """Whether the actors' reports say a member reached the target: the mean of its last
+        `return_window` returns (with that many)."""
         target = self.run_config.target_return
-        if target is not None and full_record and mean_return is not None and mean_return >= target:
+        return target is not None and full_record and mean_return is not None and mean_return >= target
+
+    def end_reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
+        """Why the run ends now: "target" (an evaluation reached it, `on_evaluated`; on a run that
+        believes its actors' returns, `reported_target`), "budget" (the env steps), or None."""
+        if self.passed is not None or (self.judge is None and self.reported_target(mean_return, full_record)):
             return "target"
         return "budget" if steps >= self.run_config.total_steps else None
+
+    def version_of(self, member: int) -> int:
+        latest = self.latest_weights.get(member)
+        return latest.version if latest is not None else 0
+
+    def fitness_ready(self) -> set[int]:
+        """The members due for a PBT decision whose evaluation is of their weights when they fell
+        due or newer; the others are asked for one."""
+        assert self.judge is not None
+        self.pbt_due = {m: self.pbt_due.get(m, self.version_of(m)) for m in self.population.due()}
+        ready = {m for m, version in self.pbt_due.items() if self.judge.evaluated(m, version)}
+        for member in self.pbt_due.keys() - ready:
+            self.judge.want(member, self.pbt_due[member])
+        return ready
+
+    def evaluate(self) -> None:
+        """Take an evaluation that came back, and ask the next one."""
+        assert self.judge is not None
+        outcome = self.judge.step(self.latest_weights)
+        if isinstance(outcome, str):
+            log.error("%s", outcome)
+            self.metrics.evaluations.labels("failed").inc()
+        elif outcome is not None:
+            self.on_evaluated(outcome)
+
+    def on_evaluated(self, judged: Judged) -> None:
+        assert self.judge is not None
+        self.metrics.evaluations.labels("played").inc()
+        self.metrics.evaluated_return.labels(str(judged.member)).set(judged.mean)
+        steps = self.store.status().env_steps
+        log.info("evaluation: %s, trained on %d env steps, in %.1f s", judged.describe(), judged.trained_steps,
+                 judged.seconds)
+        self.store.set_status(evaluated_return=judged.mean, evaluated_std=judged.std,
+                              evaluated_episodes=len(judged.returns), evaluated_member=judged.member,
+                              evaluated_version=judged.version, evaluated_deterministic=judged.deterministic,
+                              evaluated_at_steps=steps, evaluations=self.judge.asked)
+        target = self.run_config.target_return
+        if self.finished_at is None and target is not None and judged.mean >= target:
+            self.passed = judged  # the loop runs the tick at once: it records the end
 
     def finishing(self) -> bool:
         """The run is over; its status is final but for the last reports' counts. Repeat `stop`
@@ -362,6 +431,8 @@ class Coordinator:
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
 
     def close(self) -> None:
+        if self.judge is not None:
+            self.judge.close()
         self.control.close()
         self.broadcast.close()
         if self.gatekeeper is not None:

@@ -104,14 +104,21 @@ class Population:
 
     # --- decisions ----------------------------------------------------------------------------
 
-    def tick(self, recent: dict[int, list[float]], run_env_steps: int) -> None:
-        """Decide about every member that has trained `interval` env steps since the last time."""
+    def due(self) -> dict[int, int]:
+        """The members that have trained `interval` env steps since the last decision about them, and
+        their env steps."""
         if self.size == 1:
-            return
+            return {}
         steps = self.store.member_steps()
-        for target in range(self.size):
-            if steps.get(target, 0) - self.records[target].steps_at_decision >= self.run_config.pbt.interval:
-                self.decide(target, steps.get(target, 0), self.judged(recent), run_env_steps)
+        return {m: steps.get(m, 0) for m in range(self.size)
+                if steps.get(m, 0) - self.records[m].steps_at_decision >= self.run_config.pbt.interval}
+
+    def tick(self, fitness: dict[int, list[float]], run_env_steps: int, ready: set[int] | None = None) -> None:
+        """Decide about every member that is due (and `ready`: its fitness is fresh), each member's
+        fitness the returns given (the run's evaluations, or `judged` reports)."""
+        for target, steps in self.due().items():
+            if ready is None or target in ready:
+                self.decide(target, steps, fitness, run_env_steps)
 
     def decide(self, target: int, steps: int, returns: dict[int, list[float]], run_env_steps: int) -> None:
         decision_id = self.applied + 1

@@ -70,6 +70,15 @@ class RunStatus:
     learner_applied_decision: int = 0  # the last decision learner rank 0 reported applying
     nonfinite_skipped: int = 0
     learners_behind: str = ""  # the ranks that hold the learner world up, and why
+    # The latest of the run's own evaluations (coordinator/judge.py): the verdict on the target.
+    evaluations: int = 0  # asked so far
+    evaluated_member: int = 0
+    evaluated_version: int = 0
+    evaluated_return: float | None = None  # the mean over its episodes; None: no evaluation yet
+    evaluated_std: float = 0.0
+    evaluated_episodes: int = 0
+    evaluated_deterministic: bool = True
+    evaluated_at_steps: int = 0  # the run's env steps when it came back
 
 
 @dataclass(frozen=True)

@@ -283,3 +283,23 @@ def test_every_config_refuses_a_non_finite_float_by_its_path(build: Any, name: s
     with pytest.raises(ValueError, match="is not a finite number") as caught:
         build()
     assert name in str(caught.value)
+
+
+# --- flags that name what this machine does not have -------------------------------------------
+
+
+def test_a_gpu_asked_for_on_a_machine_without_one_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for flag in ("--device", "--actor-device"):
+        line = up(tmp_path, flag, "cuda")
+        assert f"{flag} cuda: torch sees no GPU on this machine; use {flag} auto or cpu" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bind_host_that_is_not_this_machines_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    line = up(tmp_path, "--bind-host", "192.0.2.7")  # TEST-NET-1: never a local address
+    assert "--bind-host 192.0.2.7 is not an address of this machine" in line
+    assert not (tmp_path / "run").exists()

@@ -1,37 +1,123 @@
 """The coordinator's handlers, in-process, against a real Redis server (no sockets needed here:
-`Coordinator.handle` is what its loop calls for every frame it receives)."""
+`Coordinator.handle` is what its loop calls for every frame it receives), and its own evaluator
+(a real child process)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import zmq
 
 from rlmq.common import wire
-from rlmq.common.config import CoordinatorConfig, RunConfig
+from rlmq.common.config import CoordinatorConfig, EvaluationConfig, PBTConfig, RunConfig
 from rlmq.common.service import StopFlag
 from rlmq.coordinator.coordinator import Coordinator
 from rlmq.coordinator.store import RunStore
 
 
-@pytest.fixture
-def coordinator(redis_url: str, run_id: str) -> Iterator[Coordinator]:
-    run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000)
+def started(redis_url: str, run_id: str, **fields: Any) -> Coordinator:
+    run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000, **fields)
     cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
                             control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")
-    store = RunStore.connect(redis_url, run_id)
-    coordinator = Coordinator(cfg, store, StopFlag())
+    return Coordinator(cfg, RunStore.connect(redis_url, run_id), StopFlag())
+
+
+@pytest.fixture
+def coordinator(redis_url: str, run_id: str) -> Iterator[Coordinator]:
+    """A coordinator that believes its actors' returns (a trusted network: evaluation.episodes = 0)."""
+    coordinator = started(redis_url, run_id, evaluation=EvaluationConfig(episodes=0))
     yield coordinator
     coordinator.close()
-    store.delete_run()
+    coordinator.store.delete_run()
 
 
-def report(returns: list[float], env_steps: int = 1_000) -> bytes:
-    return wire.encode(wire.ActorReport(name="actor-0", member=0, env_steps=env_steps,
+@pytest.fixture
+def judging(redis_url: str, run_id: str) -> Iterator[Coordinator]:
+    """A coordinator with its own evaluator (the default), whose single agent's policy is one hidden unit."""
+    coordinator = started(redis_url, run_id, hidden_sizes=(4,))
+    coordinator.publisher = b"learner-0"
+    yield coordinator
+    coordinator.close()
+    coordinator.store.delete_run()
+
+
+def report(returns: list[float], env_steps: int = 1_000, member: int = 0) -> bytes:
+    return wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=env_steps,
                                         episode_returns=np.asarray(returns, np.float64),
                                         episode_lengths=np.full(len(returns), 500, np.int64)))
+
+
+def weights(member: int, version: int, balances: bool) -> bytes:
+    """A CartPole policy through one hidden unit: pushes the way the pole falls (500 every episode),
+    or, with the unit cut off, always left (about 9)."""
+    hidden = np.zeros((4, 4), np.float32)
+    hidden[0] = [0.1, 0.5, 1.0, 1.0]
+    out = np.zeros((2, 4), np.float32)
+    out[1, 0] = 100.0 if balances else 0.0
+    params = {"policy.0.weight": hidden, "policy.0.bias": np.zeros(4, np.float32), "policy.2.weight": out,
+              "policy.2.bias": np.zeros(2, np.float32)}
+    return wire.encode(wire.Weights(member=member, version=version, params=params))
+
+
+def evaluate_until(coordinator: Coordinator, done: Callable[[], bool], timeout_s: float = 60) -> None:
+    """The coordinator's loop, for its evaluator's socket alone."""
+    assert coordinator.judge is not None
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "no evaluation came back"
+        coordinator.judge.socket.poll(100)
+        coordinator.evaluate()
+
+
+def test_reports_that_reach_the_target_only_ask_the_runs_own_evaluation_which_decides(judging: Coordinator) -> None:
+    """The actors' word (100 returns of 500) asks for an evaluation of the newest weights; the
+    evaluator's episodes of a policy that falls over say no, and the run goes on. Newer weights that
+    balance the pole are evaluated when the reports say so again, and end the run a success."""
+    judging.handle(b"learner-0", weights(0, 1, balances=False))
+    judging.handle(b"actor-0", report([500.0] * 100))
+    assert judging.finished_at is None and judging.judge is not None and judging.judge.evaluator.busy
+    evaluate_until(judging, lambda: judging.store.status().evaluated_return is not None)
+    status = judging.store.status()
+    assert status.evaluated_return is not None and status.evaluated_return < 20
+    assert (status.evaluated_version, status.evaluated_episodes, status.evaluated_deterministic) == (1, 10, True)
+    judging.on_tick()
+    assert judging.finished_at is None and judging.store.status().state == "running"
+    judging.handle(b"learner-0", weights(0, 2, balances=True))
+    judging.handle(b"actor-0", report([500.0]))
+    evaluate_until(judging, lambda: judging.passed is not None)
+    judging.on_tick()
+    status = judging.store.status()
+    assert judging.finished_at is not None and status.success is True and status.reason == "target"
+    assert status.evaluated_return == 500.0 and status.evaluated_version == 2
+    assert "500.0 ± 0.0 over 10 deterministic evaluation episodes (member 0, version 2) ≥ 475" in status.detail
+
+
+def test_pbt_copies_the_member_the_evaluations_rank_first_whatever_its_actors_claim(
+    redis_url: str, run_id: str,
+) -> None:
+    """Member 0's actor claims 500s for weights that fall over, member 1's claims 10s for weights
+    that balance: when both are due, each is evaluated, and truncation has member 0 copy member 1."""
+    coordinator = started(redis_url, run_id, hidden_sizes=(4,), population=2,
+                          pbt=PBTConfig(interval=1_000, fraction=0.5))
+    coordinator.publisher = b"learner-0"
+    try:
+        for member, balances in ((0, False), (1, True)):
+            coordinator.handle(b"learner-0", weights(member, 1, balances))
+            coordinator.handle(b"actor-0", report([10.0 if balances else 500.0] * 20, member=member))
+        coordinator.on_tick()  # both due: both asked for, one at a time
+        assert coordinator.population.applied == 0
+        evaluate_until(coordinator, lambda: len(coordinator.judge.latest) == 2 if coordinator.judge else False)
+        coordinator.on_tick()
+        (decision,) = coordinator.store.decisions(after=0)
+        assert (decision.target, decision.source, decision.kind) == (0, 1, "exploit")
+        assert decision.fitness == {"0": pytest.approx(9.4, abs=2), "1": 500.0}
+    finally:
+        coordinator.close()
+        coordinator.store.delete_run()
 
 
 def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_tick(

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from rlmq.actors.collector import Collector
-from rlmq.cli.evaluate import Checkpoint, Sampler, evaluate, play
+from rlmq.cli.evaluate import Checkpoint, evaluate
 from rlmq.common import envs
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
+from rlmq.common.episodes import Sampler, play
 from rlmq.common.models import DeterministicPolicy, SquashedGaussianPolicy, make_policy
 from rlmq.common.noise import DEFAULT_HORIZON, MAX_HORIZON, ColoredNoise, horizon_for, powerlaw_noise
 from rlmq.common.schema import EnvSpec

@@ -9,14 +9,15 @@ import typing
 import pytest
 
 from rlmq.common.algorithms import ALGORITHMS
-from rlmq.common.config import PBTConfig, RunConfig
+from rlmq.common.config import EvaluationConfig, PBTConfig, RunConfig
 from rlmq.common.models import POLICIES
 from rlmq.learners.trainers import TRAINERS
 
 
 def test_every_registry_names_the_same_algorithms() -> None:
     hints = typing.get_type_hints(RunConfig)
-    sections = {name for name, hint in hints.items() if dataclasses.is_dataclass(hint) and hint is not PBTConfig}
+    sections = {name for name, hint in hints.items()
+                if dataclasses.is_dataclass(hint) and hint not in (PBTConfig, EvaluationConfig)}
     assert set(ALGORITHMS) == set(POLICIES) == set(TRAINERS) == sections == {"ppo", "sac", "td3", "dqn"}
 
 

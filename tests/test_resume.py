@@ -70,6 +70,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
                               "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"rlmq up: run {json.loads((run_dir / 'run.json').read_text())['run']} in {run_dir}" in resumed.stdout
+    assert f"rlmq up: config: the run's own, {run_dir / 'config.json'}" in resumed.stdout
     log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"resumed from checkpoint {stopped_at}" in log, log
     after = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3).load(stopped_at + 1)

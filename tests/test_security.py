@@ -328,3 +328,23 @@ def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() 
     assert {**first[1], **second[1]} == {name: int(i % 2 == 0) for i, name in enumerate(names)}
     deliveries.add(dataclasses.replace(ROLLOUT, actor=names[-1]))  # a name that grew goes first
     assert next(iter(deliveries.take()[0].items())) == (names[-1], 64)
+
+
+def test_a_flood_of_refused_keys_logs_a_bounded_number_of_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """5,000 clients with keys of their own: each refusal is counted, the first keys are logged one
+    by one, and the rest only as a count (at most once a minute), not a line each."""
+    counted: list[str] = []
+    ctx = zmq.Context()
+    gatekeeper = security.Gatekeeper(ctx, {}, security.counting_refusals(lambda: counted.append("auth")))
+    try:
+        with caplog.at_level("WARNING", logger="rlmq.common.security"):
+            for i in range(5000):
+                assert not gatekeeper.callback("*", f"{i:040d}".encode())
+        assert len(counted) == 5000
+        assert len(caplog.records) == security.MAX_LOGGED_KEYS, len(caplog.records)
+        gatekeeper.summarized_at -= security.REFUSED_SUMMARY_S
+        with caplog.at_level("WARNING", logger="rlmq.common.security"):
+            gatekeeper.callback("*", b"x" * 40)
+        assert f"refused {5000 - security.MAX_LOGGED_KEYS + 1} more connection(s)" in caplog.records[-1].getMessage()
+    finally:
+        ctx.term()

@@ -314,7 +314,8 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     """The coordinator dies (a failpoint) right after logging decision 1 to the Redis stream; the
     restarted one applies it, exactly once, and hands it to the learners; a third start finds
     nothing left to apply."""
-    config = {"population": 3, "pbt": {"interval": 100, "fitness_episodes": 2}}
+    # Fitness from the reports (no weights here to evaluate): evaluation.episodes = 0.
+    config = {"population": 3, "pbt": {"interval": 100, "fitness_episodes": 2}, "evaluation": {"episodes": 0}}
     ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
     first = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="first",
                               env={"RLMQ_FAILPOINT": "pbt-after-append"}, **config)

@@ -159,6 +159,11 @@ MESSAGES: list[tuple[str, Any]] = [
     ("directive", wire.Directive(kind="stop", reason="target reached")),
     ("decision", wire.Decision(id=3, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5), param_noise=0.01)),
     ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
+    ("evaluation-request", wire.EvaluationRequest(id=7, config=RunConfig(), env_spec=ENV_SPEC, weights=WEIGHTS,
+                                                  episodes=10, deterministic=True, seed=2**30)),
+    ("evaluation-result", wire.EvaluationResult(id=7, returns=np.array([500.0, 9.5]), lengths=np.array([500, 10]),
+                                                seconds=0.04)),
+    ("evaluation-failed", wire.EvaluationResult(id=8, error="ValueError: the env raised")),
     (
         "assign-learner-population",
         wire.Assign(

@@ -90,12 +90,12 @@ def write_run_config(tmp_path: Path, **fields: Any) -> Path:
 
 def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str,
                       env: dict[str, str] | None = None, ports: dict[str, int] | None = None,
-                      name: str = "coordinator", **config: Any) -> dict[str, Any]:
+                      name: str = "coordinator", args: tuple[str, ...] = (), **config: Any) -> dict[str, Any]:
     ports = ports or {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
     service = start_service(
         name, "coordinator", "--run", run_id, "--redis-url", redis_url,
         "--run-config", str(write_run_config(tmp_path, **config)), "--metrics-port", str(ports["metrics"]),
         "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
-        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", env=env,
+        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", *args, env=env,
     )
     return {"service": service, **ports}
