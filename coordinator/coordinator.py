@@ -196,7 +196,7 @@ class Coordinator:
         if self.finished_at is None:
             recent = {report.member: counted.recent} if counted.recent else {}
             best, mean_return, full_record = self.population.best(recent)
-            if self.judge is not None and self.reported_target(mean_return, full_record):
+            if self.judge is not None and self.passed is None and self.reported_target(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
                 self.evaluate()
             elif self.end_reason(counted.run_steps, mean_return, full_record) is not None:
@@ -341,7 +341,7 @@ class Coordinator:
                               pbt_decisions=self.population.applied)
         self.store.append_progress(ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag,
                                                   member_means))
-        if self.judge is not None:
+        if self.judge is not None and self.passed is None:
             if self.reported_target(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
             self.evaluate()
