@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import json
 import os
 import time
@@ -52,7 +53,12 @@ def atomic(path: Path) -> Iterator[Path]:
     """Write to the yielded temporary path; it replaces `path` only once the write is complete,
     so a run killed mid-write leaves the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    yield tmp
+    try:
+        yield tmp
+    except BaseException:  # a write that failed (a full disk) leaves no half file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -99,7 +105,10 @@ def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, r
         "run_config": json.loads(json.dumps(dataclasses.asdict(run_config))),
     }
     with atomic(path) as tmp:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as exc:  # torch's zip writer reports a failed write so
+            raise OSError(errno.EIO, f"could not write {path}") from exc
     return published[best].version
 
 

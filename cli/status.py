@@ -100,6 +100,9 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
         f"  policy version {status.policy_version}  policy lag {status.policy_lag:.1f}  "
         f"actors {status.actors}  learners {len(learners)}"
     )
+    if status.idle_credit_requests:
+        print(f"  warning: {status.idle_credit_requests:,} identities hold credit requests at the learners and send "
+              "no rollout (a stolen actor key, or actors that cannot collect); they are served last")
     skipped = status.nonfinite_skipped
     if skipped:
         print(f"  warning: {skipped:,} member update step(s) skipped: gradient not finite (weights kept; "

@@ -33,6 +33,7 @@ from rlmq.common.models import acting_device
 from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import create_keys
 from rlmq.common.service import (
+    EXIT_DISK,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -45,13 +46,14 @@ from rlmq.common.service import (
 )
 from rlmq.common.transport import free_port
 from rlmq.coordinator.records import RunStatus
-from rlmq.coordinator.store import RunStore
+from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
 WARM_STOP_S = 15.0  # after SIGTERM, how long children get before SIGKILL
 MAX_ACTOR_RESTARTS = 50
 MAX_WORLD_RESTARTS = 10  # learner worlds started again after a rank exited
 MAX_COORDINATOR_RESTARTS = 10
 PROGRESS_EVERY_S = 2.0
+HUNG_CHECK_S = 0.5  # how often the status is read for learner ranks the coordinator names hung
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Supervisor:
         self.redis = run_redis.RunRedis(redis_url, redis_server, redis_outage_s, cfg.run, cfg.run_dir, cfg.run_config)
         self.children: list[Child] = []
         self.world_restarts = 0
+        self.hung_restarted = False  # the world was restarted for the ranks the coordinator names hung
         self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
         self.socket_dir: Path | None = None  # the learners' Unix sockets, with --transport ipc
         self.stop = StopFlag()
@@ -236,18 +239,16 @@ class Supervisor:
                 pass_fds=[listener.fd for listener in (*child.listeners, *listeners)],
             )
 
-    def restart_learner_world(self, dead: Child, code: int) -> str | None:
-        """A rank exited, and the others cannot go on without it (every collective waits for every
-        rank): stop them all at once and start the world again; it resumes from its newest
+    def restart_learner_world(self, why: str, log_path: Path) -> str | None:
+        """A rank exited or hangs, and the others cannot go on without it (every collective waits for
+        every rank): stop them all at once and start the world again; it resumes from its newest
         checkpoint (learners/checkpoint.py). "failed: why" once it has restarted too often."""
-        behind = self.redis.seen.status.learners_behind
-        why = f"{dead.name} exited with {code}" + (f" (before that, the coordinator saw {behind})" if behind else "")
         if self.world_restarts >= MAX_WORLD_RESTARTS:
             return (f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; "
-                    f"see {dead.log_path}")
+                    f"see {log_path}")
         self.world_restarts += 1
         print(f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); "
-              f"see {dead.log_path}", flush=True)
+              f"see {log_path}", flush=True)
         ranks = [child for child in self.children if child.role == "learner"]
         for child in ranks:  # its state is the checkpoint's: nothing to save on the way down
             self.kill(child, signal.SIGKILL)
@@ -290,6 +291,7 @@ class Supervisor:
         stands in for the current one."""
         started = time.monotonic()
         progress = RateTimer(PROGRESS_EVERY_S)
+        hung_check = RateTimer(HUNG_CHECK_S)
         while not self.stop.wait(0.2):
             failed = self.redis.keep_up()
             if failed:
@@ -299,6 +301,8 @@ class Supervisor:
                 code = child.process.poll()
                 if code is None:
                     continue
+                if code == EXIT_DISK:  # a restart would meet the same disk
+                    return f"failed: {self.disk_refused(child)}"
                 if child.role == "coordinator":
                     if code == 0:
                         return "over"
@@ -318,7 +322,10 @@ class Supervisor:
                 if child.role == "learner":
                     # The rank that exits is often the one that waited for a hung or dead peer:
                     # the message names the one the coordinator saw holding the world up.
-                    failed = self.restart_learner_world(child, code)
+                    behind = self.redis.seen.status.learners_behind
+                    failed = self.restart_learner_world(
+                        f"{child.name} exited with {code}" + (f" (before that, the coordinator saw {behind})"
+                                                              if behind else ""), child.log_path)
                     if failed:
                         return failed
                     continue
@@ -327,12 +334,40 @@ class Supervisor:
                 child.restarts += 1
                 print(f"{child.name} exited with {code}; restarting it ({child.restarts})", flush=True)
                 self.spawn(child)
+            if hung_check.due():
+                failed = self.act_on_hung(store)
+                if failed:
+                    return failed
             if not progress.due():
                 continue
             self.refresh_scrape_targets()
             if self.redis.look(store):
                 print(format_progress(self.redis.seen.status, time.monotonic() - started, self.cfg.actors), flush=True)
         return "interrupted"
+
+    def disk_refused(self, child: Child) -> str:
+        """What a child that exited with EXIT_DISK said, and what to do."""
+        said = last_line_with(child.log_path, "cannot write") or f"{child.name} exited with {EXIT_DISK}"
+        return (f"{said}; free space on the disk of {self.cfg.run_dir} (or make it writable), then go on with "
+                f"`rlmq up --resume {self.cfg.run_dir}`")
+
+    def act_on_hung(self, store: RunStore) -> str | None:
+        """The coordinator names ranks that are silent while a peer waits for them in a collective
+        (stopped, or hung: `stragglers.hung`): restart the world now, not at the collective timeout.
+        Once per naming: the old world's ranks stay named until the new world's are heard."""
+        try:
+            status = store.status()
+        except OUTAGE_ERRORS:
+            return None
+        if not status.learners_hung or status.state != "running":
+            self.hung_restarted = False
+            return None
+        if self.hung_restarted:
+            return None
+        self.hung_restarted = True
+        names = ", ".join(f"learner-{rank}" for rank in status.learners_hung)
+        return self.restart_learner_world(f"the coordinator saw {names} silent while the world waits for it "
+                                          "(stopped or hung)", self.log_dir / f"learner-{status.learners_hung[0]}.log")
 
     def shut_down(self) -> None:
         """Warm: SIGTERM, a bounded wait, then SIGKILL for whatever is left."""
@@ -348,6 +383,16 @@ class Supervisor:
         for child in self.children:
             assert child.process is not None
             child.process.wait()
+
+
+def last_line_with(path: Path, needle: str) -> str:
+    """The last line of a child's log that holds `needle`, without its time and name ("": none)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = next((line for line in reversed(lines) if needle in line), "")
+    return found.split(" ERROR ", 1)[-1].strip()
 
 
 def write_scrape_targets(path: Path, run: str, children: list[Child], host: str = "127.0.0.1") -> None:
@@ -427,7 +472,14 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         supervisor.start()
         outcome = supervisor.watch(supervisor.redis.watching_store())
         supervisor.shut_down()
-        status = supervisor.redis.save_results(spec, launched, outcome)
+        try:
+            status = supervisor.redis.save_results(spec, launched, outcome)
+        except OSError as exc:  # the disk that ended the run, or full now: what is written stays
+            status = supervisor.redis.seen.status
+            outcome = (f"{outcome}; and writing the results to {cfg.run_dir} failed: {exc.strerror or exc}"
+                       if outcome.startswith("failed") else
+                       f"failed: writing the results to {cfg.run_dir}: {exc.strerror or exc}; free space, then "
+                       f"`rlmq up --resume {cfg.run_dir}` writes them")
     finally:
         supervisor.kill_all(signal.SIGKILL)
         supervisor.remove_sockets()

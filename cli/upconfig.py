@@ -106,22 +106,22 @@ def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str,
     for flag, value in (("--device", device), ("--actor-device", actor_device)):
         if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"{flag} {value}: use auto, cpu, cuda or cuda:N")
-        if value.startswith("cuda"):
-            check_gpu(flag, value)
+    if device.startswith("cuda"):  # the actors' device is checked where their encoder is known (acting_device)
+        check_gpu(device)
     if transport not in ("ipc", "tcp"):
         raise ValueError(f"--transport {transport}: use ipc or tcp")
 
 
-def check_gpu(flag: str, device: str) -> None:
-    """ValueError unless torch sees the GPU `device` names, before any process starts (a learner
-    world that cannot start would be restarted again and again)."""
+def check_gpu(device: str) -> None:
+    """ValueError unless torch sees the GPU the learners' `device` names, before any process starts
+    (a learner world that cannot start would be restarted again and again)."""
     import torch  # only when a GPU is asked for: `rlmq up` itself needs no torch
 
     index = int(device.partition(":")[2] or 0)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if index >= count:
         found = f"{count} GPU(s)" if count else "no GPU"
-        raise ValueError(f"{flag} {device}: torch sees {found} on this machine; use {flag} auto or cpu")
+        raise ValueError(f"--device {device}: torch sees {found} on this machine; use --device auto or cpu")
 
 
 def probe_run_dir(path: Path) -> None:

@@ -175,6 +175,12 @@ class LearnerMetrics:
             buckets=(0, 1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+        self.idle_requests = Gauge(
+            f"{PREFIX}_learner_idle_credit_requests",
+            "Identities holding credit requests they do not use: a probation credit taken back unused, or "
+            "waiting 10 s without ever sending a rollout.",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             f"{PREFIX}_learner_queue_depth", "Rollouts received and waiting.", registry=r
         )

@@ -23,6 +23,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TARGET_MISSED = 3
 EXIT_WORLD_LOST = 75  # a learner rank whose torch.distributed world is gone: restarted, it joins a new one
+EXIT_DISK = 74  # its disk refused a write (full, or not writable): restarting would not mend it (EX_IOERR)
 EXIT_INTERRUPTED = 130
 
 

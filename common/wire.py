@@ -227,10 +227,11 @@ class LearnerReport:
     delivered_steps: dict[str, int] = field(default_factory=dict)
     delivered_episodes: dict[str, int] = field(default_factory=dict)
     final: bool = False  # the rank's last report: it has stopped taking rollouts
+    idle_requests: int = 0  # identities holding credit requests they do not use (learners/credits.py)
 
     def __post_init__(self) -> None:
         _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
-                "applied_decision", "nonfinite_skipped", "session")
+                "applied_decision", "nonfinite_skipped", "session", "idle_requests")
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
         _require(self.session > 0 or not (self.delivered_steps or self.delivered_episodes),
                  "LearnerReport: delivered totals need a session")

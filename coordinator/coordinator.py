@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import redis
 import zmq
 
 from rlmq.common import envs, transport, wire
@@ -28,6 +29,7 @@ from rlmq.common.models import make_policy
 from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
+    EXIT_DISK,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -95,6 +97,8 @@ class Coordinator:
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
+        self.learners_hung: tuple[int, ...] = ()
+        self.idle_requests: dict[int, int] = {}  # rank → identities holding credit requests they do not use
         self.log_reject = RejectLog(log)
         self.finished_at: float | None = None
         self.final_weights = False
@@ -204,6 +208,7 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        self.note_idle_requests(report.rank, report.idle_requests)
         if report.final:
             self.final_reports.add(report.rank)
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
@@ -221,6 +226,20 @@ class Coordinator:
                     self.judge.forget(target)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
+
+    def note_idle_requests(self, rank: int, idle: int) -> None:
+        """The identities a rank says hold credit requests they do not use: the status (`rlmq
+        status` warns) and a log line when they appear and when they are gone."""
+        before = sum(self.idle_requests.values())
+        self.idle_requests[rank] = idle
+        now = sum(self.idle_requests.values())
+        if now != before:
+            self.store.set_status(idle_credit_requests=now)
+        if now and not before:
+            log.warning("%d identities hold credit requests at the learners and send no rollout (a stolen actor "
+                        "key, or actors that cannot collect); the learners serve them last", now)
+        elif before and not now:
+            log.info("no identity holds credit requests it does not use any more")
 
     def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, frame: bytes) -> None:
         if not 0 <= beat.rank < self.run_config.num_learners:
@@ -241,6 +260,10 @@ class Coordinator:
         if behind.keys() != before.keys():
             self.store.set_status(learners_behind="; ".join(
                 f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))
+        hung = tuple(self.learners.hung())
+        if hung != self.learners_hung:  # what `rlmq up` acts on: it restarts the world
+            self.learners_hung = hung
+            self.store.set_status(learners_hung=hung)
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
@@ -462,8 +485,19 @@ def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
         return coordinator.run()
     except OUTAGE_ERRORS as exc:
         return redis_gone(cfg, stop, exc)
+    except redis.ResponseError as exc:
+        if not refuses_writes(exc):
+            raise
+        log.error("Redis cannot write the run's data to its disk (%s)", exc)
+        return EXIT_DISK
     finally:
         coordinator.close()
+
+
+def refuses_writes(exc: redis.ResponseError) -> bool:
+    """Whether Redis refused a write because it cannot persist it (its disk full or read-only)."""
+    text = str(exc)
+    return text.startswith("MISCONF") or "No space left" in text or "Errors writing" in text
 
 
 def redis_gone(cfg: CoordinatorConfig, stop: StopFlag, exc: Exception) -> int:

@@ -42,7 +42,9 @@ class LearnerWorld:
 
     def beat(self, rank: int, iteration: int, waiting_s: float) -> None:
         now = time.monotonic()
-        self.pulses[rank] = stragglers.Pulse(now, iteration, waiting_s)
+        before = self.pulses.get(rank)
+        since = before.since if before is not None and now - before.heard <= stragglers.SILENT_S else now
+        self.pulses[rank] = stragglers.Pulse(now, iteration, waiting_s, since)
         self.heard[rank] = now
 
     def live(self) -> int:
@@ -64,6 +66,10 @@ class LearnerWorld:
 
     def endpoint_list(self) -> tuple[str, ...]:
         return tuple(self.endpoints[rank] for rank in sorted(self.endpoints))
+
+    def hung(self) -> list[int]:
+        """The ranks the world waits for that are silent (`stragglers.hung`)."""
+        return stragglers.hung(self.pulses, time.monotonic())
 
     def holding_up(self) -> tuple[dict[int, str], dict[int, str]]:
         """(the ranks that hold the world up now, and why; those that did at the last call)."""

@@ -70,6 +70,8 @@ class RunStatus:
     learner_applied_decision: int = 0  # the last decision learner rank 0 reported applying
     nonfinite_skipped: int = 0
     learners_behind: str = ""  # the ranks that hold the learner world up, and why
+    learners_hung: tuple[int, ...] = ()  # silent ranks a live rank waits for: `rlmq up` restarts the world
+    idle_credit_requests: int = 0  # identities holding credit requests they do not use, over the ranks
     # The latest of the run's own evaluations (coordinator/judge.py): the verdict on the target.
     evaluations: int = 0  # asked so far
     evaluated_member: int = 0

@@ -21,6 +21,19 @@ class Pulse(NamedTuple):
     heard: float  # monotonic seconds, on the coordinator's clock
     iteration: int
     waiting_s: float  # in the synchronised part when it beat; 0: not there
+    since: float = 0.0  # when it began beating without a gap of SILENT_S (its process resumed, or started)
+
+
+def hung(pulses: dict[int, Pulse], now: float) -> list[int]:
+    """The silent ranks, where a rank that beats waits for them in a collective: the world cannot go
+    on without them, and `rlmq up` restarts it. A world silent as a whole is paused (every rank
+    stopped, a host suspended), not hung: when it resumes, its collectives complete."""
+    silent = sorted(rank for rank, p in pulses.items() if now - p.heard > SILENT_S)
+    # A rank that waits and has beaten for SILENT_S without a gap: not one that was stopped with the
+    # others and has just resumed ahead of them (they beat again within a heartbeat).
+    waiting = any(now - p.heard <= SILENT_S and p.waiting_s > 0 and p.heard - p.since >= SILENT_S
+                  for p in pulses.values())
+    return silent if waiting else []
 
 
 def behind(pulses: dict[int, Pulse], world_size: int, now: float) -> dict[int, str]:

@@ -21,11 +21,13 @@ newest `kept` (`write_everywhere`); a starting world loads the newest n that eve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -124,14 +126,30 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def free_bytes(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+class DiskRefused(Exception):
+    """A rank's disk refused its checkpoint (full, or not writable): the run cannot keep its state,
+    and a restarted world would meet the same disk. The message names the path and the error."""
+
+
 class Checkpoints:
     """One rank's checkpoint files: `ROOT/rank{r}/{n:08d}.pt`."""
 
     def __init__(self, root: Path, rank: int, kept: int) -> None:
         self.dir, self.kept = root / f"rank{rank}", kept
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for leftover in self.dir.glob(".*.tmp"):  # a write a crash cut short
-            leftover.unlink(missing_ok=True)
+        self.refused = ""  # why the disk refused the last write ("": it did not)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for leftover in self.dir.glob(".*.tmp"):  # a write a crash cut short
+                leftover.unlink(missing_ok=True)
+        except OSError as exc:
+            raise DiskRefused(f"cannot write checkpoints to {self.dir}: {exc.strerror or exc}") from exc
 
     def latest(self) -> int:
         """The newest complete checkpoint's number; -1: none."""
@@ -141,15 +159,18 @@ class Checkpoints:
         return self.dir / f"{n:08d}.pt"
 
     def write(self, n: int, state: dict[str, Any]) -> bool:
-        """Checkpoint n, atomically; False (logged) when the disk refuses it."""
+        """Checkpoint n, atomically; False when the disk refuses it (`refused` says why)."""
         tmp = self.dir / f".{n:08d}.tmp"
         try:
             torch.save({"format": FORMAT, "number": n, **state}, tmp)
             os.replace(tmp, self.path(n))
             return True
-        except OSError as exc:
-            log.error("could not write checkpoint %s: %s", self.path(n), exc)
-            tmp.unlink(missing_ok=True)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as a RuntimeError
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            free = free_bytes(self.dir)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+            self.refused = f"cannot write checkpoint {self.path(n)}: {why} ({free / 2**20:.1f} MiB free there)"
             return False
 
     def load(self, n: int) -> dict[str, Any]:
@@ -184,7 +205,12 @@ def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, An
     oldest. False if some rank did not write it (logged, unless no rank keeps checkpoints): the last
     complete one stands."""
     written = files is not None and files.write(number, state)
+    refused = files is not None and bool(files.refused) and not written
     everywhere, somewhere = distributed.extremes(int(written), device)
+    _, anywhere_refused = distributed.extremes(int(refused), device)
+    if anywhere_refused:  # every rank stops alike: the last complete checkpoint stands
+        raise DiskRefused(files.refused if refused and files is not None
+                          else f"stops: another rank cannot write checkpoint {number} (its log says why)")
     if not everywhere:
         if somewhere:
             log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)

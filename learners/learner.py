@@ -28,8 +28,9 @@ from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
-from rlmq.common.security import Credentials, check_sender, counting_refusals
+from rlmq.common.security import Credentials, check_sender, counting_refusals, peer_of
 from rlmq.common.service import (
+    EXIT_DISK,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_WORLD_LOST,
@@ -52,6 +53,7 @@ from rlmq.learners.trainers import Trainer, make_trainer
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
 NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
+IDLE_WARNING_S = 60.0  # how often identities that hold credit requests and never use them are logged
 # Tests: exit at the start of the update that follows this process's first checkpoint, while the
 # other ranks wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
 FAILPOINT_IN_UPDATE = "exit-in-update-after-checkpoint"
@@ -98,6 +100,7 @@ class Learner:
         self.credit_frames = CreditFrames(lambda member: wire.encode(self.weights(member)))
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
         self.deliveries = Deliveries()  # a secure run checks actors' reports against these
+        self.idle_warned_at = -IDLE_WARNING_S
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -118,7 +121,8 @@ class Learner:
                 if self.gatekeeper is not None:  # a secure run: only actors, each as itself
                     check_sender(parts[1], message)
                 if isinstance(message, wire.Hello):
-                    self.members.hello(actor, message.member)
+                    peer = peer_of(parts[1]) if self.gatekeeper is not None else None
+                    self.members.hello(actor, message.member, message.name, "" if peer is None else peer.user_id)
                     continue
                 if not isinstance(message, wire.Rollout):
                     raise wire.WireError("unexpected_kind", type(message).__name__)
@@ -406,13 +410,19 @@ class Learner:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
         steps, episodes = self.deliveries.take()
+        idle = self.members.idle_requests()
+        self.metrics.idle_requests.set(idle)
+        if idle and time.monotonic() - self.idle_warned_at >= IDLE_WARNING_S:
+            self.idle_warned_at = time.monotonic()
+            log.warning("%d identities hold credit requests and send no rollout (a stolen actor key, or actors "
+                        "that cannot collect): they wait behind every actor that delivers", idle)
         transport.send(self.control, wire.LearnerReport(
             name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
             updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
             stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
             mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.pbt.applied,
             nonfinite_skipped=self.counts.pop("nonfinite", 0), session=self.deliveries.session,
-            delivered_steps=steps, delivered_episodes=episodes, final=final,
+            delivered_steps=steps, delivered_episodes=episodes, final=final, idle_requests=idle,
         ))
 
     def close(self) -> None:
@@ -429,6 +439,9 @@ def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> 
     learner = Learner(cfg, stop)
     try:
         return learner.run(max_updates)
+    except checkpoint.DiskRefused as exc:  # a restarted world would meet the same disk
+        log.error("learner rank %d %s", cfg.rank, exc)
+        return EXIT_DISK
     except Exception as exc:
         if cfg.world_size > 1 and distributed.lost_world(exc):
             log.error("learner rank %d lost its world; exit %d (`rlmq learner --restart` joins a new one)",

@@ -42,9 +42,13 @@ class MemberQueues:
         if not 0 <= member < self.population:
             raise wire.WireError("unknown_member", f"member {member} of {self.population}")
 
-    def hello(self, actor: bytes, member: int) -> None:
+    def hello(self, actor: bytes, member: int, name: str = "", key: str = "") -> None:
         self.check(member)
-        self.ledgers[member].hello(actor, time.monotonic())
+        self.ledgers[member].hello(actor, time.monotonic(), name, key)
+
+    def idle_requests(self) -> int:
+        """Identities holding credit requests they do not use (credits.py), over the members."""
+        return sum(ledger.idle_requests(self.read_at) for ledger in self.ledgers)
 
     def spend(self, actor: bytes, member: int) -> None:
         """A rollout for `member` arrived from `actor`: its credit is spent, whatever the rollout

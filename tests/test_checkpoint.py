@@ -128,3 +128,19 @@ def test_checkpoints_load_without_pickle_and_are_written_atomically_and_pruned(t
     files = checkpoint.Checkpoints(tmp_path, rank=1, kept=2)
     assert not list(files.dir.glob(".*.tmp"))
     assert checkpoint.latest_file(tmp_path) is None  # rank 0 wrote nothing
+
+
+def test_a_disk_that_refuses_checkpoints_says_where_and_why_and_leaves_no_half_file(tmp_path: Path) -> None:
+    """A checkpoint directory that cannot be made, and a write that fails (here: the directory
+    replaced by a file, as root may write where permissions say no): `DiskRefused` at the start, and
+    `refused` naming the path after a failed write, with no temporary file left."""
+    (tmp_path / "blocked").write_text("a file where the checkpoints should go")
+    with pytest.raises(checkpoint.DiskRefused, match="cannot write checkpoints to .*blocked/rank0"):
+        checkpoint.Checkpoints(tmp_path / "blocked", rank=0, kept=3)
+    files = checkpoint.Checkpoints(tmp_path / "ok", rank=0, kept=3)
+    assert files.write(1, {"w": torch.zeros(3)}) and files.refused == ""
+    shutil.rmtree(files.dir)
+    files.dir.write_text("")  # every write under it fails now
+    assert not files.write(2, {"w": torch.zeros(3)})
+    assert files.refused.startswith(f"cannot write checkpoint {files.dir / '00000002.pt'}: ") and "MiB free" in \
+        files.refused, files.refused

@@ -15,11 +15,20 @@ def ledger_of(budget: int, timeout_s: float) -> CreditLedger:
     return CreditLedger(budget, CreditTimeouts(request_ttl_s=1e9, min_s=timeout_s, max_s=timeout_s))
 
 
+def proven(ledger: CreditLedger, *actors: bytes, at: float = 0.0) -> None:
+    """Each actor joins as newcomers do, on probation one after another (the budget held full by
+    rollouts queued meanwhile), and delivers at once: then it asks again, as a proven actor."""
+    for actor in actors:
+        ledger.hello(actor, at)
+        full = ledger.budget_at(at) - ledger.in_budget  # queued: no room within the budget
+        assert ledger.grant(now=at, queued=full) == [actor] and ledger.probation == actor
+        assert ledger.delivered(actor, at, queued=0)
+
+
 def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
     ledger = ledger_of(2, 10.0)
     assert ledger.grant(now=0.0, queued=0) == []  # nobody asked
-    for actor in (A, B, C):
-        ledger.hello(actor, 0.0)
+    proven(ledger, A, B, C)
     assert ledger.grant(now=0.0, queued=0) == [A, B]
     assert ledger.in_flight == 2
     assert ledger.grant(now=1.0, queued=0) == []  # C waits: the budget is spent
@@ -30,16 +39,14 @@ def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
 )
 def test_queued_rollouts_count_against_the_budget(budget: int, queued: int, granted: int) -> None:
     ledger = ledger_of(budget, 10.0)
-    for actor in (A, B, C, D):
-        ledger.hello(actor, 0.0)
+    proven(ledger, A, B, C, D)
     assert ledger.grant(now=0.0, queued=queued) == [A, B, C, D][:granted]
     assert ledger.in_flight == granted
 
 
 def test_waiting_actors_are_served_first_come_first_served() -> None:
     ledger = ledger_of(1, 10.0)
-    for actor in (A, B, C):
-        ledger.hello(actor, 0.0)
+    proven(ledger, A, B, C)
     assert ledger.grant(now=0.0, queued=0) == [A]
     ledger.delivered(A, 0.0, 0)  # A asks again, behind B and C
     assert ledger.grant(now=0.1, queued=0) == [B]
@@ -51,6 +58,7 @@ def test_waiting_actors_are_served_first_come_first_served() -> None:
 
 def test_a_repeated_hello_keeps_its_place_and_earns_one_credit() -> None:
     ledger = ledger_of(5, 10.0)
+    proven(ledger, A, B)
     ledger.hello(A, 0.0)
     ledger.hello(B, 0.0)
     ledger.hello(A, 0.0)
@@ -61,8 +69,7 @@ def test_a_repeated_hello_keeps_its_place_and_earns_one_credit() -> None:
 
 def test_delivered_frees_the_credit() -> None:
     ledger = ledger_of(1, 10.0)
-    ledger.hello(A, 0.0)
-    ledger.hello(B, 0.0)
+    proven(ledger, A, B)
     assert ledger.grant(now=0.0, queued=0) == [A]
     ledger.delivered(A, 0.0, 0)
     assert ledger.in_flight == 0
@@ -88,8 +95,7 @@ def test_hello_from_an_actor_holding_a_credit_keeps_the_credit() -> None:
     """The hello may have crossed the credit on the wire: granting again would let the actor
     send two rollouts on one budget slot."""
     ledger = ledger_of(1, 10.0)
-    ledger.hello(A, 0.0)
-    ledger.hello(B, 0.0)
+    proven(ledger, A, B)
     assert ledger.grant(now=0.0, queued=0) == [A]
     ledger.hello(A, 0.0)
     assert ledger.in_flight == 1 and ledger.holds(A)
@@ -157,7 +163,7 @@ def test_budget_holds_and_the_dead_are_never_served_under_random_traffic(seed: i
             assert now - died_at.get(actor, now) <= timeouts.request_ttl_s, "a credit went to the long dead"
             if actor not in died_at:
                 holding[actor] = now
-        assert ledger.in_flight + queued <= budget
+        assert ledger.in_flight + queued <= budget + 1  # the budget, and one newcomer on probation
         assert len(ledger.granted) == ledger.in_flight
         assert not set(ledger.granted) & set(ledger.waiting)
     assert sum(served.values()) > 3 * budget  # the traffic really flowed
@@ -188,13 +194,12 @@ def test_the_grant_timeout_follows_the_slowest_recent_turnaround_within_its_boun
 def test_a_rollout_whose_credit_was_taken_back_teaches_the_timeout_and_is_kept_if_there_is_room() -> None:
     ledger = CreditLedger(2, CreditTimeouts(request_ttl_s=100.0, min_s=1.0, max_s=2.0))
     ledger.hello(A, 0.0)
-    assert ledger.grant(now=0.0, queued=0) == [A]
+    assert ledger.grant(now=0.0, queued=0) == [A]  # a newcomer: on probation
     assert ledger.grant(now=2.5, queued=0) == [] and not ledger.holds(A)  # taken back: A looked dead
     assert ledger.delivered(A, 3.0, queued=1)  # a slow env, not a dead actor: one more fits
     assert ledger.grant_timeout_s() == 2.0  # 4 × 3 s, capped
-    ledger.hello(B, 3.0)
-    assert ledger.grant(now=3.0, queued=1) == [A]  # A asked again when it delivered
-    ledger.hello(B, 5.0)
+    proven(ledger, B, at=3.0)
+    assert ledger.grant(now=3.0, queued=1) == [A]  # A asked again when it delivered, before B
     assert ledger.grant(now=5.5, queued=1) == [B]  # A's second credit is taken back too, and goes to B
     assert not ledger.delivered(A, 6.0, queued=1)  # now the budget is full: A's late rollout goes
 
@@ -229,8 +234,7 @@ def test_actors_cut_off_together_raise_the_timeout_no_more_than_one_does() -> No
     """Each late rollout is capped against the timeout its credit missed, not against the one
     its predecessors raised: else N actors of a partition would double it N times."""
     ledger = CreditLedger(3, CreditTimeouts(request_ttl_s=100.0, min_s=0.5, max_s=10.0))
-    for actor in (A, B, C):
-        ledger.hello(actor, 0.0)
+    proven(ledger, A, B, C)
     assert sorted(ledger.grant(now=0.0, queued=0)) == sorted([A, B, C])
     assert ledger.delivered(A, 0.1, queued=0) and ledger.grant_timeout_s() == 0.5
     ledger.grant(now=0.7, queued=1)  # B's and C's credits are taken back: the partition
@@ -239,10 +243,10 @@ def test_actors_cut_off_together_raise_the_timeout_no_more_than_one_does() -> No
         ledger.delivered(actor, 26.0, queued=1)
     assert ledger.grant_timeout_s() == pytest.approx(1.0)
 
-def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_grant_timeout() -> None:
+def test_a_flood_of_stray_hellos_never_delays_a_live_actor() -> None:
     """500 identities ask once and never again (a script, or actors that died); a live actor asks
-    every CREDIT_REQUEST_RENEW_S. It gets a credit within the request TTL plus one grant timeout
-    (the one stray served before the rest expired)."""
+    every CREDIT_REQUEST_RENEW_S. It has delivered before, so its next credit comes at the next
+    grant: the strays wait for the probation credit beside the budget."""
     timeouts = CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=10.0)
     ledger = CreditLedger(1, timeouts)
     ledger.hello(A, 0.0)  # one rollout came back quickly: the grant timeout is at its floor
@@ -252,7 +256,6 @@ def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_
     assert ledger.delivered(A, 0.03, queued=0)
     for i in range(500):
         ledger.hello(f"stray-{i}".encode(), 0.03)
-    ledger.waiting.move_to_end(A)  # the strays came first
     now, served_at = 0.03, None
     while served_at is None and now < 10.0:
         now += 0.01
@@ -260,14 +263,13 @@ def test_a_flood_of_stray_hellos_delays_a_live_actor_by_at_most_the_ttl_and_one_
             ledger.hello(A, now)
         if A in ledger.grant(now, queued=0):
             served_at = now
-    assert served_at is not None and served_at - 0.03 <= timeouts.request_ttl_s + timeouts.min_s + 0.05
+    assert served_at is not None and served_at - 0.03 <= 0.011
 
 
 def test_a_stalled_learner_judges_credits_and_requests_by_when_it_last_read_its_socket() -> None:
     """After a long update the rollout that was due, and the renewals, wait unread: not missing."""
     ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=1.0))
-    ledger.hello(A, 0.0)
-    ledger.hello(B, 0.0)
+    proven(ledger, A, B)
     assert ledger.grant(now=0.0, queued=0) == [A]
     assert ledger.grant(now=5.0, queued=0, read_at=0.5) == []  # stalled since 0.5: A's credit stands
     assert ledger.holds(A) and list(ledger.waiting) == [B]
@@ -278,14 +280,12 @@ def test_with_learner_batching_the_budget_follows_the_fleet_within_its_bounds() 
     """One credit per actor heard from (holding one, or asking within the request TTL), never
     fewer than the budget nor more than the most a batch takes; actors gone quiet stop counting."""
     ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=10.0, max_s=10.0), most=4)
-    ledger.hello(A, 0.0)
+    proven(ledger, A)
     assert ledger.grant(now=0.0, queued=0) == [A]  # one actor: the floor
-    for actor in (B, C):
-        ledger.hello(actor, 0.1)
+    proven(ledger, B, C, at=0.1)
     assert ledger.grant(now=0.1, queued=0) == [B, C]  # three actors: three credits
     many = [f"actor-{i}".encode() for i in range(5)]
-    for actor in many:
-        ledger.hello(actor, 0.2)
+    proven(ledger, *many, at=0.2)  # newcomers join on probation, one at a time, and count once proven
     assert ledger.grant(now=0.2, queued=0) == many[:1]  # eight actors, but a batch takes at most 4
     assert ledger.in_flight == 4
     # Each delivers; only A and B go on asking. The rollouts wait in the queue (4): no credit yet.
@@ -301,6 +301,66 @@ def test_with_learner_batching_the_budget_follows_the_fleet_within_its_bounds() 
 
 def test_without_learner_batching_the_budget_stays_fixed_however_many_ask() -> None:
     ledger = CreditLedger(2, CreditTimeouts(request_ttl_s=1.0, min_s=10.0, max_s=10.0))
-    for actor in (A, B, C, D):
-        ledger.hello(actor, 0.0)
+    proven(ledger, A, B, C, D)
     assert ledger.grant(now=0.0, queued=0) == [A, B]
+
+
+def test_newcomers_join_on_probation_one_at_a_time_beside_the_budget_newest_and_oldest_in_turn() -> None:
+    ledger = ledger_of(1, 10.0)
+    proven(ledger, A)  # A's probation credit went to the oldest request (A's own)
+    for actor in (B, C, D):
+        ledger.hello(actor, 0.0)
+    assert ledger.grant(now=0.0, queued=0) == [A, D]  # A within the budget, the newest newcomer on probation
+    assert ledger.in_flight == 2 and ledger.in_budget == 1 and ledger.probation == D
+    assert ledger.grant(now=0.1, queued=0) == []  # B and C wait for the probation credit
+    assert ledger.delivered(D, 0.2, queued=0)  # D is proven now, and asks again
+    assert ledger.grant(now=0.2, queued=1) == []  # D's rollout queued beside A's credit: one beyond already
+    assert ledger.grant(now=0.3, queued=0) == [B]  # trained on: the oldest newcomer on probation
+    assert ledger.idle_requests(0.3) == 0
+
+
+def test_identities_that_never_deliver_cost_the_proven_fleet_nothing_and_are_counted() -> None:
+    """200 identities with the fleet's key, each a new name, renew their requests every 0.25 s and
+    never send a rollout; A, a proven actor, delivers 10 ms after each credit and the learner trains
+    on it at once. A gets as many credits as it would alone; each stray gets one probation credit,
+    taken back unused after the grant timeout, and then waits behind any newcomer; all are counted."""
+    def run(strays: int) -> tuple[int, CreditLedger]:
+        ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=0.5, max_s=10.0))
+        proven(ledger, A)
+        credits, due_at, now = 0, None, 0.0
+        while now < 20.0:
+            now = round(now + 0.01, 2)
+            if round(now * 100) % 25 == 0:
+                for i in range(strays):
+                    ledger.hello(f"stray-{i}".encode(), now, name=f"stray-{i}", key="actor:*")
+            if due_at is not None and now >= due_at:
+                assert ledger.delivered(A, now, queued=0)
+                due_at = None
+            for actor in ledger.grant(now, queued=0):
+                if actor == A:
+                    credits, due_at = credits + 1, now + 0.01
+        return credits, ledger
+
+    alone, _ = run(0)
+    crowded, ledger = run(200)
+    assert crowded == alone > 900
+    assert 20 <= len(ledger.idle) <= 45  # a probation credit each, one every grant timeout (0.5 s)
+    assert ledger.idle_requests(20.0) == 199  # all but the one on probation now
+
+
+def test_a_name_holds_one_request_and_keys_are_served_in_turn() -> None:
+    ledger = ledger_of(1, 10.0)
+    ledger.hello(b"old", 0.0, name="actor-7", key="actor:actor-7")
+    ledger.hello(b"new", 0.1, name="actor-7", key="actor:actor-7")  # actor-7 restarted
+    assert ledger.waiting == [b"new"]
+    ledger = ledger_of(1, 10.0)
+    proven(ledger, A, B, C)
+    for actor, key in ((A, "actor:*"), (B, "actor:*"), (C, "actor:actor-3")):
+        ledger.hello(actor, 1.0, key=key)
+    served = []
+    for t in (1.0, 1.1, 1.2):
+        (actor,) = ledger.grant(now=t, queued=0)
+        served.append(actor)
+        ledger.delivered(actor, t, queued=0)
+        ledger.hello(actor, t, key={A: "actor:*", B: "actor:*", C: "actor:actor-3"}[actor])
+    assert served == [A, C, B]  # the fleet's key, then the other key before the fleet's again

@@ -32,3 +32,17 @@ def test_a_rank_that_never_beat_is_named_once_the_others_wait_for_it() -> None:
     assert behind(waiting, 2, now=10.0) == {}  # the rendezvous may wait a while for a rank to start
     waiting = {0: Pulse(heard=10.0, iteration=0, waiting_s=WAITED_S)}
     assert "never sent a heartbeat" in behind(waiting, 2, now=10.0)[1]
+
+
+def test_a_rank_silent_while_a_beating_peer_waits_for_it_is_hung_and_a_world_paused_as_a_whole_is_not() -> None:
+    from rlmq.coordinator.stragglers import hung
+
+    now = 100.0
+    stopped = Pulse(heard=now - SILENT_S - 1, iteration=7, waiting_s=0.0, since=0.0)
+    waiting = Pulse(heard=now - 0.5, iteration=8, waiting_s=4.0, since=50.0)  # beating all along
+    assert hung({0: waiting, 1: stopped}, now) == [1]
+    assert hung({0: waiting._replace(waiting_s=0.0), 1: stopped}, now) == []  # nobody waits for it (yet)
+    assert hung({0: stopped, 1: stopped}, now) == []  # every rank stopped: paused, not hung
+    # Both stopped for a minute and resumed: rank 0 beats first, already waiting, its peer a heartbeat later.
+    resumed = Pulse(heard=now - 0.1, iteration=8, waiting_s=61.0, since=now - 0.1)
+    assert hung({0: resumed, 1: stopped}, now) == []
