@@ -496,6 +496,10 @@ def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:
         print(f"error: run {outcome}", file=sys.stderr)
         return EXIT_FAILED
     detail = status.detail
+    if status.evaluated_return is not None and status.reason != "target":  # the target's detail says it already
+        detail += (f"; the run's own evaluation: {status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over "
+                   f"{status.evaluated_episodes} {'deterministic' if status.evaluated_deterministic else 'sampled'} "
+                   f"episodes (member {status.evaluated_member}, version {status.evaluated_version})")
     if status.success:
         print(f"done: {detail}")
         return EXIT_OK

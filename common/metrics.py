@@ -177,8 +177,8 @@ class LearnerMetrics:
         )
         self.idle_requests = Gauge(
             f"{PREFIX}_learner_idle_credit_requests",
-            "Identities holding credit requests they do not use: a probation credit taken back unused, or "
-            "waiting 10 s without ever sending a rollout.",
+            "Identities holding credit requests they do not use: asking again after a probation credit "
+            "was taken back unused.",
             registry=r,
         )
         self.queue_depth = Gauge(

@@ -139,6 +139,16 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     return bool(heap and libc.mallopt(m_trim_threshold, trim_threshold))
 
 
+def release_freed_memory() -> bool:
+    """Return the memory glibc's malloc holds freed to the kernel, from every arena (`malloc_trim`):
+    freed blocks in the arenas of other threads (ZeroMQ's I/O thread: the queues of a flood of
+    subscribers) are otherwise kept for good. False where the C library is not glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def announce(path: str, **ports: int) -> None:
     """Write the ports this process bound to `path` (JSON, replaced atomically), for `rlmq up`,
     which follows them in its scrape targets; nothing when `path` is empty."""

@@ -37,6 +37,7 @@ from rlmq.common.service import (
     RejectLog,
     StopFlag,
     announce,
+    release_freed_memory,
 )
 from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
@@ -53,6 +54,9 @@ MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registe
 # After the end, how long a secure run waits for the actors' last reports to count their last
 # rollouts: each actor sends its last report again for up to actors.actor.FINAL_ACK_WAIT_S.
 ACTORS_LAST_WORD_S = 3.0
+# Memory freed by the sockets' queues (a flood of subscribers that read nothing) goes back to the
+# kernel this often: glibc keeps what other threads' arenas free (issue 41: +58 MB held for good).
+TRIM_EVERY_S = 10.0
 FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
 
@@ -98,7 +102,6 @@ class Coordinator:
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
         self.learners_hung: tuple[int, ...] = ()
-        self.idle_requests: dict[int, int] = {}  # rank → identities holding credit requests they do not use
         self.log_reject = RejectLog(log)
         self.finished_at: float | None = None
         self.final_weights = False
@@ -110,7 +113,6 @@ class Coordinator:
         # The verdict on the target and PBT's fitness: the run's own evaluations, unless the run
         # believes its actors (evaluation.episodes = 0).
         self.judge = Judge(self.run_config, self.spec, ctx) if self.run_config.evaluation.episodes else None
-        self.pbt_due: dict[int, int] = {}  # member due for a PBT decision → its version when it fell due
         self.passed: Judged | None = None  # the evaluation that reached the target
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
@@ -208,7 +210,9 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
-        self.note_idle_requests(report.rank, report.idle_requests)
+        idle = self.learners.idle_requests(report.rank, report.idle_requests)
+        if idle is not None:  # `rlmq status` warns
+            self.store.set_status(idle_credit_requests=idle)
         if report.final:
             self.final_reports.add(report.rank)
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
@@ -226,20 +230,6 @@ class Coordinator:
                     self.judge.forget(target)
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
-
-    def note_idle_requests(self, rank: int, idle: int) -> None:
-        """The identities a rank says hold credit requests they do not use: the status (`rlmq
-        status` warns) and a log line when they appear and when they are gone."""
-        before = sum(self.idle_requests.values())
-        self.idle_requests[rank] = idle
-        now = sum(self.idle_requests.values())
-        if now != before:
-            self.store.set_status(idle_credit_requests=now)
-        if now and not before:
-            log.warning("%d identities hold credit requests at the learners and send no rollout (a stolen actor "
-                        "key, or actors that cannot collect); the learners serve them last", now)
-        elif before and not now:
-            log.info("no identity holds credit requests it does not use any more")
 
     def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, frame: bytes) -> None:
         if not 0 <= beat.rank < self.run_config.num_learners:
@@ -304,7 +294,7 @@ class Coordinator:
             self.metrics.rejected.labels(exc.reason).inc()
 
     def run(self, until: float | None = None) -> int:
-        tick = RateTimer(TICK_S)
+        tick, trim = RateTimer(TICK_S), RateTimer(TRIM_EVERY_S)
         log.info("run %s: %s, %d learner(s); control %s, broadcast %s", self.cfg.run,
                  self.run_config.env_id, self.run_config.num_learners, self.control_endpoint,
                  self.broadcast_endpoint)
@@ -325,6 +315,8 @@ class Coordinator:
                 self.evaluate()
             if (tick.due() or (self.passed is not None and self.finished_at is None)) and self.on_tick():
                 break
+            if trim.due():
+                release_freed_memory()
         return EXIT_OK
 
     def on_tick(self) -> bool:
@@ -339,7 +331,8 @@ class Coordinator:
         if self.judge is None:
             self.population.tick(self.population.judged(recent), steps)
         else:
-            self.population.tick(self.judge.fitness(), steps, self.fitness_ready())
+            self.population.tick(self.judge.fitness(), steps,
+                                 self.judge.fitness_ready(self.population.due(), self.version_of))
         for decision in self.population.for_learners():  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
@@ -394,16 +387,6 @@ class Coordinator:
         latest = self.latest_weights.get(member)
         return latest.version if latest is not None else 0
 
-    def fitness_ready(self) -> set[int]:
-        """The members due for a PBT decision whose evaluation is of their weights when they fell
-        due or newer; the others are asked for one."""
-        assert self.judge is not None
-        self.pbt_due = {m: self.pbt_due.get(m, self.version_of(m)) for m in self.population.due()}
-        ready = {m for m, version in self.pbt_due.items() if self.judge.evaluated(m, version)}
-        for member in self.pbt_due.keys() - ready:
-            self.judge.want(member, self.pbt_due[member])
-        return ready
-
     def evaluate(self) -> None:
         """Take an evaluation that came back, and ask the next one."""
         assert self.judge is not None
@@ -441,10 +424,22 @@ class Coordinator:
         learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
         if learners_done and self.gatekeeper is not None and waited < ACTORS_LAST_WORD_S:
             learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
+        learners_done = learners_done and not self.final_evaluation_pending()
         if learners_done or waited > self.cfg.shutdown_grace_s:
             self.store.set_status(state="done", finished_at=time.time())
             return True
         return False
+
+    def final_evaluation_pending(self) -> bool:
+        """A run that did not end on an evaluation (its budget) has the best member's final weights
+        evaluated before it is done (within the grace period): the outcome it reports."""
+        if self.judge is None or self.passed is not None or not self.final_weights:
+            return False
+        best = self.store.status().best_member
+        pending = self.judge.final_pending(best, self.version_of(best))
+        if pending:
+            self.evaluate()
+        return pending
 
     def finish(self, reason: str, detail: str, success: bool, steps: int) -> None:
         log.info("run over (%s): %s", reason, detail)

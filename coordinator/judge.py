@@ -9,6 +9,7 @@ PBT copy (docs/architecture.md, "The run judges its policies itself").
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +61,7 @@ class Judge:
         self.latest: dict[int, Judged] = {}
         self.failed: dict[int, int] = {}  # member → the newest version whose evaluation failed: not asked again
         self.asked = 0
+        self.pbt_due: dict[int, int] = {}  # member due for a PBT decision → its version when it fell due
 
     @property
     def socket(self) -> zmq.Socket[bytes]:
@@ -77,6 +79,22 @@ class Judge:
     def forget(self, member: int) -> None:
         """The member's weights were replaced (a PBT copy): its evaluations are of other weights."""
         self.latest.pop(member, None)
+
+    def fitness_ready(self, due: Iterable[int], version_of: Callable[[int], int]) -> set[int]:
+        """Of the members `due` for a PBT decision, those evaluated at the version they had when they
+        fell due, or a newer one; the others are asked for."""
+        self.pbt_due = {m: self.pbt_due.get(m, version_of(m)) for m in due}
+        ready = {m for m, version in self.pbt_due.items() if self.evaluated(m, version)}
+        for member in self.pbt_due.keys() - ready:
+            self.want(member, self.pbt_due[member])
+        return ready
+
+    def final_pending(self, member: int, version: int) -> bool:
+        """Whether the member's final `version` still waits for its evaluation (asked for if so)."""
+        if self.evaluated(member, version) or self.failed.get(member, -1) >= version:
+            return False
+        self.want(member, version)
+        return True
 
     def fitness(self) -> dict[int, list[float]]:
         """Each evaluated member's returns, for PBT's selection."""

@@ -31,6 +31,7 @@ class LearnerWorld:
         self.pulses: dict[int, stragglers.Pulse] = {}  # rank → its latest heartbeat
         self.behind: dict[int, str] = {}  # rank → why it holds the world up
         self.checked_at = time.monotonic()  # the last `holding_up`
+        self.idle: dict[int, int] = {}  # rank → identities holding credit requests they do not use
 
     def register(self, rank: int, identity: bytes, endpoint: str) -> None:
         if self.identities.get(rank, identity) != identity:
@@ -66,6 +67,19 @@ class LearnerWorld:
 
     def endpoint_list(self) -> tuple[str, ...]:
         return tuple(self.endpoints[rank] for rank in sorted(self.endpoints))
+
+    def idle_requests(self, rank: int, idle: int) -> int | None:
+        """A rank counts `idle` identities holding credit requests they do not use: the world's total
+        when it changed (None: unchanged), logged when they appear and when they are gone."""
+        before = sum(self.idle.values())
+        self.idle[rank] = idle
+        now = sum(self.idle.values())
+        if now and not before:
+            log.warning("%d identities hold credit requests at the learners and send no rollout (a stolen actor "
+                        "key, or actors that cannot collect); the learners serve them last", now)
+        elif before and not now:
+            log.info("no identity holds credit requests it does not use any more")
+        return now if now != before else None
 
     def hung(self) -> list[int]:
         """The ranks the world waits for that are silent (`stragglers.hung`)."""

@@ -25,15 +25,15 @@ No peer can stall it, alive or dead:
 Nor can a crowd of identities that ask and never send (an actor's key, stolen; issue 41):
 - Credits within the budget go only to identities that have delivered a rollout, first come,
   first served, preferring a key other than the last one served (round-robin across keys).
-- An identity that has not delivered yet gets a credit only on *probation*: one at a time, beside
-  the budget, newest and oldest request in turn. So newcomers join one after another and the
-  proven fleet never waits for them; the price is one rollout beyond the budget in flight while
-  newcomers join.
+- An identity that has not delivered yet gets a credit only on *probation*, beside the budget, up
+  to PROBATION_SLOTS newcomers at once. So the proven fleet never waits for newcomers, and a
+  crowd of silent identities gets one credit each, then waits behind everyone; the price is up to
+  PROBATION_SLOTS rollouts beyond the budget in flight while newcomers join.
 - An identity whose probation credit was taken back unused is *idle*: it is served on probation
-  only when no other newcomer waits. A name (an actor's, as its key allows) holds one request: a
+  only when no other newcomer holds a probation credit. A name (an actor's, as its key allows) holds one request: a
   new identity of the name takes the old one's place (a restarted actor).
-- `idle_requests` counts the identities that hold requests they do not use (idle, or waiting
-  IDLE_AFTER_S without ever delivering): the learner's metric and reports, and `rlmq status`.
+- `idle_requests` counts the identities that hold requests they do not use (idle ones that ask
+  again): the learner's metric and reports, and `rlmq status`.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ LATE_GROWTH = 2.0  # a late rollout raises the grant timeout by at most this fac
 MAX_WAITING = 4096  # requests held at once; a flood of Hellos pushes out the oldest
 MAX_REVOKED = 4096  # credits taken back whose rollout may still come
 MAX_KNOWN = 4096  # identities remembered as proven, or idle
+# Newcomers on probation at once, beside the budget: a fleet joins in one round, and a crowd of
+# identities that never deliver costs one credit each before it waits behind everyone.
+PROBATION_SLOTS = 64
 ROUND_ROBIN_LOOKAHEAD = 8  # requests looked past for one of another key than the last served
-IDLE_AFTER_S = 10.0  # a newcomer waiting this long without a rollout counts as holding a request it does not use
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,12 @@ class CreditLedger:
         # actor → when last heard (a request or a rollout), oldest first: the proven fleet the budget follows
         self.heard: OrderedDict[bytes, float] = OrderedDict()
         # Requests, in the order of first request (a renewal keeps the place): actor → (renewed at,
-        # key, first asked at). Those of identities that delivered before, and the newcomers'.
-        self.proven_waiting: OrderedDict[bytes, tuple[float, str, float]] = OrderedDict()
-        self.new_waiting: OrderedDict[bytes, tuple[float, str, float]] = OrderedDict()
+        # key). Those of identities that delivered before, of newcomers, and of idle newcomers.
+        self.proven_waiting: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
+        self.new_waiting: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
+        self.idle_waiting: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
         self.granted: dict[bytes, float] = {}  # actor → when its one credit was granted
-        self.probation: bytes | None = None  # the newcomer holding the credit beside the budget
+        self.probation: set[bytes] = set()  # newcomers holding a credit beside the budget
         # actor → (when the lost credit was granted, the grant timeout it missed)
         self.revoked: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
         self.turnarounds: deque[float] = deque(maxlen=TURNAROUNDS_KEPT)
@@ -76,7 +79,6 @@ class CreditLedger:
         self.idle: OrderedDict[bytes, None] = OrderedDict()  # a probation credit taken back unused
         self.by_name: OrderedDict[str, bytes] = OrderedDict()  # a name's one waiting identity
         self.last_key = ""
-        self.newest_first = True  # whether the last probation credit went to the newest request (they alternate)
         self.keys: dict[bytes, str] = {}  # the key each credit out went to
 
     @property
@@ -85,8 +87,8 @@ class CreditLedger:
 
     @property
     def waiting(self) -> list[bytes]:
-        """Every identity with a request: the proven first, each in order of request."""
-        return [*self.proven_waiting, *self.new_waiting]
+        """Every identity with a request: the proven, the newcomers, the idle, each in order of request."""
+        return [*self.proven_waiting, *self.new_waiting, *self.idle_waiting]
 
     def holds(self, actor: bytes) -> bool:
         return actor in self.granted
@@ -103,8 +105,8 @@ class CreditLedger:
 
     @property
     def in_budget(self) -> int:
-        """Credits out within the budget (the probation credit is beside it)."""
-        return len(self.granted) - (self.probation is not None)
+        """Credits out within the budget (probation credits are beside it)."""
+        return len(self.granted) - len(self.probation)
 
     def hear(self, actor: bytes, now: float) -> None:
         if self.most > self.budget and actor in self.proven:
@@ -128,15 +130,15 @@ class CreditLedger:
         if name:
             before = self.by_name.get(name)
             if before is not None and before != actor:  # the name's new identity (a restarted actor)
-                self.proven_waiting.pop(before, None)
-                self.new_waiting.pop(before, None)
+                for queue in (self.proven_waiting, self.new_waiting, self.idle_waiting):
+                    queue.pop(before, None)
             self.by_name[name] = actor
             self.by_name.move_to_end(name)
             if len(self.by_name) > MAX_WAITING:
                 self.by_name.popitem(last=False)
-        queue = self.proven_waiting if actor in self.proven else self.new_waiting
-        first = queue[actor][2] if actor in queue else now
-        queue[actor] = (now, key, first)  # an existing key keeps its place
+        queue = (self.proven_waiting if actor in self.proven else
+                 self.idle_waiting if actor in self.idle else self.new_waiting)
+        queue[actor] = (now, key)  # an existing key keeps its place
         if len(queue) > MAX_WAITING:
             queue.popitem(last=False)
 
@@ -145,8 +147,7 @@ class CreditLedger:
         received before it and not yet trained). Its credit is spent either way, and an actor that
         held one asks for the next."""
         since = self.granted.pop(actor, None)
-        if actor == self.probation:
-            self.probation = None
+        self.probation.discard(actor)
         turnaround = 0.0 if since is None else now - since
         late = since is None
         if late:
@@ -160,7 +161,8 @@ class CreditLedger:
         remember(self.proven, actor)
         self.idle.pop(actor, None)
         self.new_waiting.pop(actor, None)
-        self.proven_waiting[actor] = (now, self.keys.pop(actor, ""), now)
+        self.idle_waiting.pop(actor, None)
+        self.proven_waiting[actor] = (now, self.keys.pop(actor, ""))
         self.hear(actor, now)
         return not late or self.in_budget + queued < self.budget_at(now)
 
@@ -174,15 +176,15 @@ class CreditLedger:
         # a crowd of silent identities ahead of the fleet would cost each the full max_s.
         probation_timeout = timeout if self.turnarounds else self.timeouts.min_s
         for actor, since in list(self.granted.items()):
-            if seen - since > (probation_timeout if actor == self.probation else timeout):
+            if seen - since > (probation_timeout if actor in self.probation else timeout):
                 # it died, or the credit was lost: it asks again if it lives
                 del self.granted[actor]
                 self.keys.pop(actor, None)
                 self.revoked[actor] = (since, timeout)
                 if len(self.revoked) > MAX_REVOKED:
                     self.revoked.popitem(last=False)
-                if actor == self.probation:
-                    self.probation = None
+                if actor in self.probation:
+                    self.probation.discard(actor)
                     remember(self.idle, actor)
         granted, budget = [], self.budget_at(seen)
         while self.in_budget + queued < budget:
@@ -191,31 +193,30 @@ class CreditLedger:
                 break
             self.granted[proven] = now
             granted.append(proven)
-        if self.probation is None and self.in_budget + queued <= budget:  # never more than one beyond it
-            # Newest first and oldest first in turn: a crowd that asked before the fleet does not hold
-            # the fleet's newcomers back, and one that keeps sending new identities cannot either.
-            self.newest_first = not self.newest_first
-            newcomer = self.next_request(self.new_waiting, seen, skip=self.idle, newest=self.newest_first) or \
-                self.next_request(self.new_waiting, seen, newest=self.newest_first)
-            if newcomer is not None:
-                self.granted[newcomer] = now
-                self.probation = newcomer
-                granted.append(newcomer)
+        # Newcomers never served, first come first served, up to PROBATION_SLOTS at once (each costs
+        # one credit ever, so a crowd of them is soon through); never more beyond the budget than
+        # the slots, their rollouts counted once queued. Idle ones only while no other is on probation.
+        while self.in_budget + queued + len(self.probation) < budget + PROBATION_SLOTS:
+            newcomer = self.next_request(self.new_waiting, seen)
+            if newcomer is None and not self.probation:
+                newcomer = self.next_request(self.idle_waiting, seen)
+            if newcomer is None:
+                break
+            self.granted[newcomer] = now
+            self.probation.add(newcomer)
+            granted.append(newcomer)
         return granted
 
-    def next_request(self, queue: OrderedDict[bytes, tuple[float, str, float]], seen: float,
-                     skip: OrderedDict[bytes, None] | None = None, newest: bool = False) -> bytes | None:
-        """The oldest (`newest`: the newest) living request in `queue` not in `skip`, of a key other
-        than the last one served if one is among the next few, taken out of the queue; requests not
-        renewed within the TTL are dropped on the way."""
+    def next_request(self, queue: OrderedDict[bytes, tuple[float, str]], seen: float) -> bytes | None:
+        """The oldest living request in `queue`, of a key other than the last one served if one is
+        among the next few, taken out of the queue; requests not renewed within the TTL are dropped
+        on the way."""
         first: bytes | None = None
         chosen: bytes | None = None
         looked = 0
-        for actor, (renewed, key, _) in list(reversed(queue.items()) if newest else queue.items()):
+        for actor, (renewed, key) in list(queue.items()):
             if seen - renewed > self.timeouts.request_ttl_s:
                 del queue[actor]  # not renewed: gone
-                continue
-            if skip is not None and actor in skip:
                 continue
             if key != self.last_key:
                 chosen = actor
@@ -229,11 +230,10 @@ class CreditLedger:
             self.last_key = self.keys[chosen] = queue.pop(chosen)[1]
         return chosen
 
-    def idle_requests(self, seen: float) -> int:
-        """Identities holding requests they do not use: idle ones, and newcomers waiting
-        IDLE_AFTER_S without a rollout."""
-        return sum(actor in self.idle or seen - first >= IDLE_AFTER_S
-                   for actor, (_, _, first) in self.new_waiting.items())
+    def idle_requests(self) -> int:
+        """Identities holding requests they do not use: their probation credit was taken back unused,
+        and they ask again. (A newcomer that merely waits is not counted: it has had no credit.)"""
+        return len(self.idle_waiting)
 
 
 def remember(known: OrderedDict[bytes, None], actor: bytes) -> None:

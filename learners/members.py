@@ -48,7 +48,7 @@ class MemberQueues:
 
     def idle_requests(self) -> int:
         """Identities holding credit requests they do not use (credits.py), over the members."""
-        return sum(ledger.idle_requests(self.read_at) for ledger in self.ledgers)
+        return sum(ledger.idle_requests() for ledger in self.ledgers)
 
     def spend(self, actor: bytes, member: int) -> None:
         """A rollout for `member` arrived from `actor`: its credit is spent, whatever the rollout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlmq.learners.credits import CreditLedger, CreditTimeouts
+from rlmq.learners.credits import PROBATION_SLOTS, CreditLedger, CreditTimeouts
 
 A, B, C, D = b"actor-a", b"actor-b", b"actor-c", b"actor-d"
 
@@ -21,7 +21,7 @@ def proven(ledger: CreditLedger, *actors: bytes, at: float = 0.0) -> None:
     for actor in actors:
         ledger.hello(actor, at)
         full = ledger.budget_at(at) - ledger.in_budget  # queued: no room within the budget
-        assert ledger.grant(now=at, queued=full) == [actor] and ledger.probation == actor
+        assert ledger.grant(now=at, queued=full) == [actor] and ledger.probation == {actor}
         assert ledger.delivered(actor, at, queued=0)
 
 
@@ -81,8 +81,7 @@ def test_delivered_frees_the_credit() -> None:
 
 def test_an_unused_credit_is_reclaimed_after_the_timeout() -> None:
     ledger = ledger_of(1, 5.0)
-    ledger.hello(A, 0.0)
-    ledger.hello(B, 0.0)
+    proven(ledger, A, B)
     assert ledger.grant(now=100.0, queued=0) == [A]
     assert ledger.grant(now=104.9, queued=0) == []  # A may still be busy
     assert ledger.grant(now=105.0, queued=0) == []  # exactly the timeout: not yet
@@ -163,7 +162,7 @@ def test_budget_holds_and_the_dead_are_never_served_under_random_traffic(seed: i
             assert now - died_at.get(actor, now) <= timeouts.request_ttl_s, "a credit went to the long dead"
             if actor not in died_at:
                 holding[actor] = now
-        assert ledger.in_flight + queued <= budget + 1  # the budget, and one newcomer on probation
+        assert ledger.in_flight + queued <= budget + PROBATION_SLOTS  # the budget, and newcomers on probation
         assert len(ledger.granted) == ledger.in_flight
         assert not set(ledger.granted) & set(ledger.waiting)
     assert sum(served.values()) > 3 * budget  # the traffic really flowed
@@ -171,6 +170,7 @@ def test_budget_holds_and_the_dead_are_never_served_under_random_traffic(seed: i
 
 def test_a_request_not_renewed_within_its_ttl_is_forgotten_and_a_renewal_keeps_its_place() -> None:
     ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=1.0, max_s=10.0))
+    proven(ledger, A, B, C)
     ledger.hello(A, 0.0)  # A dies here
     ledger.hello(B, 0.0)
     ledger.hello(C, 0.5)
@@ -305,18 +305,20 @@ def test_without_learner_batching_the_budget_stays_fixed_however_many_ask() -> N
     assert ledger.grant(now=0.0, queued=0) == [A, B]
 
 
-def test_newcomers_join_on_probation_one_at_a_time_beside_the_budget_newest_and_oldest_in_turn() -> None:
+def test_newcomers_join_on_probation_beside_the_budget_and_idle_ones_one_at_a_time() -> None:
     ledger = ledger_of(1, 10.0)
-    proven(ledger, A)  # A's probation credit went to the oldest request (A's own)
+    proven(ledger, A)
     for actor in (B, C, D):
         ledger.hello(actor, 0.0)
-    assert ledger.grant(now=0.0, queued=0) == [A, D]  # A within the budget, the newest newcomer on probation
-    assert ledger.in_flight == 2 and ledger.in_budget == 1 and ledger.probation == D
-    assert ledger.grant(now=0.1, queued=0) == []  # B and C wait for the probation credit
-    assert ledger.delivered(D, 0.2, queued=0)  # D is proven now, and asks again
-    assert ledger.grant(now=0.2, queued=1) == []  # D's rollout queued beside A's credit: one beyond already
-    assert ledger.grant(now=0.3, queued=0) == [B]  # trained on: the oldest newcomer on probation
-    assert ledger.idle_requests(0.3) == 0
+    assert ledger.grant(now=0.0, queued=0) == [A, B, C, D]  # A within the budget, the newcomers on probation
+    assert ledger.in_flight == 4 and ledger.in_budget == 1 and ledger.probation == {B, C, D}
+    assert ledger.delivered(B, 0.2, queued=0)  # B is proven now, and asks again
+    assert ledger.grant(now=11.0, queued=1) == []  # C's and D's credits are taken back unused: idle
+    assert ledger.idle == {C: None, D: None} and not ledger.probation
+    for actor in (C, D):
+        ledger.hello(actor, 11.0)
+    assert ledger.grant(now=11.0, queued=1) == [C]  # idle newcomers: one at a time
+    assert ledger.idle_requests() == 1  # D asks again, after a credit it did not use
 
 
 def test_identities_that_never_deliver_cost_the_proven_fleet_nothing_and_are_counted() -> None:
@@ -344,8 +346,8 @@ def test_identities_that_never_deliver_cost_the_proven_fleet_nothing_and_are_cou
     alone, _ = run(0)
     crowded, ledger = run(200)
     assert crowded == alone > 900
-    assert 20 <= len(ledger.idle) <= 45  # a probation credit each, one every grant timeout (0.5 s)
-    assert ledger.idle_requests(20.0) == 199  # all but the one on probation now
+    assert len(ledger.idle) == 200  # a probation credit each, PROBATION_SLOTS at a time, then idle
+    assert ledger.idle_requests() == 199  # all ask again but the one on probation now
 
 
 def test_a_name_holds_one_request_and_keys_are_served_in_turn() -> None:
@@ -364,3 +366,13 @@ def test_a_name_holds_one_request_and_keys_are_served_in_turn() -> None:
         ledger.delivered(actor, t, queued=0)
         ledger.hello(actor, t, key={A: "actor:*", B: "actor:*", C: "actor:actor-3"}[actor])
     assert served == [A, C, B]  # the fleet's key, then the other key before the fleet's again
+
+
+def test_a_fleet_of_newcomers_joins_in_one_round_up_to_the_probation_slots() -> None:
+    ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=10.0, max_s=10.0))
+    fleet = [f"actor-{i}".encode() for i in range(PROBATION_SLOTS + 6)]
+    for actor in fleet:
+        ledger.hello(actor, 0.0)
+    # beside the budget, and in the budget's own room while no proven actor uses it
+    assert ledger.grant(now=0.0, queued=0) == fleet[:PROBATION_SLOTS + 1] and ledger.in_budget == 0
+    assert ledger.grant(now=0.1, queued=1) == []  # one rollout queued: no room left

@@ -170,7 +170,7 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
     tmp_path: Path,
 ) -> None:
     """Rank 1 SIGKILLed mid-run: `rlmq up` restarts the learner world, which resumes from its newest
-    checkpoint and is training again within 30 s. Then both ranks stopped together for 6 s (a
+    checkpoint and is training again within 30 s. Then both ranks stopped together for 4 s (a
     world paused as a whole, longer than the coordinator's SILENT_S): they go on where they were,
     updating within 2 s of the resume, without a restart. Then rank 1 stopped alone (SIGSTOP):
     the coordinator names it silent while rank 0 waits for it, `rlmq up` restarts the world at once
@@ -201,7 +201,7 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         version = store.status().policy_version + 1
-        time.sleep(6)
+        time.sleep(SILENT_S + 1)  # every rank silent to the coordinator
         for pid in ranks:
             os.kill(pid, signal.SIGCONT)
         resumed = time.monotonic()
@@ -219,8 +219,8 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
         assert isinstance(behind, str) and behind.startswith("learner-1 (rank 1): no heartbeat"), behind
         wait_for(lambda: store.status().policy_version > version, 30, "an update of the restarted world", up)
         first_update = time.monotonic() - since
-        print(f"both paused 6 s: an update {paused_update:.2f} s after the resume; rank 1 stopped: named, restarted, "
-              f"and the new world's first update {first_update:.1f} s later")
+        print(f"both paused {SILENT_S + 1:g} s: an update {paused_update:.2f} s after the resume; rank 1 stopped: "
+              f"named, restarted, and the new world's first update {first_update:.1f} s later")
         out, _ = up.communicate(timeout=150)
     finally:
         if up.poll() is None:

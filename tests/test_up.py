@@ -102,6 +102,10 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     assert "target not reached" in output and "raise --total-steps" in output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["reason"] == "budget" and not summary["success"] and summary["env_steps"] >= 3000
+    # What it reports is the run's own evaluation of the final weights, not the actors' word.
+    evaluation = summary["evaluation"]
+    assert evaluation["episodes"] == 10 and evaluation["deterministic"] and evaluation["version"] >= 1, evaluation
+    assert f"the run's own evaluation: {evaluation['mean_return']:.1f} ±" in output, output
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
