@@ -115,7 +115,7 @@ def coordinator(
     from rlmq.common.config import CoordinatorConfig, RunConfig
     from rlmq.common.loading import load_run_config
     from rlmq.common.redis_urls import with_password
-    from rlmq.coordinator.coordinator import main
+    from rlmq.coordinator.process import main
 
     try:
         config = load_run_config(run_config, {}) if run_config else RunConfig()

@@ -19,20 +19,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis
 import zmq
 
 from rlmq.common import envs, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
-from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import Credentials, check_sender, counting_refusals
 from rlmq.common.service import (
-    EXIT_DISK,
-    EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     RateTimer,
     RejectLog,
     StopFlag,
@@ -43,7 +38,7 @@ from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import EXIT_FAILPOINT, Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
-from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
+from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
 TICK_S = 0.5
@@ -112,7 +107,8 @@ class Coordinator:
         self.recent_steps = collections.deque([(time.monotonic(), store.status().env_steps)], maxlen=RATE_TICKS + 1)
         # The verdict on the target and PBT's fitness: the run's own evaluations, unless the run
         # believes its actors (evaluation.episodes = 0).
-        self.judge = Judge(self.run_config, self.spec, ctx) if self.run_config.evaluation.episodes else None
+        self.judge = (Judge(self.run_config, self.spec, ctx, store, self.metrics)
+                      if self.run_config.evaluation.episodes else None)
         self.passed: Judged | None = None  # the evaluation that reached the target
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
@@ -377,7 +373,7 @@ class Coordinator:
         return target is not None and full_record and mean_return is not None and mean_return >= target
 
     def end_reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
-        """Why the run ends now: "target" (an evaluation reached it, `on_evaluated`; on a run that
+        """Why the run ends now: "target" (an evaluation reached it, `evaluate`; on a run that
         believes its actors' returns, `reported_target`), "budget" (the env steps), or None."""
         if self.passed is not None or (self.judge is None and self.reported_target(mean_return, full_record)):
             return "target"
@@ -388,28 +384,10 @@ class Coordinator:
         return latest.version if latest is not None else 0
 
     def evaluate(self) -> None:
-        """Take an evaluation that came back, and ask the next one."""
+        """Take an evaluation that came back (the judge records it), and ask the next one."""
         assert self.judge is not None
-        outcome = self.judge.step(self.latest_weights)
-        if isinstance(outcome, str):
-            log.error("%s", outcome)
-            self.metrics.evaluations.labels("failed").inc()
-        elif outcome is not None:
-            self.on_evaluated(outcome)
-
-    def on_evaluated(self, judged: Judged) -> None:
-        assert self.judge is not None
-        self.metrics.evaluations.labels("played").inc()
-        self.metrics.evaluated_return.labels(str(judged.member)).set(judged.mean)
-        steps = self.store.status().env_steps
-        log.info("evaluation: %s, trained on %d env steps, in %.1f s", judged.describe(), judged.trained_steps,
-                 judged.seconds)
-        self.store.set_status(evaluated_return=judged.mean, evaluated_std=judged.std,
-                              evaluated_episodes=len(judged.returns), evaluated_member=judged.member,
-                              evaluated_version=judged.version, evaluated_deterministic=judged.deterministic,
-                              evaluated_at_steps=steps, evaluations=self.judge.asked)
-        target = self.run_config.target_return
-        if self.finished_at is None and target is not None and judged.mean >= target:
+        judged, target = self.judge.step(self.latest_weights), self.run_config.target_return
+        if judged is not None and self.finished_at is None and target is not None and judged.played.mean >= target:
             self.passed = judged  # the loop runs the tick at once: it records the end
 
     def finishing(self) -> bool:
@@ -461,45 +439,3 @@ def _actor_index(name: str, default: int) -> int:
     """`actor-7` → 7, so a restarted actor gets its old seed stream; otherwise arrival order."""
     tail = name.rsplit("-", 1)[-1]
     return int(tail) if tail.isascii() and tail.isdecimal() and len(tail) <= 6 else default
-
-
-def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
-    # Every access retries through an outage of up to `redis_outage_s` (store.OutageRetry); past
-    # that the run cannot go on without its state, and the error ends the process here. A stop
-    # request ends the wait too: a supervisor's SIGTERM must not wait out the budget.
-    store = RunStore.connect(cfg.redis_url, cfg.run, outage_s=cfg.redis_outage_s, report=log.warning,
-                             give_up=stop)
-    try:
-        coordinator = Coordinator(cfg, store, stop)
-    except envs.EnvError as exc:
-        log.error("%s", exc)
-        return EXIT_USAGE
-    except OUTAGE_ERRORS as exc:
-        return redis_gone(cfg, stop, exc)
-    try:
-        return coordinator.run()
-    except OUTAGE_ERRORS as exc:
-        return redis_gone(cfg, stop, exc)
-    except redis.ResponseError as exc:
-        if not refuses_writes(exc):
-            raise
-        log.error("Redis cannot write the run's data to its disk (%s)", exc)
-        return EXIT_DISK
-    finally:
-        coordinator.close()
-
-
-def refuses_writes(exc: redis.ResponseError) -> bool:
-    """Whether Redis refused a write because it cannot persist it (its disk full or read-only)."""
-    text = str(exc)
-    return text.startswith("MISCONF") or "No space left" in text or "Errors writing" in text
-
-
-def redis_gone(cfg: CoordinatorConfig, stop: StopFlag, exc: Exception) -> int:
-    url = shown_url(cfg.redis_url)
-    if stop.is_set():
-        log.error("stopped while Redis at %s was unreachable (%s): the write under way is lost", url, exc)
-    else:
-        log.error("giving up: Redis at %s unreachable for %g s (%s); start the coordinator again with the "
-                  "same --run once Redis is back to resume the run", url, cfg.redis_outage_s, exc)
-    return EXIT_FAILED

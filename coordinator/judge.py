@@ -9,17 +9,21 @@ PBT copy (docs/architecture.md, "The run judges its policies itself").
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
+from rlmq.common.episodes import Evaluation
+from rlmq.common.metrics import CoordinatorMetrics
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.evaluator import Evaluator
+from rlmq.coordinator.store import RunStore
 
+log = logging.getLogger("rlmq.coordinator")
 # Episode seeds of the evaluations: apart from the actors' (run seed + actor index streams) and
 # fresh for each evaluation, so that no policy is judged twice on the same starts.
 SEED_BASE = 1 << 30
@@ -32,28 +36,20 @@ class Judged:
     member: int
     version: int
     trained_steps: int
-    returns: list[float]
-    lengths: list[int]
+    played: Evaluation
     seconds: float
     deterministic: bool
 
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.returns))
-
-    @property
-    def std(self) -> float:
-        return float(np.std(self.returns))
-
     def describe(self) -> str:
         mode = "deterministic" if self.deterministic else "sampled"
-        return (f"mean return {self.mean:.1f} ± {self.std:.1f} over {len(self.returns)} {mode} evaluation episodes "
-                f"(member {self.member}, version {self.version})")
+        return (f"mean return {self.played.mean:.1f} ± {self.played.std:.1f} over {len(self.played.returns)} {mode} "
+                f"evaluation episodes (member {self.member}, version {self.version})")
 
 
 class Judge:
-    def __init__(self, run_config: RunConfig, spec: EnvSpec, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-        self.run_config, self.spec = run_config, spec
+    def __init__(self, run_config: RunConfig, spec: EnvSpec, ctx: zmq.Context[zmq.Socket[bytes]], store: RunStore,
+                 metrics: CoordinatorMetrics) -> None:
+        self.run_config, self.spec, self.store, self.metrics = run_config, spec, store, metrics
         self.settings = run_config.evaluation
         self.evaluator = Evaluator(ctx, self.settings.timeout_s)
         self.evaluator.start()  # now, so that the first verdict does not wait for its imports
@@ -98,26 +94,29 @@ class Judge:
 
     def fitness(self) -> dict[int, list[float]]:
         """Each evaluated member's returns, for PBT's selection."""
-        return {m: judged.returns for m, judged in self.latest.items()}
+        return {m: judged.played.returns for m, judged in self.latest.items()}
 
-    def step(self, weights: dict[int, wire.Weights]) -> Judged | str | None:
-        """An evaluation that came back (or why one failed), and the next one asked when the evaluator is
-        free: the first member wanted whose weights are newer than its last evaluation."""
-        outcome: Judged | str | None = None
+    def step(self, weights: dict[int, wire.Weights]) -> Judged | None:
+        """An evaluation that came back, recorded (log, metrics, the run's status; a failed one
+        logged and counted), and the next one asked when the evaluator is free: the first member
+        wanted whose weights are newer than its last evaluation."""
+        outcome: Judged | None = None
         answer = self.evaluator.answer()
         if answer is not None:
             request, result = answer
             member, version = request.weights.member, request.weights.version
             if result.error:
                 self.failed[member] = version
-                outcome = f"the evaluation of member {member} (version {version}) failed: {result.error}"
+                log.error("the evaluation of member %d (version %d) failed: %s", member, version, result.error)
+                self.metrics.evaluations.labels("failed").inc()
             else:
-                judged = Judged(member, version, request.weights.trained_steps, result.returns.tolist(),
-                                result.lengths.tolist(), result.seconds, request.deterministic)
-                self.latest[member] = judged
+                played = Evaluation(result.returns.tolist(), result.lengths.tolist())
+                outcome = Judged(member, version, request.weights.trained_steps, played, result.seconds,
+                                 request.deterministic)
+                self.latest[member] = outcome
                 if self.wanted.get(member, version + 1) <= version:
                     del self.wanted[member]
-                outcome = judged
+                self.record(outcome)
         if not self.evaluator.busy:
             for member in list(self.wanted):
                 latest = weights.get(member)
@@ -126,6 +125,18 @@ class Judge:
                     self.ask(latest)
                     break
         return outcome
+
+    def record(self, judged: Judged) -> None:
+        played = judged.played
+        self.metrics.evaluations.labels("played").inc()
+        self.metrics.evaluated_return.labels(str(judged.member)).set(played.mean)
+        steps = self.store.status().env_steps
+        log.info("evaluation: %s, trained on %d env steps, in %.1f s", judged.describe(), judged.trained_steps,
+                 judged.seconds)
+        self.store.set_status(evaluated_return=played.mean, evaluated_std=played.std,
+                              evaluated_episodes=len(played.returns), evaluated_member=judged.member,
+                              evaluated_version=judged.version, evaluated_deterministic=judged.deterministic,
+                              evaluated_at_steps=steps, evaluations=self.asked)
 
     def ask(self, weights: wire.Weights) -> None:
         self.asked += 1
