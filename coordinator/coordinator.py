@@ -328,7 +328,8 @@ class Coordinator:
             self.population.tick(self.population.judged(recent), steps)
         else:
             self.population.tick(self.judge.fitness(), steps,
-                                 self.judge.fitness_ready(self.population.due(), self.version_of))
+                                 self.judge.fitness_ready(self.population.due(), range(self.population.size),
+                                                          self.version_of))
         for decision in self.population.for_learners():  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)

@@ -57,7 +57,8 @@ class Judge:
         self.latest: dict[int, Judged] = {}
         self.failed: dict[int, int] = {}  # member → the newest version whose evaluation failed: not asked again
         self.asked = 0
-        self.pbt_due: dict[int, int] = {}  # member due for a PBT decision → its version when it fell due
+        # member due for a PBT decision → every member's version when it fell due
+        self.pbt_due: dict[int, dict[int, int]] = {}
 
     @property
     def socket(self) -> zmq.Socket[bytes]:
@@ -76,13 +77,19 @@ class Judge:
         """The member's weights were replaced (a PBT copy): its evaluations are of other weights."""
         self.latest.pop(member, None)
 
-    def fitness_ready(self, due: Iterable[int], version_of: Callable[[int], int]) -> set[int]:
-        """Of the members `due` for a PBT decision, those evaluated at the version they had when they
-        fell due, or a newer one; the others are asked for."""
-        self.pbt_due = {m: self.pbt_due.get(m, version_of(m)) for m in due}
-        ready = {m for m, version in self.pbt_due.items() if self.evaluated(m, version)}
-        for member in self.pbt_due.keys() - ready:
-            self.want(member, self.pbt_due[member])
+    def fitness_ready(self, due: Iterable[int], members: Iterable[int], version_of: Callable[[int], int]) -> set[int]:
+        """Of the members `due` for a PBT decision, those for which every member has been evaluated
+        at the version it had when the due one fell due, or a newer one (ranked against older
+        evaluations of the others, a member would be ranked against their past); what is missing
+        is asked for."""
+        self.pbt_due = {m: self.pbt_due.get(m) or {o: version_of(o) for o in members} for m in due}
+        ready = set()
+        for member, versions in self.pbt_due.items():
+            missing = {o: version for o, version in versions.items() if not self.evaluated(o, version)}
+            for other, version in missing.items():
+                self.want(other, version)
+            if not missing:
+                ready.add(member)
         return ready
 
     def final_pending(self, member: int, version: int) -> bool:
