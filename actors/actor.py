@@ -105,8 +105,16 @@ class Actor:
         lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
         collector = Collector(lanes, spec, run_cfg.rollout_length, seed)
-        log.info("%s: member %d, %s × %d in %d lane(s), acting on %s, learners %s", self.cfg.name, self.member,
-                 run_cfg.env_id, run_cfg.num_envs, len(lanes), device or "the CPU", ", ".join(assign.learner_endpoints))
+        log.info(
+            "%s: member %d, %s × %d in %d lane(s), acting on %s, learners %s",
+            self.cfg.name,
+            self.member,
+            run_cfg.env_id,
+            run_cfg.num_envs,
+            len(lanes),
+            device or "the CPU",
+            ", ".join(assign.learner_endpoints),
+        )
         report = RateTimer(run_cfg.report_interval_s)
         starving = RateTimer(WEIGHTS_PULL_S)
         steps_total = 0

@@ -45,8 +45,9 @@ class Lane:
 
 
 class Collector:
-    def __init__(self, env: gym.vector.VectorEnv | Sequence[gym.vector.VectorEnv], spec: EnvSpec,
-                 rollout_length: int, seed: int) -> None:
+    def __init__(
+        self, env: gym.vector.VectorEnv | Sequence[gym.vector.VectorEnv], spec: EnvSpec, rollout_length: int, seed: int
+    ) -> None:
         envs = [env] if isinstance(env, gym.vector.VectorEnv) else list(env)
         self.lanes, start = [], 0
         for lane_env in envs:
@@ -91,8 +92,9 @@ class Collector:
         lanes = []
         for lane in self.lanes:
             s = lane.slots
-            lanes.append((lane, obs[:, s], actions[:, s], logprobs[:, s], rewards[:, s], terminated[:, s],
-                          truncated[:, s]))
+            lanes.append(
+                (lane, obs[:, s], actions[:, s], logprobs[:, s], rewards[:, s], terminated[:, s], truncated[:, s])
+            )
         clock, waiting = time.perf_counter, 0.0
 
         def send(t: int, lane: Lane, obs: np.ndarray, actions: np.ndarray, logprobs: np.ndarray) -> None:
@@ -129,8 +131,14 @@ class Collector:
         self.prev_done = done[-1].copy()
         self.unscanned.append((rewards, valid, done))
         self.collected += 1
-        return Rollout(member=member, policy_version=version, actor=actor, sequence=self.collected,
-                       frame_stack=self.spec.frame_stack, **arrays)
+        return Rollout(
+            member=member,
+            policy_version=version,
+            actor=actor,
+            sequence=self.collected,
+            frame_stack=self.spec.frame_stack,
+            **arrays,
+        )
 
     def take_times(self) -> tuple[float, float]:
         """(acting, waiting for the envs) in seconds since the last call."""
@@ -145,8 +153,9 @@ class Collector:
     def colored_noise(self, policy: NumpyPolicy) -> ColoredNoise | None:
         """The noise process for `policy`'s `noise_color`, kept across weight updates (a new policy
         object each) so that each slot's sequence runs on; None for white noise."""
-        self.noise = colored_noise_for(policy.noise_color, self.spec, self.num_envs, self.time_limit, self.rng,
-                                       self.noise)
+        self.noise = colored_noise_for(
+            policy.noise_color, self.spec, self.num_envs, self.time_limit, self.rng, self.noise
+        )
         return self.noise
 
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:

@@ -36,9 +36,11 @@ class HeldPolicy:
         (the policy held before stays)."""
         if weights.member != self.member:
             raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
-        wanted = {"broadcast": weights.version > self.version,
-                  "learner": weights.version != self.version,
-                  "assign": self.policy is None}[source]
+        wanted = {
+            "broadcast": weights.version > self.version,
+            "learner": weights.version != self.version,
+            "assign": self.policy is None,
+        }[source]
         if wanted:
             self.adopt(weights)
         return wanted

@@ -41,8 +41,15 @@ class Reports:
     def waited_for_credit(self, seconds: float) -> None:
         self.unreported_credit_wait += seconds
 
-    def next(self, returns: np.ndarray, lengths: np.ndarray, acting_s: float, env_wait_s: float,
-             policy_version: int, rejected: int) -> bytes:
+    def next(
+        self,
+        returns: np.ndarray,
+        lengths: np.ndarray,
+        acting_s: float,
+        env_wait_s: float,
+        policy_version: int,
+        rejected: int,
+    ) -> bytes:
         """The next report, encoded, with the episodes that finished since the last one and the
         collector's times since then; counts them all in the metrics."""
         steps, self.unreported_steps = self.unreported_steps, 0
@@ -56,12 +63,21 @@ class Reports:
         m.episode_return.observe_many(returns)
         self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
         m.returns_given_up.inc(self.unacked.add(returns, lengths))
-        self.last = wire.encode(wire.ActorReport(
-            name=self.name, member=self.member, env_steps=steps,
-            episode_returns=self.unacked.returns, episode_lengths=self.unacked.lengths,
-            policy_version=policy_version, rejected=rejected, first_step_at=self.first_step_at,
-            session=self.session, steps_total=self.totals[0], episodes_total=self.totals[1],
-        ))
+        self.last = wire.encode(
+            wire.ActorReport(
+                name=self.name,
+                member=self.member,
+                env_steps=steps,
+                episode_returns=self.unacked.returns,
+                episode_lengths=self.unacked.lengths,
+                policy_version=policy_version,
+                rejected=rejected,
+                first_step_at=self.first_step_at,
+                session=self.session,
+                steps_total=self.totals[0],
+                episodes_total=self.totals[1],
+            )
+        )
         return self.last
 
     def acknowledged(self, ack: wire.ReportAck) -> None:

@@ -220,8 +220,9 @@ class Peers:
             self.gatekeeper.stop()
 
 
-def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace,
-              child_env: dict[str, str]) -> list[tuple[Rate, Rate]]:
+def run_pairs(
+    assign: wire.Assign, params: wire.Params, args: argparse.Namespace, child_env: dict[str, str]
+) -> list[tuple[Rate, Rate]]:
     """Start both loops, warm both up, then `--pairs` × (bare turn, actor turn)."""
     keys_dir = ""
     if args.secure:  # a run's keys, for this one run of the script
@@ -230,9 +231,22 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
         keys_dir = str(Path(scratch) / "keys")
         create_keys(Path(keys_dir), learners=0, actors=1)
     peers = Peers(assign, args.credits, keys_dir)
-    argv = [sys.executable, "-m", "rlmq.cli", "actor", "--name", "actor-0",
-            "--coordinator", peers.control_endpoint, "--broadcast", peers.broadcast_endpoint,
-            "--metrics-port", "-1", "--keys", keys_dir]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "actor",
+        "--name",
+        "actor-0",
+        "--coordinator",
+        peers.control_endpoint,
+        "--broadcast",
+        peers.broadcast_endpoint,
+        "--metrics-port",
+        "-1",
+        "--keys",
+        keys_dir,
+    ]
     launched = time.perf_counter()
     actor = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: pin(args.cpu))
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch loaded, same thread limits
@@ -254,8 +268,11 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
             if actor.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"no rollout within {args.startup_timeout_s} s (actor exit code {actor.poll()})")
             peers.serve(time.perf_counter() + 0.1)
-        print(f"actor start-up: {peers.first_rollout_at - launched:.2f} s from launch to its first rollout at the sink "
-              "(the bare loop's process starts alongside)", flush=True)
+        print(
+            f"actor start-up: {peers.first_rollout_at - launched:.2f} s from launch to its first rollout at the sink "
+            "(the bare loop's process starts alongside)",
+            flush=True,
+        )
         peers.turn(args.warmup_s, 0.0)
         bare_turn(args.warmup_s, 0.0)
         pairs = []
@@ -263,8 +280,11 @@ def run_pairs(assign: wire.Assign, params: wire.Params, args: argparse.Namespace
             pair = bare_turn(args.ramp_s, args.window_s), peers.turn(args.ramp_s, args.window_s)
             if actor.poll() is not None:
                 raise RuntimeError(f"the actor exited with {actor.returncode}")
-            print(f"[{i + 1}/{args.pairs}] bare {pair[0].valid_per_s:>11,.0f}/s   actor {pair[1].valid_per_s:>11,.0f}/s"
-                  f"   ratio {pair[1].valid_per_s / pair[0].valid_per_s:.3f}", flush=True)
+            print(
+                f"[{i + 1}/{args.pairs}] bare {pair[0].valid_per_s:>11,.0f}/s   actor {pair[1].valid_per_s:>11,.0f}/s"
+                f"   ratio {pair[1].valid_per_s / pair[0].valid_per_s:.3f}",
+                flush=True,
+            )
             pairs.append(pair)
     finally:
         conn.send(None)
@@ -303,17 +323,28 @@ def main() -> None:
     os.environ.update(dict.fromkeys(THREAD_VARS, "1"))  # inherited by the spawned bare loop
     spec = envs.probe(args.env)
     hidden = tuple(args.hidden)
-    run_config = RunConfig(env_id=args.env, num_envs=args.num_envs, rollout_length=args.rollout_length,
-                           seed=args.seed, hidden_sizes=hidden)
+    run_config = RunConfig(
+        env_id=args.env, num_envs=args.num_envs, rollout_length=args.rollout_length, seed=args.seed, hidden_sizes=hidden
+    )
     encoder = run_config.encoder_for(spec)
     params = initial_params(spec, hidden, encoder, args.seed)
-    assign = wire.Assign(run="bench-actor", member=0, actor_index=0, config=run_config, env_spec=spec,
-                         learner_endpoints=(), weights=wire.Weights(member=0, version=0, params=params))
+    assign = wire.Assign(
+        run="bench-actor",
+        member=0,
+        actor_index=0,
+        config=run_config,
+        env_spec=spec,
+        learner_endpoints=(),
+        weights=wire.Weights(member=0, version=0, params=params),
+    )
 
-    print(f"{args.env} × {args.num_envs}, policy {encoder} → {'×'.join(map(str, hidden))}, "
-          f"rollout {args.rollout_length}, "
-          f"warm-up {args.warmup_s:g} s, turns of {args.ramp_s:g} + {args.window_s:g} s, {args.pairs} pairs, "
-          f"cpu {'any' if args.cpu is None else args.cpu}", flush=True)
+    print(
+        f"{args.env} × {args.num_envs}, policy {encoder} → {'×'.join(map(str, hidden))}, "
+        f"rollout {args.rollout_length}, "
+        f"warm-up {args.warmup_s:g} s, turns of {args.ramp_s:g} + {args.window_s:g} s, {args.pairs} pairs, "
+        f"cpu {'any' if args.cpu is None else args.cpu}",
+        flush=True,
+    )
     pairs = run_pairs(assign, params, args, child_env)
     bare_median = float(np.median([b.valid_per_s for b, _ in pairs]))
     actor_median = float(np.median([a.valid_per_s for _, a in pairs]))
@@ -321,9 +352,11 @@ def main() -> None:
     target = 0.9 if encoder == "mlp" else 0.8  # pixels: the issue's target
     print(f"bare loop : {bare_median:>12,.0f} env steps/s (median)")
     print(f"actor     : {actor_median:>12,.0f} env steps/s (median)")
-    print(f"actor/bare: {ratio:12.3f}  median of the pairs' ratios "
-          f"(target ≥ {target}: {'met' if ratio >= target else 'NOT met'}); "
-          f"ratio of the medians {actor_median / bare_median:.3f}")
+    print(
+        f"actor/bare: {ratio:12.3f}  median of the pairs' ratios "
+        f"(target ≥ {target}: {'met' if ratio >= target else 'NOT met'}); "
+        f"ratio of the medians {actor_median / bare_median:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ def env_only(path: str, env_id: str, num_envs: int, threads: int) -> Callable[[f
     return run
 
 
-def acting(path: str, env_id: str, num_envs: int, device: str | None,
-           threads: int = 1) -> Callable[[float], dict[str, float]]:
+def acting(
+    path: str, env_id: str, num_envs: int, device: str | None, threads: int = 1
+) -> Callable[[float], dict[str, float]]:
     import numpy as np
 
     from rlmq.actors.collector import Collector
@@ -86,8 +87,9 @@ def acting(path: str, env_id: str, num_envs: int, device: str | None,
     shipped = pick(env_id, "ppo")
     run = load_run_config(shipped.path, {"env_id": env_id}) if shipped else RunConfig(env_id=env_id)
     spec = envs.probe(env_id)
-    params = to_numpy_params(ActorCritic(spec, run.hidden_sizes, encoder=run.encoder_for(spec),
-                                         activation=run.ppo.activation))
+    params = to_numpy_params(
+        ActorCritic(spec, run.hidden_sizes, encoder=run.encoder_for(spec), activation=run.ppo.activation)
+    )
     policy = make_policy(run, params, spec, device=device)
     if path == "wrapper":
         lanes = [envs.make_vector_env(env_id, num_envs, native=False)]
@@ -106,8 +108,7 @@ def acting(path: str, env_id: str, num_envs: int, device: str | None,
     return run_for
 
 
-def child(make: Make, make_args: tuple[Any, ...], warmup_s: float,
-          window_s: float, barrier: Any, out: Any) -> None:
+def child(make: Make, make_args: tuple[Any, ...], warmup_s: float, window_s: float, barrier: Any, out: Any) -> None:
     limit_threads(1)
     run = make(*make_args)
     run(warmup_s)
@@ -117,8 +118,7 @@ def child(make: Make, make_args: tuple[Any, ...], warmup_s: float,
     out.put({**result, "wall_s": time.perf_counter() - started})
 
 
-def together(make: Make, args_each: list[tuple[Any, ...]],
-             warmup_s: float, window_s: float) -> dict[str, float]:
+def together(make: Make, args_each: list[tuple[Any, ...]], warmup_s: float, window_s: float) -> dict[str, float]:
     """Run one process per entry of `args_each` at once; their summed env steps per second, and the
     fractions of their time spent acting and waiting for envs."""
     ctx = mp.get_context("spawn")
@@ -141,9 +141,11 @@ def together(make: Make, args_each: list[tuple[Any, ...]],
     for p in procs:
         p.join()
     wall = sum(r["wall_s"] for r in results)
-    return {"steps_per_s": sum(r["steps"] / r["wall_s"] for r in results),
-            "acting": sum(r.get("acting_s", 0.0) for r in results) / wall,
-            "env_wait": sum(r.get("env_wait_s", 0.0) for r in results) / wall}
+    return {
+        "steps_per_s": sum(r["steps"] / r["wall_s"] for r in results),
+        "acting": sum(r.get("acting_s", 0.0) for r in results) / wall,
+        "env_wait": sum(r.get("env_wait_s", 0.0) for r in results) / wall,
+    }
 
 
 class GpuSampler(threading.Thread):
@@ -157,8 +159,13 @@ class GpuSampler(threading.Thread):
     def run(self) -> None:
         while not self.halt.wait(1.0):
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5, check=True).stdout
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                    check=True,
+                ).stdout
                 self.samples.append(float(out.split()[0]))
             except (OSError, subprocess.SubprocessError, ValueError, IndexError):
                 pass
@@ -166,9 +173,17 @@ class GpuSampler(threading.Thread):
 
 def end_to_end(args: argparse.Namespace, gpu: bool) -> dict[str, object]:
     run_dir = args.out_dir / "train"
-    up = argparse.Namespace(env=args.env, algo="ppo", seed=args.seed, total_steps=args.total_steps,
-                            target_return=args.target_return, config=args.config, timeout_s=args.train_s,
-                            scrape_s=1.0, up_args=["--actor-device", args.actor_device])
+    up = argparse.Namespace(
+        env=args.env,
+        algo="ppo",
+        seed=args.seed,
+        total_steps=args.total_steps,
+        target_return=args.target_return,
+        config=args.config,
+        timeout_s=args.train_s,
+        scrape_s=1.0,
+        up_args=["--actor-device", args.actor_device],
+    )
     sampler = GpuSampler() if gpu else None
     if sampler:
         sampler.start()
@@ -212,15 +227,21 @@ def main() -> None:
 
     layouts: dict[str, tuple[Make, list[tuple[Any, ...]]]] = {}
     if "env" not in args.skip:
-        layouts |= {"env wrapper": (env_only, [("wrapper", args.env, n, 1)] * cores),
-                    "env native": (env_only, [("native", args.env, n, 1)] * cores),
-                    "env native-1proc": (env_only, [("native", args.env, n * cores, cores)])}
+        layouts |= {
+            "env wrapper": (env_only, [("wrapper", args.env, n, 1)] * cores),
+            "env native": (env_only, [("native", args.env, n, 1)] * cores),
+            "env native-1proc": (env_only, [("native", args.env, n * cores, cores)]),
+        }
     if "acting" not in args.skip:
-        layouts |= {"acting wrapper, CNN on the CPU": (acting, [("wrapper", args.env, n, None)] * cores),
-                    "acting native, one lane, CNN on the CPU": (acting, [("native-1lane", args.env, n, None)] * cores),
-                    "acting native, two lanes, CNN on the CPU": (acting, [("native", args.env, n, None)] * cores),
-                    "acting native, two lanes, 2 cores each, CNN on the CPU": (
-                        acting, [("native", args.env, 2 * n, None, 2)] * (cores // 2))}
+        layouts |= {
+            "acting wrapper, CNN on the CPU": (acting, [("wrapper", args.env, n, None)] * cores),
+            "acting native, one lane, CNN on the CPU": (acting, [("native-1lane", args.env, n, None)] * cores),
+            "acting native, two lanes, CNN on the CPU": (acting, [("native", args.env, n, None)] * cores),
+            "acting native, two lanes, 2 cores each, CNN on the CPU": (
+                acting,
+                [("native", args.env, 2 * n, None, 2)] * (cores // 2),
+            ),
+        }
         if gpu:
             layouts["acting native, two lanes, CNN on the GPU"] = (acting, [("native", args.env, n, "cuda")] * cores)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
@@ -232,8 +253,10 @@ def main() -> None:
             except RuntimeError as exc:  # left out from here on; the rest go on
                 print(f"{name}: {exc}", flush=True)
                 del layouts[name]
-        print(f"round {i}: " + ", ".join(f"{name} {r[-1]['steps_per_s']:,.0f}" for name, r in results.items() if r),
-              flush=True)
+        print(
+            f"round {i}: " + ", ".join(f"{name} {r[-1]['steps_per_s']:,.0f}" for name, r in results.items() if r),
+            flush=True,
+        )
     baseline = results.get("env wrapper", [])
     for name, rounds in results.items():
         if not rounds:
@@ -265,8 +288,10 @@ def main() -> None:
         if name == "end to end":
             ratio = rate(name) / limit
         print(f"| {name}{extra} | {rate(name):,.0f} | {ratio:.3f} |")
-    print("\nratios: the median of the rounds' ratios to the wrapper path's env-only rate in the same round; "
-          "end to end, to the best native env-only median (the box's env limit)")
+    print(
+        "\nratios: the median of the rounds' ratios to the wrapper path's env-only rate in the same round; "
+        "end to end, to the best native env-only median (the box's env limit)"
+    )
     if "end to end" in found:
         print(f"end to end: {json.dumps(found['end to end'])}")
     if args.json:

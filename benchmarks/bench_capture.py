@@ -56,8 +56,9 @@ OFF_POLICY: dict[str, Callable[[int, torch.device], OffPolicy]] = {
 Side = tuple[Callable[[], torch.Tensor], Callable[[int], None]]  # (its weights now, one update)
 
 
-def ppo_side(population: int, problem: bp.Problem, args: argparse.Namespace, device: torch.device,
-             captured: bool) -> Side:
+def ppo_side(
+    population: int, problem: bp.Problem, args: argparse.Namespace, device: torch.device, captured: bool
+) -> Side:
     torch.manual_seed(args.seed)  # both sides start from the same weights
     pop = PopulationActorCritic(bp.SPEC, tuple(args.hidden), population, encoder=bp.ENCODER).to(device)
     optimizer = PopulationAdam(pop.flat)
@@ -77,13 +78,21 @@ def off_policy_side(population: int, args: argparse.Namespace, device: torch.dev
     spec = CARTPOLE if args.algo == "dqn" else PENDULUM
     size = DQNConfig.batch_size if args.algo == "dqn" else SACConfig.batch_size
     g, shape = torch.Generator().manual_seed(args.seed), (population, size)
-    batches = [Transitions(
-        obs=torch.randn(*shape, spec.obs_size, generator=g),
-        actions=(torch.randint(0, 2, shape, generator=g) if args.algo == "dqn"
-                 else 4 * torch.rand(*shape, 1, generator=g) - 2),
-        rewards=torch.randn(shape, generator=g), next_obs=torch.randn(*shape, spec.obs_size, generator=g),
-        terminated=(torch.rand(shape, generator=g) < 0.01).float(), horizon=torch.ones(shape),
-    ) for _ in range(8)]
+    batches = [
+        Transitions(
+            obs=torch.randn(*shape, spec.obs_size, generator=g),
+            actions=(
+                torch.randint(0, 2, shape, generator=g)
+                if args.algo == "dqn"
+                else 4 * torch.rand(*shape, 1, generator=g) - 2
+            ),
+            rewards=torch.randn(shape, generator=g),
+            next_obs=torch.randn(*shape, spec.obs_size, generator=g),
+            terminated=(torch.rand(shape, generator=g) < 0.01).float(),
+            horizon=torch.ones(shape),
+        )
+        for _ in range(8)
+    ]
     batches = [Transitions(*(t.to(device) for t in b)) for b in batches]
     hp = algorithm.hyperparams([{"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.005}] * population, device)
     everyone = torch.ones(population, dtype=torch.bool, device=device)
@@ -99,8 +108,9 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
     torch._dynamo.reset()
     if args.algo == "ppo":
         problem = bp.make_problem(population, args, device)
-        built = {name: ppo_side(population, problem, args, device, name == "captured")
-                 for name in ("eager", "captured")}
+        built = {
+            name: ppo_side(population, problem, args, device, name == "captured") for name in ("eager", "captured")
+        }
     else:
         built = {name: off_policy_side(population, args, device, name == "captured") for name in ("eager", "captured")}
     sides = {name: run for name, (_, run) in built.items()}
@@ -116,19 +126,30 @@ def measure(population: int, args: argparse.Namespace, device: torch.device) -> 
     for r in range(args.repeats):
         for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
             times[name].append(bp.seconds_per_update(sides[name], args.updates, device))
-        print(f"  P={population} [{r + 1}/{args.repeats}] eager {1e3 * times['eager'][-1]:8.3f} ms   captured "
-              f"{1e3 * times['captured'][-1]:8.3f} ms", flush=True)
+        print(
+            f"  P={population} [{r + 1}/{args.repeats}] eager {1e3 * times['eager'][-1]:8.3f} ms   captured "
+            f"{1e3 * times['captured'][-1]:8.3f} ms",
+            flush=True,
+        )
     eager_ms, captured_ms = (1e3 * statistics.median(times[name]) for name in sides)
-    return {"P": population, "compile_s": first["captured"], "eager_first_s": first["eager"], "eager_ms": eager_ms,
-            "captured_ms": captured_ms, "after_first": after_first, "difference": difference(),
-            "updates": 1 + args.warmup + args.repeats * args.updates}
+    return {
+        "P": population,
+        "compile_s": first["captured"],
+        "eager_first_s": first["eager"],
+        "eager_ms": eager_ms,
+        "captured_ms": captured_ms,
+        "after_first": after_first,
+        "difference": difference(),
+        "updates": 1 + args.warmup + args.repeats * args.updates,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--populations", type=int, nargs="+", default=[1, 8], help="population sizes P")
-    parser.add_argument("--algo", choices=["ppo", *OFF_POLICY], default="ppo",
-                        help="whose update (off-policy: one gradient step)")
+    parser.add_argument(
+        "--algo", choices=["ppo", *OFF_POLICY], default="ppo", help="whose update (off-policy: one gradient step)"
+    )
     parser.add_argument("--mode", choices=COMPILE_MODES[1:], default="default", help="torch.compile's mode")
     bp.add_problem_arguments(parser)
     args = parser.parse_args()
@@ -140,13 +161,17 @@ def main() -> None:
     print(f"torch {torch.__version__}, {name}, {args.algo}, mode {args.mode}, {bp.ENCODER} encoder", flush=True)
     started = time.perf_counter()
     results = [measure(p, args, device) for p in args.populations]
-    print("\n| P | device | compile s (first captured update) | eager first update s | eager ms/update "
-          "| captured ms/update | eager / captured | max abs weight difference after 1 update, after N |")
+    print(
+        "\n| P | device | compile s (first captured update) | eager first update s | eager ms/update "
+        "| captured ms/update | eager / captured | max abs weight difference after 1 update, after N |"
+    )
     print("|--:|:--|--:|--:|--:|--:|--:|:--|")
     for r in results:
-        print(f"| {r['P']} | {device.type} | {r['compile_s']:.1f} | {r['eager_first_s']:.3f} | {r['eager_ms']:.3f} | "
-              f"{r['captured_ms']:.3f} | **{r['eager_ms'] / r['captured_ms']:.2f}** | {r['after_first']:.1e}, "
-              f"{r['difference']:.1e} (N = {r['updates']}) |")
+        print(
+            f"| {r['P']} | {device.type} | {r['compile_s']:.1f} | {r['eager_first_s']:.3f} | {r['eager_ms']:.3f} | "
+            f"{r['captured_ms']:.3f} | **{r['eager_ms'] / r['captured_ms']:.2f}** | {r['after_first']:.1e}, "
+            f"{r['difference']:.1e} (N = {r['updates']}) |"
+        )
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 

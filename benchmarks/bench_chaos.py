@@ -136,8 +136,16 @@ class Watch:
         if pid is None:
             return
         os.kill(pid, signal.SIGKILL)
-        self.faults.append({"kind": kind, "name": name, "pid": pid, "at": time.monotonic(), "wall": time.time(),
-                            "world": self.learner_pid})
+        self.faults.append(
+            {
+                "kind": kind,
+                "name": name,
+                "pid": pid,
+                "at": time.monotonic(),
+                "wall": time.time(),
+                "world": self.learner_pid,
+            }
+        )
         print(f"  {time.monotonic() - (self.first_update_at or 0):6.1f} s  killed {name} (pid {pid})", flush=True)
 
 
@@ -171,11 +179,33 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     run_dir = Path(tempfile.mkdtemp(prefix="rlmq-chaos-")) / "run"
-    command = ["rlmq", "up", "--actors", "4", "--learners", "2", "--env", args.env, "--algo", args.algo,
-               "--population", str(args.population), "--seed", str(args.seed), "--target-return", str(args.target),
-               "--total-steps", "100000000", "--checkpoint-every", str(args.checkpoint_every)]
-    up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *command[1:], "--run-dir", str(run_dir)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command = [
+        "rlmq",
+        "up",
+        "--actors",
+        "4",
+        "--learners",
+        "2",
+        "--env",
+        args.env,
+        "--algo",
+        args.algo,
+        "--population",
+        str(args.population),
+        "--seed",
+        str(args.seed),
+        "--target-return",
+        str(args.target),
+        "--total-steps",
+        "100000000",
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+    ]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "rlmq.cli", *command[1:], "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     started = time.monotonic()
     while not (run_dir / "run.json").exists():
         time.sleep(POLL_S)
@@ -183,14 +213,17 @@ def main() -> None:
     while watch.first_update_at is None and up.poll() is None:
         watch.poll()
         time.sleep(POLL_S)
-    schedule = sorted([(t, "actor") for t in range(int(args.actor_every), int(args.window), int(args.actor_every))]
-                      + [(args.learner_at, "learner"), (args.coordinator_at, "coordinator"), (args.redis_at, "redis")])
+    schedule = sorted(
+        [(t, "actor") for t in range(int(args.actor_every), int(args.window), int(args.actor_every))]
+        + [(args.learner_at, "learner"), (args.coordinator_at, "coordinator"), (args.redis_at, "redis")]
+    )
     while up.poll() is None and time.monotonic() - started < args.max_wall:
         elapsed = time.monotonic() - (watch.first_update_at or 0)
         while schedule and schedule[0][0] <= elapsed:
             _, kind = schedule.pop(0)
-            name = ({"learner": "learner-1", "coordinator": "coordinator", "redis": "redis"}.get(kind)
-                    or f"actor-{rng.randrange(4)}")
+            name = {"learner": "learner-1", "coordinator": "coordinator", "redis": "redis"}.get(
+                kind
+            ) or f"actor-{rng.randrange(4)}"
             watch.kill(kind, name)
         watch.poll()
         time.sleep(POLL_S)
@@ -207,14 +240,22 @@ def main() -> None:
     print(f"learners' longest stall: {watch.longest_stall:.1f} s")
     for fault in watch.faults:
         recovered = fault.get("recovered_s")
-        print(f"  {fault['kind']:<12} {fault['name']:<12} recovered in "
-              + (f"{recovered:5.1f} s" if recovered is not None else "— (not seen before the run ended)"))
-    print(f"env steps: Redis {summary['env_steps']:,}, the actors' own counters {actors_counted:,.0f} "
-          f"({len(watch.actor_steps)} actor processes): lost {lost:,.0f} ({100 * lost / max(actors_counted, 1):.3f} %)")
-    print(f"PBT decisions: logged {summary['pbt_decisions']}, applied in the learners' final state "
-          f"{final['learner']['applied']}, applied twice by one learner world {repeats} ({worlds} worlds)")
-    print(f"target reached: {bool(summary.get('success'))}; env steps {summary['env_steps']:,}; "
-          f"wall {time.monotonic() - started:.0f} s; run directory {run_dir}")
+        print(
+            f"  {fault['kind']:<12} {fault['name']:<12} recovered in "
+            + (f"{recovered:5.1f} s" if recovered is not None else "— (not seen before the run ended)")
+        )
+    print(
+        f"env steps: Redis {summary['env_steps']:,}, the actors' own counters {actors_counted:,.0f} "
+        f"({len(watch.actor_steps)} actor processes): lost {lost:,.0f} ({100 * lost / max(actors_counted, 1):.3f} %)"
+    )
+    print(
+        f"PBT decisions: logged {summary['pbt_decisions']}, applied in the learners' final state "
+        f"{final['learner']['applied']}, applied twice by one learner world {repeats} ({worlds} worlds)"
+    )
+    print(
+        f"target reached: {bool(summary.get('success'))}; env steps {summary['env_steps']:,}; "
+        f"wall {time.monotonic() - started:.0f} s; run directory {run_dir}"
+    )
     if "Traceback" in out:
         print("rlmq up printed a traceback:\n" + out)
 

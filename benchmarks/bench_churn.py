@@ -36,15 +36,38 @@ from procs import descendants  # noqa: E402  (the tests' helper, on the path abo
 
 def updates(port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rlmq_learner_updates_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rlmq_learner_updates_total")
+    )
 
 
-def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int, target: bool,
-        config: str | None, first_kill: float = 2.0) -> dict[str, float]:
+def run(
+    run_dir: Path,
+    window: float | None,
+    kill_every: float | None,
+    seed: int,
+    target: bool,
+    config: str | None,
+    first_kill: float = 2.0,
+) -> dict[str, float]:
     """One `rlmq up`; with `window`, stopped (SIGINT) `window` s after the first update."""
-    args = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "4", "--learners", "2", "--seed", str(seed),
-            "--run-dir", str(run_dir), "--total-steps", "100000000", *(["--config", config] if config else [])]
+    args = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "up",
+        "--actors",
+        "4",
+        "--learners",
+        "2",
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+        "--total-steps",
+        "100000000",
+        *(["--config", config] if config else []),
+    ]
     if target:
         args += ["--target-return", "475"]
     up = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -53,8 +76,9 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
         time.sleep(0.1)
         try:
             groups = json.loads((run_dir / "prometheus_targets.json").read_text())
-            port = next(int(t.rsplit(":", 1)[1])
-                        for g in groups if g["labels"]["role"] == "learner" for t in g["targets"])
+            port = next(
+                int(t.rsplit(":", 1)[1]) for g in groups if g["labels"]["role"] == "learner" for t in g["targets"]
+            )
             updates(port)
         except (OSError, ValueError, StopIteration):
             port = None
@@ -88,8 +112,13 @@ def run(run_dir: Path, window: float | None, kill_every: float | None, seed: int
             up.wait(60)
             return {"updates": window_updates, "longest_stall_s": longest, "kills": kills}
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"updates": count, "longest_stall_s": longest, "kills": kills, "train_wall_s": summary["train_wall_s"],
-            "success": summary["success"]}
+    return {
+        "updates": count,
+        "longest_stall_s": longest,
+        "kills": kills,
+        "train_wall_s": summary["train_wall_s"],
+        "success": summary["success"],
+    }
 
 
 def main() -> None:
@@ -105,20 +134,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_window:
             base = run(Path(tmp) / "window-calm", args.window, None, 0, False, args.config)
-            churn = run(Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config,
-                        args.first_kill)
-            print(f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
-                  f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
-                  f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",
-                  flush=True)
+            churn = run(
+                Path(tmp) / "window-churn", args.window, args.kill_every, 0, False, args.config, args.first_kill
+            )
+            print(
+                f"window {args.window:.0f} s, no target: updates {base['updates']:.0f} calm, {churn['updates']:.0f} "
+                f"with churn ({churn['kills']} kills): ratio {churn['updates'] / max(base['updates'], 1):.3f}; "
+                f"longest stall {base['longest_stall_s']:.2f} s calm, {churn['longest_stall_s']:.2f} s with churn",
+                flush=True,
+            )
         for seed in args.seeds:
             calm = run(Path(tmp) / f"target-calm-{seed}", None, None, seed, True, args.config)
-            stormy = run(Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config,
-                         args.first_kill)
-            print(f"seed {seed}, target 475: train wall {calm['train_wall_s']:.1f} s calm (success {calm['success']}), "
-                  f"{stormy['train_wall_s']:.1f} s with churn ({stormy['kills']} kills, success {stormy['success']}): "
-                  f"ratio {stormy['train_wall_s'] / calm['train_wall_s']:.2f}; longest stall "
-                  f"{stormy['longest_stall_s']:.2f} s", flush=True)
+            stormy = run(
+                Path(tmp) / f"target-churn-{seed}", None, args.kill_every, seed, True, args.config, args.first_kill
+            )
+            print(
+                f"seed {seed}, target 475: train wall {calm['train_wall_s']:.1f} s calm (success {calm['success']}), "
+                f"{stormy['train_wall_s']:.1f} s with churn ({stormy['kills']} kills, success {stormy['success']}): "
+                f"ratio {stormy['train_wall_s'] / calm['train_wall_s']:.2f}; longest stall "
+                f"{stormy['longest_stall_s']:.2f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -35,10 +35,15 @@ from tests.helpers.fleet_run import FleetRun, Flood  # noqa: E402
 CROWD_FIRST_S = 8.0  # with --before-actors: the learner is up and the crowd asking before the actors start
 
 
-def time_to_target(root: Path, seed: int, actors: int, identities: int, timeout_s: float,
-                   before_actors: bool) -> tuple[float, int]:
-    config = dataclasses.replace(load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {}), target_return=475.0,
-                                 seed=seed, total_steps=2_000_000)
+def time_to_target(
+    root: Path, seed: int, actors: int, identities: int, timeout_s: float, before_actors: bool
+) -> tuple[float, int]:
+    config = dataclasses.replace(
+        load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {}),
+        target_return=475.0,
+        seed=seed,
+        total_steps=2_000_000,
+    )
     run = FleetRun(root, config, actors, start_actors=not before_actors)
     try:
         flood = Flood(run.keys, run.experience, identities) if identities else contextlib.nullcontext()
@@ -61,23 +66,36 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--identities", type=int, default=200)
     parser.add_argument("--timeout-s", type=float, default=300.0)
-    parser.add_argument("--before-actors", action="store_true",
-                        help="the crowd comes first: the actors start 5 s after the learner, the crowd with it")
+    parser.add_argument(
+        "--before-actors",
+        action="store_true",
+        help="the crowd comes first: the actors start 5 s after the learner, the crowd with it",
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-credit-flood-") as tmp:
         for seed in args.seeds:
             for identities in (0, args.identities):
                 started = time.strftime("%H:%M:%S")
-                wall, steps = time_to_target(Path(tmp) / f"s{seed}-{identities}", seed, args.actors, identities,
-                                             args.timeout_s, args.before_actors)
+                wall, steps = time_to_target(
+                    Path(tmp) / f"s{seed}-{identities}",
+                    seed,
+                    args.actors,
+                    identities,
+                    args.timeout_s,
+                    args.before_actors,
+                )
                 rows.append((seed, identities, wall, steps))
-                print(f"{started} seed {seed}, {identities:3d} identities: 475 in {wall:5.1f} s, {steps:,} env steps",
-                      flush=True)
+                print(
+                    f"{started} seed {seed}, {identities:3d} identities: 475 in {wall:5.1f} s, {steps:,} env steps",
+                    flush=True,
+                )
     alone = statistics.median(w for _, n, w, _ in rows if n == 0)
     crowded = statistics.median(w for _, n, w, _ in rows if n)
-    print(f"\nmedian time to 475: {alone:.1f} s alone, {crowded:.1f} s with {args.identities} identities: "
-          f"{crowded / alone:.2f}x (target <= 2)")
+    print(
+        f"\nmedian time to 475: {alone:.1f} s alone, {crowded:.1f} s with {args.identities} identities: "
+        f"{crowded / alone:.2f}x (target <= 2)"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,11 @@ def main() -> None:
         net = ActorCritic(spec, hidden, encoder=encoder).eval()
         policy = NumpyPolicy(to_numpy_params(net), spec, encoder=encoder)
         rng = np.random.default_rng(0)
-        obs = (rng.random((batch, *spec.obs_shape)) < 0.3) if spec.obs_dtype == "bool" else \
-            rng.integers(0, 256, (batch, *spec.obs_shape), dtype=np.uint8)
+        obs = (
+            (rng.random((batch, *spec.obs_shape)) < 0.3)
+            if spec.obs_dtype == "bool"
+            else rng.integers(0, 256, (batch, *spec.obs_shape), dtype=np.uint8)
+        )
 
         def torch_forward(net: ActorCritic = net, obs: np.ndarray = obs, spec: EnvSpec = spec) -> None:
             with torch.no_grad():
@@ -122,8 +125,10 @@ def actor_loops(args: argparse.Namespace) -> None:
             continue
         torch.manual_seed(0)
         params = to_numpy_params(ActorCritic(spec, hidden, encoder=encoder))
-        policies = {runner: NumpyPolicy(params, spec, encoder=encoder, torch_encoder=runner == "torch")
-                    for runner in ("numpy", "torch")}
+        policies = {
+            runner: NumpyPolicy(params, spec, encoder=encoder, torch_encoder=runner == "torch")
+            for runner in ("numpy", "torch")
+        }
         loop = ActorLoop(env, spec.action_dim, batch)
         rates: dict[str, list[float]] = {"alone": [], "numpy": [], "torch": []}
         loop.rate(policies["numpy"], 1.0), loop.rate(policies["torch"], 1.0)
@@ -135,9 +140,11 @@ def actor_loops(args: argparse.Namespace) -> None:
         ratio = float(np.median(np.array(rates["torch"]) / np.array(rates["numpy"])))
         print(f"| {name} | {batch} | {alone:,.0f} | {numpy_rate:,.0f} | {torch_rate:,.0f} | {ratio:.2f} |")
     # VmRSS, not ru_maxrss: a child's maximum starts at its parent's (kept across fork and exec).
-    probe = ("import time; rss = lambda: int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]); "
-             "before, start = rss(), time.perf_counter(); import torch; took = time.perf_counter() - start; "
-             "print(f'{took:.2f} {(rss() - before) / 1024:.0f}')")
+    probe = (
+        "import time; rss = lambda: int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]); "
+        "before, start = rss(), time.perf_counter(); import torch; took = time.perf_counter() - start; "
+        "print(f'{took:.2f} {(rss() - before) / 1024:.0f}')"
+    )
     took, mib = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     print(f"\nimporting torch in an actor process: {took} s, +{mib} MiB resident")
 

@@ -40,9 +40,19 @@ def collect(steps: int, slots: int) -> tuple[wire.Rollout, float]:
     seconds = time.perf_counter() - start
     env.close()
     zeros = np.zeros((steps, slots), np.float32)
-    rollout = wire.Rollout(member=0, policy_version=1, actor="bench", obs=np.stack(rows), frame_stack=4,
-                           actions=rng.integers(0, 6, (steps, slots)), logprobs=zeros, rewards=zeros,
-                           terminated=zeros.astype(bool), truncated=zeros.astype(bool), valid=~zeros.astype(bool))
+    rollout = wire.Rollout(
+        member=0,
+        policy_version=1,
+        actor="bench",
+        obs=np.stack(rows),
+        frame_stack=4,
+        actions=rng.integers(0, 6, (steps, slots)),
+        logprobs=zeros,
+        rewards=zeros,
+        terminated=zeros.astype(bool),
+        truncated=zeros.astype(bool),
+        valid=~zeros.astype(bool),
+    )
     return rollout, seconds
 
 
@@ -79,15 +89,19 @@ def main() -> None:
     pull.close(linger=0)
     context.term()
     env_steps = args.steps * args.slots
-    print(f"ALE/Pong-v5, {args.slots} slots × {args.steps} steps: the env took {env_seconds * 1e3:.0f} ms "
-          f"({env_steps / env_seconds:.0f} env steps/s, random actions, no policy)")
+    print(
+        f"ALE/Pong-v5, {args.slots} slots × {args.steps} steps: the env took {env_seconds * 1e3:.0f} ms "
+        f"({env_steps / env_seconds:.0f} env steps/s, random actions, no policy)"
+    )
     for name, rows in results.items():
         size = rows[0][0]
         encode, hop, decode = (statistics.median(r[i] for r in rows) for i in (1, 2, 3))
         total = encode + hop + decode
-        print(f"{name:>12}: {size / 2**20:6.1f} MiB ({size / env_steps / 1024:.1f} KiB per env step); "
-              f"encode {encode * 1e3:.1f} ms, hop {hop * 1e3:.1f} ms, decode {decode * 1e3:.1f} ms; "
-              f"{total / env_seconds:.1%} of the env's time; {size / env_seconds / 2**20:.1f} MiB/s at its rate")
+        print(
+            f"{name:>12}: {size / 2**20:6.1f} MiB ({size / env_steps / 1024:.1f} KiB per env step); "
+            f"encode {encode * 1e3:.1f} ms, hop {hop * 1e3:.1f} ms, decode {decode * 1e3:.1f} ms; "
+            f"{total / env_seconds:.1%} of the env's time; {size / env_seconds / 2**20:.1f} MiB/s at its rate"
+        )
 
 
 if __name__ == "__main__":

@@ -148,31 +148,44 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
         by_role.setdefault(role, []).append(proc)
     actors = [p.peak_rss_kb for p in by_role.get("actor", [])]
     result: dict[str, Any] = {
-        "exit_code": code, "up_wall_s": wall, "startup_s": summary.get("startup_s"),
-        "train_wall_s": summary.get("train_wall_s"), "env_steps": steps_at_end(summary),
+        "exit_code": code,
+        "up_wall_s": wall,
+        "startup_s": summary.get("startup_s"),
+        "train_wall_s": summary.get("train_wall_s"),
+        "env_steps": steps_at_end(summary),
         "env_steps_summary": summary.get("env_steps"),
-        "success": summary.get("success"), "detail": summary.get("detail"), "samples": sampler.samples,
+        "success": summary.get("success"),
+        "detail": summary.get("detail"),
+        "samples": sampler.samples,
         "actor_processes": len(actors),  # restarted actors count once per process
         "actor_rss_mib_median": mib(statistics.median(actors)) if actors else None,
         "actor_rss_mib_max": mib(max(actors)) if actors else None,
-        "learner_rss_mib": {p.label: mib(p.peak_rss_kb)
-                            for p in sorted(by_role.get("learner", []), key=lambda p: p.label)},
-        "other_rss_mib": {p.label: mib(p.peak_rss_kb) for role, ps in by_role.items()
-                          if role not in ("actor", "learner") for p in ps},
+        "learner_rss_mib": {
+            p.label: mib(p.peak_rss_kb) for p in sorted(by_role.get("learner", []), key=lambda p: p.label)
+        },
+        "other_rss_mib": {
+            p.label: mib(p.peak_rss_kb) for role, ps in by_role.items() if role not in ("actor", "learner") for p in ps
+        },
         "total_rss_mib_peak": mib(sampler.peak_total_rss_kb),
         "total_pss_mib_peak": mib(sampler.peak_total_pss_kb) if with_pss else None,
     }
-    print(f"exit code {code}, `rlmq up` wall {wall:.1f} s, start-up (launch → first env step) "
-          f"{num(result['startup_s'])} s, training {num(result['train_wall_s'])} s, "
-          f"{result['env_steps']} env steps ({result['detail']})")
+    print(
+        f"exit code {code}, `rlmq up` wall {wall:.1f} s, start-up (launch → first env step) "
+        f"{num(result['startup_s'])} s, training {num(result['train_wall_s'])} s, "
+        f"{result['env_steps']} env steps ({result['detail']})"
+    )
     if actors:
-        print(f"actors   : {len(actors)} processes, peak RSS median {result['actor_rss_mib_median']:.1f} MiB, "
-              f"max {result['actor_rss_mib_max']:.1f} MiB")
+        print(
+            f"actors   : {len(actors)} processes, peak RSS median {result['actor_rss_mib_median']:.1f} MiB, "
+            f"max {result['actor_rss_mib_max']:.1f} MiB"
+        )
     for name, value in {**result["learner_rss_mib"], **result["other_rss_mib"]}.items():
         print(f"{name:<9}: peak RSS {value:.1f} MiB")
-    print(f"total    : peak RSS {result['total_rss_mib_peak']:.1f} MiB "
-          "(sum over the supervisor's descendants at one sample; "
-          f"{sampler.samples} samples)" + (f", peak PSS {result['total_pss_mib_peak']:.1f} MiB" if with_pss else ""))
+    print(
+        f"total    : peak RSS {result['total_rss_mib_peak']:.1f} MiB "
+        "(sum over the supervisor's descendants at one sample; "
+        f"{sampler.samples} samples)" + (f", peak PSS {result['total_pss_mib_peak']:.1f} MiB" if with_pss else "")
+    )
     return result
 
 
@@ -182,17 +195,31 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--total-steps", type=int, default=200_000)
-    parser.add_argument("--run-dir", type=Path,
-                        default=Path("runs") / f"bench-headline-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument(
+        "--run-dir", type=Path, default=Path("runs") / f"bench-headline-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     parser.add_argument("--interval-s", type=float, default=0.5, help="memory sampling period")
     parser.add_argument("--pss", action="store_true", help="also sample PSS (smaps_rollup; costlier)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="then SIGINT (warm stop)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     args = parser.parse_args()
 
-    argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(args.actors), "--learners",
-            str(args.learners), "--env", args.env, "--total-steps", str(args.total_steps),
-            "--run-dir", str(args.run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "up",
+        "--actors",
+        str(args.actors),
+        "--learners",
+        str(args.learners),
+        "--env",
+        args.env,
+        "--total-steps",
+        str(args.total_steps),
+        "--run-dir",
+        str(args.run_dir),
+    ]
     args.run_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.run_dir.parent / f"{args.run_dir.name}.log"
     print(" ".join(argv[1:]), f"(output: {log_path})", flush=True)

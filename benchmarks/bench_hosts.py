@@ -36,8 +36,13 @@ from several_machines import ACTORS, HOSTS, delivered, start  # noqa: E402
 from rlmq.common.algorithms import SYNC_MODES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-COLLECTIVE_NAMES = ("all_reduce of 16 int64", "all_gather of 16 int64", "broadcast of 16 int64",
-                    "all_reduce of CartPole's gradient", "all_gather of CartPole's gradient")
+COLLECTIVE_NAMES = (
+    "all_reduce of 16 int64",
+    "all_gather of 16 int64",
+    "broadcast of 16 int64",
+    "all_reduce of CartPole's gradient",
+    "all_gather of CartPole's gradient",
+)
 
 
 class Trained(NamedTuple):
@@ -58,8 +63,12 @@ def train(delay_ms: float, timeout_s: float, sync: str = "") -> Trained:
         finally:
             watch.close()
         chosen = re.search(r'ppo\.sync "auto": (.*)', (Path(tmp) / "learner-0.log").read_text())
-        return Trained(float(end["ended_at"] - end["first_step_at"]), int(end["env_steps"]), end["reason"] == "target",
-                       chosen.group(1) if chosen else "")
+        return Trained(
+            float(end["ended_at"] - end["first_step_at"]),
+            int(end["env_steps"]),
+            end["reason"] == "target",
+            chosen.group(1) if chosen else "",
+        )
 
 
 # One learner host's side of `collectives_ms`: argv rank, rank 0's address, port; rank 0 prints
@@ -96,9 +105,14 @@ def collectives_ms(delay_ms: float) -> dict[str, float]:
     apart (the mean of 30, after 3 untimed)."""
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp, hosts.Hosts(HOSTS, Path(tmp)) as net:
         net.delay_between("learner-0", "learner-1", delay_ms / 1000)
-        ranks = [net.start(f"learner-{rank}", [sys.executable, "-c", COLLECTIVES, str(rank),
-                                               net.address("learner-0"), "29500"], f"rank{rank}.log")
-                 for rank in range(2)]
+        ranks = [
+            net.start(
+                f"learner-{rank}",
+                [sys.executable, "-c", COLLECTIVES, str(rank), net.address("learner-0"), "29500"],
+                f"rank{rank}.log",
+            )
+            for rank in range(2)
+        ]
         for rank in ranks:
             rank.wait(timeout=120)
         ms: dict[str, float] = json.loads((Path(tmp) / "rank0.log").read_text().splitlines()[-1])
@@ -182,22 +196,36 @@ def kill_after_heal(cut_s: float, timeout_s: float) -> tuple[dict[str, float], d
         finally:
             watch.close()
     ranks = sorted(lines[-1]["received"])
-    return ({r: longest_wait(lines, r, cut_at - window, cut_at) for r in ranks},
-            {r: longest_wait(lines, r, killed_at, killed_at + window) for r in ranks})
+    return (
+        {r: longest_wait(lines, r, cut_at - window, cut_at) for r in ranks},
+        {r: longest_wait(lines, r, killed_at, killed_at + window) for r in ranks},
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--delays-ms", type=float, nargs="+", default=[0, 1, 5, 20])
     parser.add_argument("--rounds", type=int, default=1, help="runs of each delay, interleaved; 0: no runs")
-    parser.add_argument("--collectives", action="store_true",
-                        help="first, each gloo collective's time between the learner hosts at each delay")
-    parser.add_argument("--syncs", nargs="+", default=[""], choices=["", *SYNC_MODES],
-                        help='ppo.sync values to compare ("": the README config\'s)')
+    parser.add_argument(
+        "--collectives",
+        action="store_true",
+        help="first, each gloo collective's time between the learner hosts at each delay",
+    )
+    parser.add_argument(
+        "--syncs",
+        nargs="+",
+        default=[""],
+        choices=["", *SYNC_MODES],
+        help='ppo.sync values to compare ("": the README config\'s)',
+    )
     parser.add_argument("--actor-cut-s", type=float, default=15.0, help="0: no cut")
     parser.add_argument("--learner-cut-s", type=float, default=60.0, help="0: no cut")
-    parser.add_argument("--kill-after-heal-cut-s", type=float, default=15.0,
-                        help="an actor host cut off this long, then one of its actors killed once back; 0: not run")
+    parser.add_argument(
+        "--kill-after-heal-cut-s",
+        type=float,
+        default=15.0,
+        help="an actor host cut off this long, then one of its actors killed once back; 0: not run",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     args = parser.parse_args()
     # A SIGTERM unwinds the `with Hosts(...)` blocks as Ctrl-C does, so no service outlives the bench.
@@ -209,42 +237,55 @@ def main() -> None:
         print("|--:|" + "--:|" * len(COLLECTIVE_NAMES))
         for delay in args.delays_ms:
             ms = collectives_ms(delay)
-            print(f"| {delay:g} ms | " + " | ".join(f"{ms[name]:.2f} ms" for name in COLLECTIVE_NAMES) + " |",
-                  flush=True)
+            print(
+                f"| {delay:g} ms | " + " | ".join(f"{ms[name]:.2f} ms" for name in COLLECTIVE_NAMES) + " |", flush=True
+            )
     runs: dict[tuple[str, float], list[Trained]] = {(s, d): [] for s in args.syncs for d in args.delays_ms}
     for round_ in range(args.rounds):
         for sync, delay in runs:
             run = train(delay, args.timeout_s, sync)
             runs[sync, delay].append(run)
-            print(f"round {round_}: ppo.sync {sync or 'as configured'}, {delay:g} ms one way between the learner "
-                  f"hosts: {run.seconds:.1f} s of training, {run.env_steps} env steps, "
-                  f"{'target reached' if run.reached else 'target NOT reached (budget spent)'}"
-                  f"{'; auto chose ' + run.chosen if run.chosen else ''}", flush=True)
+            print(
+                f"round {round_}: ppo.sync {sync or 'as configured'}, {delay:g} ms one way between the learner "
+                f"hosts: {run.seconds:.1f} s of training, {run.env_steps} env steps, "
+                f"{'target reached' if run.reached else 'target NOT reached (budget spent)'}"
+                f"{'; auto chose ' + run.chosen if run.chosen else ''}",
+                flush=True,
+            )
     if args.rounds > 0:
+
         def median_s(key: tuple[str, float]) -> float:  # of the runs that reached the target
             return statistics.median([r.seconds for r in runs[key] if r.reached] or [float("nan")])
 
         base = median_s((args.syncs[0], args.delays_ms[0]))
-        print(f"\n| ppo.sync | one-way delay between learner hosts | runs that reached the target | training to it "
-              f"(median) | env steps (median) | ratio to {args.syncs[0] or 'as configured'} at "
-              f"{args.delays_ms[0]:g} ms |")
+        print(
+            f"\n| ppo.sync | one-way delay between learner hosts | runs that reached the target | training to it "
+            f"(median) | env steps (median) | ratio to {args.syncs[0] or 'as configured'} at "
+            f"{args.delays_ms[0]:g} ms |"
+        )
         print("|--|--:|--:|--:|--:|--:|")
         for (sync, delay), done in runs.items():
             steps = statistics.median([r.env_steps for r in done if r.reached] or [0])
-            print(f"| {sync or 'as configured'} | {delay:g} ms | {sum(r.reached for r in done)} of {len(done)} "
-                  f"| {median_s((sync, delay)):.1f} s | {steps:,.0f} | {median_s((sync, delay)) / base:.2f} |")
+            print(
+                f"| {sync or 'as configured'} | {delay:g} ms | {sum(r.reached for r in done)} of {len(done)} "
+                f"| {median_s((sync, delay)):.1f} s | {steps:,.0f} | {median_s((sync, delay)) / base:.2f} |"
+            )
     if args.actor_cut_s > 0:
         back = back_after_cut(args.actor_cut_s, args.timeout_s)
-        print(f"\nan actor host cut off {args.actor_cut_s:g} s: its actors' rollouts arrive {back:.2f} s "
-              "after the heal")
+        print(
+            f"\nan actor host cut off {args.actor_cut_s:g} s: its actors' rollouts arrive {back:.2f} s after the heal"
+        )
     if args.kill_after_heal_cut_s > 0:
         before, after = kill_after_heal(args.kill_after_heal_cut_s, args.timeout_s)
-        print(f"an actor killed right after a {args.kill_after_heal_cut_s:g} s cut's heal: each rank's longest "
-              f"wait for data, 10 s before the cut {before}, 10 s after the kill {after}")
+        print(
+            f"an actor killed right after a {args.kill_after_heal_cut_s:g} s cut's heal: each rank's longest "
+            f"wait for data, 10 s before the cut {before}, 10 s after the kill {after}"
+        )
     if args.learner_cut_s > 0:
         ended_s, reason = finishes_after_learner_cut(args.learner_cut_s, args.timeout_s)
-        print(f"a learner host cut off {args.learner_cut_s:g} s: the run ended ({reason}) {ended_s:.1f} s after the "
-              "heal")
+        print(
+            f"a learner host cut off {args.learner_cut_s:g} s: the run ended ({reason}) {ended_s:.1f} s after the heal"
+        )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,21 @@ def synthetic_actor(endpoint: str, name: str, slots: int, steps: int, seconds: f
 
 
 def start_actors(endpoint: str, args: argparse.Namespace, seconds: float) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, __file__, "--actor", endpoint, f"synthetic-{i}", str(args.slots),
-                              str(args.steps), str(seconds)]) for i in range(args.actors)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--actor",
+                endpoint,
+                f"synthetic-{i}",
+                str(args.slots),
+                str(args.steps),
+                str(seconds),
+            ]
+        )
+        for i in range(args.actors)
+    ]
 
 
 Rate = tuple[float, float]  # (rollouts per second of wall time, per second of the receiver's CPU time)
@@ -116,17 +129,30 @@ def raw_rate(args: argparse.Namespace) -> Rate:
 
 def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     """Rollouts/s a real learner receives, validates and queues (and, with `train`, trains on)."""
-    cfg = LearnerConfig(run="ingest", coordinator="tcp://127.0.0.1:9", broadcast="tcp://127.0.0.1:9",
-                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", experience_port=0,
-                        device=args.device)
+    cfg = LearnerConfig(
+        run="ingest",
+        coordinator="tcp://127.0.0.1:9",
+        broadcast="tcp://127.0.0.1:9",
+        metrics_port=-1,
+        bind_host="127.0.0.1",
+        advertise_host="127.0.0.1",
+        experience_port=0,
+        device=args.device,
+    )
     learner = Learner(cfg, StopFlag())
-    run_cfg = RunConfig(num_envs=args.slots, rollout_length=args.steps, rollouts_in_flight=args.actors,
-                        ppo=PPOConfig(max_rollouts_per_batch=args.actors))
+    run_cfg = RunConfig(
+        num_envs=args.slots,
+        rollout_length=args.steps,
+        rollouts_in_flight=args.actors,
+        ppo=PPOConfig(max_rollouts_per_batch=args.actors),
+    )
     learner.run_cfg, learner.spec = run_cfg, SPEC
     learner.members = MemberQueues(1, args.actors, CreditTimeouts(), 1, 2**62, 0.0, 0.0, most_per_batch=args.actors)
     # (what a credit is sent behind, once per actor and version: the version never moves here)
-    learner.credit_frames.weights[0] = (0, wire.encode(wire.Weights(member=0, version=0,
-                                                                    params={"w": np.zeros(1, np.float32)})))
+    learner.credit_frames.weights[0] = (
+        0,
+        wire.encode(wire.Weights(member=0, version=0, params={"w": np.zeros(1, np.float32)})),
+    )
     trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device(args.device)) if train else None
     if trainer is not None:
         trainer.set_hyperparams([run_cfg.base_hyperparams()])
@@ -173,16 +199,21 @@ def main() -> None:
         rates["ingest"].append(learner_rate(args, train=False))
         rates["train"].append(learner_rate(args, train=True))
     per_rollout = args.slots * args.steps
-    print(f"{args.actors} synthetic actors, rollouts of {args.slots} × {args.steps} CartPole steps "
-          f"({frame_bytes:,} bytes), learner on {args.device}, {args.rounds} rounds of {args.window_s} s\n")
+    print(
+        f"{args.actors} synthetic actors, rollouts of {args.slots} × {args.steps} CartPole steps "
+        f"({frame_bytes:,} bytes), learner on {args.device}, {args.rounds} rounds of {args.window_s} s\n"
+    )
     print("| receiver | rollouts/s | env steps/s | / raw | rollouts per CPU s | / raw |\n|:--|--:|--:|--:|--:|--:|")
     for name, values in rates.items():
         cells = []
         for i in (0, 1):  # wall, then the receiver's CPU time; ratios: medians of the rounds'
             median = statistics.median(v[i] for v in values)
             ratio = statistics.median(v[i] / r[i] for v, r in zip(values, rates["raw"], strict=True))
-            cells += [f"{median:,.0f}", f"{median * per_rollout:,.0f}", f"{ratio:.2f}"] if i == 0 else \
-                [f"{median:,.0f}", f"{ratio:.2f}"]
+            cells += (
+                [f"{median:,.0f}", f"{median * per_rollout:,.0f}", f"{ratio:.2f}"]
+                if i == 0
+                else [f"{median:,.0f}", f"{ratio:.2f}"]
+            )
         print(f"| {name} | {' | '.join(cells)} |")
 
 

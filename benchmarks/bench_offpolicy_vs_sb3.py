@@ -51,13 +51,39 @@ def sb3_model(algo: str, env: Any, seed: int) -> Any:
         return SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, verbose=0, device="cpu")
     if algo == "td3":
         noise = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
-        return TD3("MlpPolicy", env, learning_rate=1e-3, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
-                   action_noise=noise, gradient_steps=-1, train_freq=(1, "episode"),
-                   policy_kwargs={"net_arch": [400, 300]}, seed=seed, verbose=0, device="cpu")
-    return DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
-               gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-               exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
-               seed=seed, verbose=0, device="cpu")
+        return TD3(
+            "MlpPolicy",
+            env,
+            learning_rate=1e-3,
+            gamma=0.98,
+            buffer_size=200_000,
+            learning_starts=10_000,
+            action_noise=noise,
+            gradient_steps=-1,
+            train_freq=(1, "episode"),
+            policy_kwargs={"net_arch": [400, 300]},
+            seed=seed,
+            verbose=0,
+            device="cpu",
+        )
+    return DQN(
+        "MlpPolicy",
+        env,
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]},
+        seed=seed,
+        verbose=0,
+        device="cpu",
+    )
 
 
 def run_sb3(algo: str, seed: int, threads: int, steps: int | None = None) -> dict[str, Any]:
@@ -98,9 +124,13 @@ def run_sb3(algo: str, seed: int, threads: int, steps: int | None = None) -> dic
     wall = end - (callback.first_step_at or end)
     steps = callback.steps_at_target or model.num_timesteps
     returns = list(callback.returns)
-    return {"success": callback.reached_at is not None, "env_steps": steps, "train_wall_s": wall,
-            "steps_per_s": steps / wall if wall > 0 else None,
-            "mean_return_window": sum(returns) / len(returns) if returns else None}
+    return {
+        "success": callback.reached_at is not None,
+        "env_steps": steps,
+        "train_wall_s": wall,
+        "steps_per_s": steps / wall if wall > 0 else None,
+        "mean_return_window": sum(returns) / len(returns) if returns else None,
+    }
 
 
 def bounded(value: float | None, below: float | None) -> str:
@@ -122,8 +152,9 @@ def main() -> None:
     parser.add_argument("--sb3-threads", type=int, default=1)
     parser.add_argument("--sb3-steps", type=int, default=None, help="SB3's budget; default: RL-Zoo's n_timesteps")
     parser.add_argument("--skip-sb3", action="store_true")
-    parser.add_argument("--out-dir", type=Path,
-                        default=Path("runs") / f"bench-offpolicy-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("runs") / f"bench-offpolicy-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     env_id, threshold, window, config, _ = TASKS[args.algo]
@@ -132,36 +163,50 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         print(f"seed {seed}: rlmq up --algo {args.algo} ...", flush=True)
-        row: dict[str, Any] = {"seed": seed, "rlmq": run_rlmq(seed, args.out_dir / f"rlmq-seed{seed}", args,
-                                                                 env_id, args.algo, threshold)}
+        row: dict[str, Any] = {
+            "seed": seed,
+            "rlmq": run_rlmq(seed, args.out_dir / f"rlmq-seed{seed}", args, env_id, args.algo, threshold),
+        }
         if not args.skip_sb3:
             print(f"seed {seed}: SB3 {args.algo.upper()} ...", flush=True)
             row["sb3"] = run_sb3(args.algo, seed, args.sb3_threads, args.sb3_steps)
         rl, sb = row["rlmq"], row.get("sb3", {})
-        row["wall_ratio"] = (ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))
-                             if rl["success"] and sb.get("success") else None)
+        row["wall_ratio"] = (
+            ratio(rl.get("train_wall_s"), sb.get("train_wall_s")) if rl["success"] and sb.get("success") else None
+        )
         # SB3 missed the threshold within its whole budget: its time to it is longer than the
         # budget took, so rlmq's time over the budget's bounds the ratio from above.
-        row["wall_ratio_below"] = (ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))
-                                   if rl["success"] and sb and not sb.get("success") else None)
+        row["wall_ratio_below"] = (
+            ratio(rl.get("train_wall_s"), sb.get("train_wall_s"))
+            if rl["success"] and sb and not sb.get("success")
+            else None
+        )
         results.append(row)
 
     print(f"\n{args.algo} on {env_id}, threshold {threshold:g} over the last {window} episodes")
-    print(f"{'seed':>4} | {'rlmq ok':>7} {'wall s':>8} {'steps':>8} {'start s':>7} | {'SB3 ok':>6} {'wall s':>8} "
-          f"{'steps':>8} {'mean':>7} | {'wall ratio':>10}")
+    print(
+        f"{'seed':>4} | {'rlmq ok':>7} {'wall s':>8} {'steps':>8} {'start s':>7} | {'SB3 ok':>6} {'wall s':>8} "
+        f"{'steps':>8} {'mean':>7} | {'wall ratio':>10}"
+    )
     for row in results:
         rl, sb = row["rlmq"], row.get("sb3", {})
-        print(f"{row['seed']:>4} | {fmt(rl.get('success'), '', 7)} {fmt(rl.get('train_wall_s'), '.1f', 8)} "
-              f"{fmt(rl.get('env_steps'), 'd', 8)} {fmt(rl.get('startup_s'), '.1f', 7)} | "
-              f"{fmt(sb.get('success'), '', 6)} {fmt(sb.get('train_wall_s'), '.1f', 8)} "
-              f"{fmt(sb.get('env_steps'), 'd', 8)} {fmt(sb.get('mean_return_window'), '.1f', 7)} | "
-              f"{bounded(row['wall_ratio'], row['wall_ratio_below']):>10}")
-    summary = {"wall_to_target_ratio_median": median([r["wall_ratio"] for r in results]),
-               "seeds_both_reached": sum(r["wall_ratio"] is not None for r in results),
-               "seeds_only_rlmq_reached": sum(r["wall_ratio_below"] is not None for r in results)}
-    print(f"rlmq wall-to-threshold / SB3: {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)} (target ≤ 0.5; "
-          f"{summary['seeds_both_reached']}/{len(results)} seeds where both reached it; "
-          f"{summary['seeds_only_rlmq_reached']} where only rlmq did, ratio below the '<' bound shown)")
+        print(
+            f"{row['seed']:>4} | {fmt(rl.get('success'), '', 7)} {fmt(rl.get('train_wall_s'), '.1f', 8)} "
+            f"{fmt(rl.get('env_steps'), 'd', 8)} {fmt(rl.get('startup_s'), '.1f', 7)} | "
+            f"{fmt(sb.get('success'), '', 6)} {fmt(sb.get('train_wall_s'), '.1f', 8)} "
+            f"{fmt(sb.get('env_steps'), 'd', 8)} {fmt(sb.get('mean_return_window'), '.1f', 7)} | "
+            f"{bounded(row['wall_ratio'], row['wall_ratio_below']):>10}"
+        )
+    summary = {
+        "wall_to_target_ratio_median": median([r["wall_ratio"] for r in results]),
+        "seeds_both_reached": sum(r["wall_ratio"] is not None for r in results),
+        "seeds_only_rlmq_reached": sum(r["wall_ratio_below"] is not None for r in results),
+    }
+    print(
+        f"rlmq wall-to-threshold / SB3: {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)} (target ≤ 0.5; "
+        f"{summary['seeds_both_reached']}/{len(results)} seeds where both reached it; "
+        f"{summary['seeds_only_rlmq_reached']} where only rlmq did, ratio below the '<' bound shown)"
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         config_doc = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -41,8 +41,9 @@ def one_round(root: Path, scenario: str, pause_s: float) -> str:
     try:
         store = wait_until_stepping(root, up)
         time.sleep(6)  # past the first checkpoint
-        ranks = {cmd.split("--rank ")[1].split()[0]: pid for pid, cmd in descendants(up.pid).items()
-                 if " learner " in cmd}
+        ranks = {
+            cmd.split("--rank ")[1].split()[0]: pid for pid, cmd in descendants(up.pid).items() if " learner " in cmd
+        }
         stopped = list(ranks.values()) if scenario == "both" else [ranks["1"]]
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
@@ -53,13 +54,16 @@ def one_round(root: Path, scenario: str, pause_s: float) -> str:
                 os.kill(pid, signal.SIGCONT)
         seconds = next_version_after(store, version, 120)
         took = "no new version within 120 s" if seconds is None else f"{seconds:.2f} s"
-        what = f"both stopped {pause_s:g} s, next version after the resume" if scenario == "both" else \
-            "rank 1 stopped, first version of the restarted world after the stop"
+        what = (
+            f"both stopped {pause_s:g} s, next version after the resume"
+            if scenario == "both"
+            else "rank 1 stopped, first version of the restarted world after the stop"
+        )
         return f"{what}: {took}"
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=60)
-        for pid in (locals().get("stopped") or []):
+        for pid in locals().get("stopped") or []:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -77,8 +81,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-pause-") as tmp:
         for r in range(args.rounds):
             for scenario in args.scenarios:
-                print(f"{time.strftime('%H:%M:%S')} round {r}, {scenario}: "
-                      f"{one_round(Path(tmp) / f'{scenario}-{r}', scenario, args.pause_s)}", flush=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} round {r}, {scenario}: "
+                    f"{one_round(Path(tmp) / f'{scenario}-{r}', scenario, args.pause_s)}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

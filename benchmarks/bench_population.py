@@ -75,9 +75,7 @@ TARGET_RATIO, TARGET_POPULATION = 4.0, 8
 Plan = list[torch.Tensor | None]
 # What `update` and `update_each_member` both take after the models: batch, hp, cfg, plan,
 # anneal, norm, active.
-UpdateInputs = tuple[
-    ppo.Batch, ppo.MemberHyperparams, PPOConfig, Plan, torch.Tensor, torch.Tensor, torch.Tensor
-]
+UpdateInputs = tuple[ppo.Batch, ppo.MemberHyperparams, PPOConfig, Plan, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -119,9 +117,7 @@ class Problem:
         return self.batch, self.hp, self.cfg, plan, self.anneal, self.norm, self.active
 
 
-def random_batch(
-    population: int, steps: int, slots: int, device: torch.device, seed: int
-) -> ppo.Batch:
+def random_batch(population: int, steps: int, slots: int, device: torch.device, seed: int) -> ppo.Batch:
     """Well-formed rollouts: what the timing depends on is the shapes, not the values."""
     g = torch.Generator().manual_seed(seed)
     shape = (population, steps, slots)
@@ -185,9 +181,7 @@ def loop_side(
         nets.append(net.to(device))
     fused = args.loop_adam == "fused"
     # lr here is a placeholder: update_each_member sets each member's lr before its steps.
-    adams = [
-        torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5, fused=fused or None) for net in nets
-    ]
+    adams = [torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5, fused=fused or None) for net in nets]
 
     def one_update(i: int) -> None:
         ppo.update_each_member(nets, adams, *problem.inputs(i))
@@ -195,9 +189,7 @@ def loop_side(
     return one_update
 
 
-def seconds_per_update(
-    one_update: Callable[[int], None], updates: int, device: torch.device
-) -> float:
+def seconds_per_update(one_update: Callable[[int], None], updates: int, device: torch.device) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()  # nothing queued from before may land in this timer
     start = time.perf_counter()
@@ -268,8 +260,7 @@ def roofline(results: Sequence[Result], flops: dict[int, int], peak: float) -> s
 
 
 def table(results: Sequence[Result]) -> str:
-    head = ("P", "device", "minibatches", "vectorized ms/update", "loop ms/update",
-            "loop / vectorized", "target")
+    head = ("P", "device", "minibatches", "vectorized ms/update", "loop ms/update", "loop / vectorized", "target")
     rows = ["| " + " | ".join(head) + " |", "|--:|:--:|--:|--:|--:|--:|:--:|"]
     for r in results:
         target = f"≥ {TARGET_RATIO:g}×" if r.population == TARGET_POPULATION else "–"
@@ -314,8 +305,9 @@ def blas_kernels() -> str:
     except ImportError:
         return f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
-    return ", ".join(f"{i['internal_api']} {i.get('architecture')} kernels × {i['num_threads']} thread(s)"
-                     for i in blas)
+    return ", ".join(
+        f"{i['internal_api']} {i.get('architecture')} kernels × {i['num_threads']} thread(s)" for i in blas
+    )
 
 
 def pick_device(name: str) -> torch.device:
@@ -335,18 +327,18 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=5, help="consecutive updates per timed round")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--pixels", choices=list(SPECS), default="none",
-                        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)")
+    parser.add_argument(
+        "--pixels",
+        choices=list(SPECS),
+        default="none",
+        help="image observations through a CNN: MinAtar's or Atari's (Nature CNN)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--populations", type=int, nargs="+", default=[8, 32], help="population sizes P"
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--populations", type=int, nargs="+", default=[8, 32], help="population sizes P")
     add_problem_arguments(parser)
     parser.add_argument(
         "--loop-adam",
@@ -394,8 +386,11 @@ def main() -> None:
     print()
     print(verdict(results))
     print()
-    print(roofline(results, {r.population: update_flops(r.population, args, device) for r in results},
-                   matmul_peak(device)))
+    print(
+        roofline(
+            results, {r.population: update_flops(r.population, args, device) for r in results}, matmul_peak(device)
+        )
+    )
     if args.json is not None:
         write_json(args.json, results, args)
 

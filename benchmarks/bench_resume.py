@@ -36,8 +36,9 @@ CASES = {  # name → (env, algo, target, stop at env steps)
 
 
 def up(run_dir: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlmq.cli", "up", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def env_steps(run_dir: Path) -> int:
@@ -54,10 +55,13 @@ def newest_replay(run_dir: Path) -> dict[str, torch.Tensor] | None:
 
 
 def replay_kept(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> str:
-    """"N → M, kept" when every transition `before` held is in `after` unchanged (the ring had not
+    """ "N → M, kept" when every transition `before` held is in `after` unchanged (the ring had not
     wrapped: the rows stay where they were written)."""
-    kept = all(torch.equal(after[name][m, : int(rows)], before[name][m, : int(rows)])
-               for name in ("_rewards", "_obs_key", "_actions") for m, rows in enumerate(before["_size"]))
+    kept = all(
+        torch.equal(after[name][m, : int(rows)], before[name][m, : int(rows)])
+        for name in ("_rewards", "_obs_key", "_actions")
+        for m, rows in enumerate(before["_size"])
+    )
     return f"{int(before['_size'].sum()):,} → {int(after['_size'].sum()):,}, {'kept' if kept else 'NOT kept'}"
 
 
@@ -67,9 +71,11 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rlmq-resume-"))
-    print("| case | seed | env steps to target, uninterrupted | stopped at | "
-          "env steps to target, stopped and resumed | "
-          "resumed ÷ uninterrupted | replay at the stop → after resuming |")
+    print(
+        "| case | seed | env steps to target, uninterrupted | stopped at | "
+        "env steps to target, stopped and resumed | "
+        "resumed ÷ uninterrupted | replay at the stop → after resuming |"
+    )
     print("|---|--:|--:|--:|--:|--:|---|")
     for case in args.cases:
         env, algo, target, stop_at = CASES[case]
@@ -91,9 +97,10 @@ def main() -> None:
             resumed = summary["env_steps"] if summary.get("success") else float("nan")
             after = newest_replay(broken)
             replay = replay_kept(at_stop, after) if at_stop is not None and after is not None else "—"
-            print(f"| {case} | {seed} | {straight:,} | {stopped:,} | {resumed:,} | "
-                  f"{resumed / straight:.2f} | {replay} |",
-                  flush=True)
+            print(
+                f"| {case} | {seed} | {straight:,} | {stopped:,} | {resumed:,} | {resumed / straight:.2f} | {replay} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -86,9 +86,28 @@ def scrape_run(run_dir: Path) -> dict[str, list[Scrape]]:
 
 
 def run_cell(args: argparse.Namespace, actors: int, learners: int, device: str, run_dir: Path) -> dict[str, object]:
-    argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(actors), "--learners", str(learners),
-            "--env", args.env, "--algo", args.algo, "--device", device, "--seed", str(args.seed),
-            "--total-steps", str(args.total_steps), "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "up",
+        "--actors",
+        str(actors),
+        "--learners",
+        str(learners),
+        "--env",
+        args.env,
+        "--algo",
+        args.algo,
+        "--device",
+        device,
+        "--seed",
+        str(args.seed),
+        "--total-steps",
+        str(args.total_steps),
+        "--run-dir",
+        str(run_dir),
+    ]
     if args.target_return is not None:
         argv += ["--target-return", str(args.target_return)]
     if args.config:
@@ -114,9 +133,9 @@ def run_cell(args: argparse.Namespace, actors: int, learners: int, device: str, 
 def rates(scrapes: Scrapes) -> dict[str, float]:
     """The cell's rates between the first scrape with env steps and the last (module docstring)."""
     actor_scrapes = scrapes.by_role.get("actor", [])
-    first = next((i for i in range(len(actor_scrapes))
-                  if scrapes.total("actor", "rlmq_actor_env_steps_total", i)[1] > 0),
-                 None)
+    first = next(
+        (i for i in range(len(actor_scrapes)) if scrapes.total("actor", "rlmq_actor_env_steps_total", i)[1] > 0), None
+    )
     if first is None or len(actor_scrapes) - first < 3:
         return {}
     last = len(actor_scrapes) - 1
@@ -135,8 +154,9 @@ def rates(scrapes: Scrapes) -> dict[str, float]:
         "credit_wait": per_s("actor", "rlmq_actor_credit_wait_seconds_total") / actors,
         "acting": per_s("actor", "rlmq_actor_acting_seconds_total") / actors,
         "env_wait": per_s("actor", "rlmq_actor_env_wait_seconds_total") / actors,
-        "queue": statistics.mean(scrapes.total("learner", "rlmq_learner_queue_depth", i)[1]
-                                 for i in range(first, last + 1)),
+        "queue": statistics.mean(
+            scrapes.total("learner", "rlmq_learner_queue_depth", i)[1] for i in range(first, last + 1)
+        ),
         "lag": per_s("learner", "rlmq_learner_policy_lag_sum") / lag_count if lag_count else float("nan"),
         "batch": per_s("learner", "rlmq_learner_samples_total") / updates if updates else float("nan"),
     }
@@ -147,8 +167,12 @@ def outcome(run_dir: Path) -> dict[str, object]:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {"reached": summary.get("reason") == "target", "train_wall_s": summary.get("train_wall_s"),
-            "return": summary.get("mean_return_last_100"), "env_steps": summary.get("env_steps")}
+    return {
+        "reached": summary.get("reason") == "target",
+        "train_wall_s": summary.get("train_wall_s"),
+        "return": summary.get("mean_return_last_100"),
+        "env_steps": summary.get("env_steps"),
+    }
 
 
 def bottleneck(cell: dict[str, object]) -> str:
@@ -177,8 +201,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scrape-s", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
-    parser.add_argument("--out-dir", type=Path,
-                        default=Path("runs") / f"bench-scaling-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("runs") / f"bench-scaling-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     cells: dict[tuple[int, int, str], dict[str, object]] = {}
@@ -188,9 +213,11 @@ def main() -> None:
             cells[actors, learners, device] = run_cell(args, actors, learners, device, run_dir)
             print(f"{actors}x{learners} {device}: {cells[actors, learners, device]}", flush=True)
     print(f"\n{args.env}, {args.algo}, target {args.target_return}, budget {args.total_steps:,} env steps\n")
-    print("| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | "
-          "queue | batch | lag | "
-          "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|")
+    print(
+        "| actors × learners | device | env steps/s | efficiency | learner busy | credit wait | "
+        "queue | batch | lag | "
+        "to target s | return | bottleneck |\n|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|:--|"
+    )
     for (actors, learners, device), cell in cells.items():
         rate = cell.get("env_steps_per_s")
         one = cells.get((1, learners, device), {}).get("env_steps_per_s")
@@ -201,10 +228,12 @@ def main() -> None:
             value = cell.get(key)
             return format(value, form) if isinstance(value, float | int) else "—"
 
-        print(f"| {actors} × {learners} | {device} | {show('env_steps_per_s', ',.0f')} | {efficiency} | "
-              f"{show('learner_busy', '.2f')} | {show('credit_wait', '.2f')} | {show('queue', '.1f')} | "
-              f"{show('batch', ',.0f')} | "
-              f"{show('lag', '.1f')} | {to_target} | {show('return', '.1f')} | {bottleneck(cell)} |")
+        print(
+            f"| {actors} × {learners} | {device} | {show('env_steps_per_s', ',.0f')} | {efficiency} | "
+            f"{show('learner_busy', '.2f')} | {show('credit_wait', '.2f')} | {show('queue', '.1f')} | "
+            f"{show('batch', ',.0f')} | "
+            f"{show('lag', '.1f')} | {to_target} | {show('return', '.1f')} | {bottleneck(cell)} |"
+        )
     if args.json:
         args.json.write_text(json.dumps({f"{a}x{n}-{d}": c for (a, n, d), c in cells.items()}, indent=1))
 

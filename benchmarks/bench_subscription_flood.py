@@ -55,8 +55,10 @@ def main() -> None:
                 sub.connect(broadcast)
                 subscribers.append(sub)
             time.sleep(args.hold_s)
-            print(f"with {args.subscribers} subscribers reading nothing, after {args.hold_s:g} s: {rss_mb(pid):.1f} MB",
-                  flush=True)
+            print(
+                f"with {args.subscribers} subscribers reading nothing, after {args.hold_s:g} s: {rss_mb(pid):.1f} MB",
+                flush=True,
+            )
             for sub in subscribers:
                 sub.close(0)
             ctx.term()

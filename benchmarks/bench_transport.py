@@ -75,8 +75,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--window-s", type=float, default=1.5)
     args = parser.parse_args()
-    print("| bytes | tcp msg/s | tcp MiB/s | ipc msg/s | ipc / tcp | tcp + CURVE msg/s | CURVE MiB/s | CURVE / tcp |\n"
-          "|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print(
+        "| bytes | tcp msg/s | tcp MiB/s | ipc msg/s | ipc / tcp | tcp + CURVE msg/s | CURVE MiB/s | CURVE / tcp |\n"
+        "|--:|--:|--:|--:|--:|--:|--:|--:|"
+    )
     with tempfile.TemporaryDirectory(prefix="rlmq-bench-") as scratch:
         keys = Path(scratch) / "keys"
         security.create_keys(keys, learners=0, actors=1)
@@ -88,11 +90,15 @@ def main() -> None:
                 rates["ipc"].append(messages_per_s(f"ipc://{scratch}/{size}-{r}.sock", payload, args.window_s))
                 rates["curve"].append(messages_per_s("tcp://127.0.0.1:0", payload, args.window_s, keys))
             tcp, ipc, curve = (statistics.median(v) for v in rates.values())
-            ratio = {way: statistics.median(w / t for w, t in zip(rates[way], rates["tcp"], strict=True))
-                     for way in ("ipc", "curve")}
+            ratio = {
+                way: statistics.median(w / t for w, t in zip(rates[way], rates["tcp"], strict=True))
+                for way in ("ipc", "curve")
+            }
             mib = size / 2**20
-            print(f"| {size:,} | {tcp:,.0f} | {tcp * mib:,.0f} | {ipc:,.0f} | {ratio['ipc']:.2f} | {curve:,.0f} | "
-                  f"{curve * mib:,.0f} | {ratio['curve']:.2f} |")
+            print(
+                f"| {size:,} | {tcp:,.0f} | {tcp * mib:,.0f} | {ipc:,.0f} | {ratio['ipc']:.2f} | {curve:,.0f} | "
+                f"{curve * mib:,.0f} | {ratio['curve']:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -51,11 +51,29 @@ ENV_ID = "CartPole-v1"
 ZOO_TIMESTEPS = 100_000  # RL-Zoo's n_timesteps for PPO on CartPole-v1: the schedules' horizon
 
 
-def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = ENV_ID, algo: str = "ppo",
-             target: float = TARGET) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", str(args.actors), "--learners",
-            str(args.learners), "--env", env_id, "--algo", algo, "--target-return", str(target),
-            "--seed", str(seed), "--run-dir", str(run_dir)]
+def run_rlmq(
+    seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = ENV_ID, algo: str = "ppo", target: float = TARGET
+) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "up",
+        "--actors",
+        str(args.actors),
+        "--learners",
+        str(args.learners),
+        "--env",
+        env_id,
+        "--algo",
+        algo,
+        "--target-return",
+        str(target),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+    ]
     if args.rlmq_total_steps is not None:
         argv += ["--total-steps", str(args.rlmq_total_steps)]
     if args.rlmq_config is not None:
@@ -82,10 +100,17 @@ def run_rlmq(seed: int, run_dir: Path, args: argparse.Namespace, env_id: str = E
     steps = int(at_end.group(1)) if at_end else int(summary.get("env_steps", 0))
     train_s = summary.get("train_wall_s")
     return {
-        "exit_code": code, "success": bool(summary.get("success")), "outcome": summary.get("outcome"),
-        "detail": summary.get("detail"), "env_steps": steps, "env_steps_summary": summary.get("env_steps"),
-        "startup_s": summary.get("startup_s"), "train_wall_s": train_s, "process_wall_s": wall,
-        "steps_per_s": steps / train_s if train_s else None, "run_dir": str(run_dir),
+        "exit_code": code,
+        "success": bool(summary.get("success")),
+        "outcome": summary.get("outcome"),
+        "detail": summary.get("detail"),
+        "env_steps": steps,
+        "env_steps_summary": summary.get("env_steps"),
+        "startup_s": summary.get("startup_s"),
+        "train_wall_s": train_s,
+        "process_wall_s": wall,
+        "steps_per_s": steps / train_s if train_s else None,
+        "run_dir": str(run_dir),
     }
 
 
@@ -129,24 +154,38 @@ def run_sb3(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.sb3_threads > 0:
         torch.set_num_threads(args.sb3_threads)
     env = make_vec_env(ENV_ID, n_envs=8, seed=seed, vec_env_cls=DummyVecEnv)
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-                ent_coef=0.0, learning_rate=linear_schedule(1e-3), clip_range=linear_schedule(0.2),
-                seed=seed, device=args.sb3_device, verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear_schedule(1e-3),
+        clip_range=linear_schedule(0.2),
+        seed=seed,
+        device=args.sb3_device,
+        verbose=0,
+    )
     callback = StopAtTarget(args.sb3_budget)
     model.learn(total_timesteps=ZOO_TIMESTEPS, callback=callback)
     continued = False
     if callback.reached_at is None and args.sb3_continue and model.num_timesteps < args.sb3_budget:
         continued = True
-        model.learn(total_timesteps=args.sb3_budget - model.num_timesteps, callback=callback,
-                    reset_num_timesteps=False)
+        model.learn(total_timesteps=args.sb3_budget - model.num_timesteps, callback=callback, reset_num_timesteps=False)
     end = callback.reached_at or time.perf_counter()
     env.close()
     wall = end - (callback.first_step_at or end)
     steps = model.num_timesteps if callback.steps_at_target is None else callback.steps_at_target
     returns = list(callback.returns)
     return {
-        "success": callback.reached_at is not None, "continued": continued, "env_steps": steps,
-        "train_wall_s": wall, "steps_per_s": steps / wall if wall > 0 else None,
+        "success": callback.reached_at is not None,
+        "continued": continued,
+        "env_steps": steps,
+        "train_wall_s": wall,
+        "steps_per_s": steps / wall if wall > 0 else None,
         "mean_return_last_100": sum(returns) / len(returns) if returns else None,
         "torch_threads": torch.get_num_threads(),
     }
@@ -168,31 +207,49 @@ def fmt(value: Any, spec: str, width: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-vs-sb3-{time.strftime('%Y%m%d-%H%M%S')}",
-                        help="where the rlmq run directories (and their logs) go")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("runs") / f"bench-vs-sb3-{time.strftime('%Y%m%d-%H%M%S')}",
+        help="where the rlmq run directories (and their logs) go",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write all results here as JSON")
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--learners", type=int, default=2)
-    parser.add_argument("--rlmq-total-steps", type=int, default=None,
-                        help="rlmq step budget (default: the run config's)")
+    parser.add_argument(
+        "--rlmq-total-steps", type=int, default=None, help="rlmq step budget (default: the run config's)"
+    )
     parser.add_argument("--rlmq-timeout-s", type=float, default=1800.0)
-    parser.add_argument("--rlmq-config", type=Path, default=None,
-                        help="run config for rlmq, as RL-Zoo's per-env hyperparameters are for SB3 "
-                             "(e.g. configs/ppo-cartpole.toml); default: the library defaults")
-    parser.add_argument("--sb3-budget", type=int, default=300_000,
-                        help="SB3 env-step cap; beyond 1e5 only with --sb3-continue")
-    parser.add_argument("--sb3-continue", action="store_true",
-                        help="target missed at 1e5 steps: keep training up to --sb3-budget")
-    parser.add_argument("--sb3-threads", type=int, default=1,
-                        help="torch intra-op threads for SB3 (0: torch's default; see the docstring)")
+    parser.add_argument(
+        "--rlmq-config",
+        type=Path,
+        default=None,
+        help="run config for rlmq, as RL-Zoo's per-env hyperparameters are for SB3 "
+        "(e.g. configs/ppo-cartpole.toml); default: the library defaults",
+    )
+    parser.add_argument(
+        "--sb3-budget", type=int, default=300_000, help="SB3 env-step cap; beyond 1e5 only with --sb3-continue"
+    )
+    parser.add_argument(
+        "--sb3-continue", action="store_true", help="target missed at 1e5 steps: keep training up to --sb3-budget"
+    )
+    parser.add_argument(
+        "--sb3-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for SB3 (0: torch's default; see the docstring)",
+    )
     parser.add_argument("--sb3-device", default="cpu")
     parser.add_argument("--skip-rlmq", action="store_true")
     parser.add_argument("--skip-sb3", action="store_true")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     if cores < args.actors + args.learners + 1:
-        print(f"note: {cores} cores for {args.actors} actors + {args.learners} learners + coordinator: "
-              "rlmq's figures will be core-bound", file=sys.stderr)
+        print(
+            f"note: {cores} cores for {args.actors} actors + {args.learners} learners + coordinator: "
+            "rlmq's figures will be core-bound",
+            file=sys.stderr,
+        )
 
     results: list[dict[str, Any]] = []
     for seed in args.seeds:
@@ -209,16 +266,20 @@ def main() -> None:
         row["steps_per_s_ratio"] = ratio(rl.get("steps_per_s"), sb.get("steps_per_s"))
         results.append(row)
 
-    print(f"\n{'seed':>4} | {'rlmq ok':>7} {'wall s':>8} {'steps':>9} {'steps/s':>9} {'start s':>7} | "
-          f"{'SB3 ok':>6} {'wall s':>8} {'steps':>9} {'steps/s':>9} | {'wall ratio':>10} {'rate ratio':>10}")
+    print(
+        f"\n{'seed':>4} | {'rlmq ok':>7} {'wall s':>8} {'steps':>9} {'steps/s':>9} {'start s':>7} | "
+        f"{'SB3 ok':>6} {'wall s':>8} {'steps':>9} {'steps/s':>9} | {'wall ratio':>10} {'rate ratio':>10}"
+    )
     for row in results:
         rl, sb = row.get("rlmq", {}), row.get("sb3", {})
         sb_ok = None if not sb else f"{sb['success']}{'*' if sb['continued'] else ''}"
-        print(f"{row['seed']:>4} | {fmt(rl.get('success'), '', 7)} {fmt(rl.get('train_wall_s'), '.1f', 8)} "
-              f"{fmt(rl.get('env_steps'), 'd', 9)} {fmt(rl.get('steps_per_s'), ',.0f', 9)} "
-              f"{fmt(rl.get('startup_s'), '.1f', 7)} | {fmt(sb_ok, '', 6)} {fmt(sb.get('train_wall_s'), '.1f', 8)} "
-              f"{fmt(sb.get('env_steps'), 'd', 9)} {fmt(sb.get('steps_per_s'), ',.0f', 9)} | "
-              f"{fmt(row['wall_ratio'], '.3f', 10)} {fmt(row['steps_per_s_ratio'], '.3f', 10)}")
+        print(
+            f"{row['seed']:>4} | {fmt(rl.get('success'), '', 7)} {fmt(rl.get('train_wall_s'), '.1f', 8)} "
+            f"{fmt(rl.get('env_steps'), 'd', 9)} {fmt(rl.get('steps_per_s'), ',.0f', 9)} "
+            f"{fmt(rl.get('startup_s'), '.1f', 7)} | {fmt(sb_ok, '', 6)} {fmt(sb.get('train_wall_s'), '.1f', 8)} "
+            f"{fmt(sb.get('env_steps'), 'd', 9)} {fmt(sb.get('steps_per_s'), ',.0f', 9)} | "
+            f"{fmt(row['wall_ratio'], '.3f', 10)} {fmt(row['steps_per_s_ratio'], '.3f', 10)}"
+        )
     summary = {
         "wall_to_target_ratio_median": median([r["wall_ratio"] for r in results]),
         "steps_per_s_ratio_median": median([r["steps_per_s_ratio"] for r in results]),
@@ -227,8 +288,10 @@ def main() -> None:
     }
     if any(r.get("sb3", {}).get("continued") for r in results):
         print("(* SB3 continued past RL-Zoo's 1e5-step schedule)")
-    print(f"rlmq wall-to-target / SB3 : {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)}  (target ≤ 0.5; "
-          f"{summary['seeds_both_reached_target']}/{len(results)} seeds where both reached {TARGET:g})")
+    print(
+        f"rlmq wall-to-target / SB3 : {fmt(summary['wall_to_target_ratio_median'], '.3f', 6)}  (target ≤ 0.5; "
+        f"{summary['seeds_both_reached_target']}/{len(results)} seeds where both reached {TARGET:g})"
+    )
     print(f"rlmq env-steps/s / SB3    : {fmt(summary['steps_per_s_ratio_median'], '.3f', 6)}  (target ≥ 2)")
     print(f"rlmq start-up             : {fmt(summary['rlmq_startup_s_median'], '.1f', 6)} s (median)")
     if args.json is not None:

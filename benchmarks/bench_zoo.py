@@ -62,36 +62,86 @@ class Case:
 def _ppo_lunarlander(env: Any, seed: int) -> Any:
     from stable_baselines3 import PPO
 
-    return PPO("MlpPolicy", env, n_steps=1024, batch_size=64, gae_lambda=0.98, gamma=0.999, n_epochs=4,
-               ent_coef=0.01, seed=seed, device="cpu", verbose=0)
+    return PPO(
+        "MlpPolicy",
+        env,
+        n_steps=1024,
+        batch_size=64,
+        gae_lambda=0.98,
+        gamma=0.999,
+        n_epochs=4,
+        ent_coef=0.01,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
 
 def _dqn_lunarlander(env: Any, seed: int) -> Any:
     from stable_baselines3 import DQN
 
     # RL-Zoo's ε schedule in env steps (12 % of its 100 k), over this case's 300 k budget.
-    return DQN("MlpPolicy", env, learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
-               gamma=0.99, target_update_interval=250, train_freq=4, gradient_steps=-1, exploration_fraction=0.04,
-               exploration_final_eps=0.1, policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu",
-               verbose=0)
+    return DQN(
+        "MlpPolicy",
+        env,
+        learning_rate=6.3e-4,
+        batch_size=128,
+        buffer_size=50_000,
+        learning_starts=0,
+        gamma=0.99,
+        target_update_interval=250,
+        train_freq=4,
+        gradient_steps=-1,
+        exploration_fraction=0.04,
+        exploration_final_eps=0.1,
+        policy_kwargs={"net_arch": [256, 256]},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
 
 def _sac_lunarlander_continuous(env: Any, seed: int) -> Any:
     from stable_baselines3 import SAC
 
-    return SAC("MlpPolicy", env, learning_rate=lambda remaining: 7.3e-4 * remaining, batch_size=256,
-               buffer_size=1_000_000, ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
-               learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu",
-               verbose=0)
+    return SAC(
+        "MlpPolicy",
+        env,
+        learning_rate=lambda remaining: 7.3e-4 * remaining,
+        batch_size=256,
+        buffer_size=1_000_000,
+        ent_coef="auto",
+        gamma=0.99,
+        tau=0.01,
+        train_freq=1,
+        gradient_steps=1,
+        learning_starts=10_000,
+        policy_kwargs={"net_arch": [400, 300]},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
 
 def _td3_lunarlander_continuous(env: Any, seed: int) -> Any:
     from stable_baselines3 import TD3
     from stable_baselines3.common.noise import NormalActionNoise
 
-    return TD3("MlpPolicy", env, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
-               action_noise=NormalActionNoise(np.zeros(2), 0.1 * np.ones(2)), gradient_steps=1, train_freq=1,
-               learning_rate=1e-3, policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu", verbose=0)
+    return TD3(
+        "MlpPolicy",
+        env,
+        gamma=0.98,
+        buffer_size=200_000,
+        learning_starts=10_000,
+        action_noise=NormalActionNoise(np.zeros(2), 0.1 * np.ones(2)),
+        gradient_steps=1,
+        train_freq=1,
+        learning_rate=1e-3,
+        policy_kwargs={"net_arch": [400, 300]},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
 
 CASES = {
@@ -109,18 +159,43 @@ def _children_cpu_s() -> float:
 
 
 def run_rlmq(case: Case, seed: int, run_dir: Path, timeout_s: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--env", case.env_id,
-            "--algo", case.algo, "--seed", str(seed), "--total-steps", str(case.budget), "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlmq.cli",
+        "up",
+        "--actors",
+        "2",
+        "--learners",
+        "1",
+        "--env",
+        case.env_id,
+        "--algo",
+        case.algo,
+        "--seed",
+        str(seed),
+        "--total-steps",
+        str(case.budget),
+        "--run-dir",
+        str(run_dir),
+    ]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     started, cpu_started = time.perf_counter(), _children_cpu_s()
     with open(run_dir.parent / f"{run_dir.name}.log", "wb") as log:
-        code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout_s).returncode
+        code = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
+        ).returncode
     wall, cpu = time.perf_counter() - started, _children_cpu_s() - cpu_started
     result = evaluate(load_checkpoint(run_dir), EVAL_EPISODES, EVAL_SEED)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"exit": code, "wall_s": wall, "cpu_s": cpu, "env_steps": summary["env_steps"], "eval_mean": result.mean,
-            "eval_std": result.std}
+    return {
+        "exit": code,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "env_steps": summary["env_steps"],
+        "eval_mean": result.mean,
+        "eval_std": result.std,
+    }
 
 
 def run_sb3(case: Case, seed: int, threads: int) -> dict[str, Any]:
@@ -135,8 +210,13 @@ def run_sb3(case: Case, seed: int, threads: int) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     env.close()
     result = play(case.env_id, lambda obs: model.predict(obs, deterministic=True)[0], EVAL_EPISODES, EVAL_SEED)
-    return {"wall_s": wall, "cpu_s": cpu, "env_steps": int(model.num_timesteps), "eval_mean": result.mean,
-            "eval_std": result.std}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "env_steps": int(model.num_timesteps),
+        "eval_mean": result.mean,
+        "eval_std": result.std,
+    }
 
 
 def median(values: list[float]) -> float | None:
@@ -147,13 +227,19 @@ def summarize(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Each side's medians over the seeds both sides finished (with --skip-sb3, rlmq's over all),
     and the ratios rlmq / SB3."""
     counted = [r for r in rows if "sb3" in r] or rows
-    sides = {side: {key: median([r[side][key] for r in counted if key in r.get(side, {})])
-                    for key in ("eval_mean", "wall_s", "cpu_s")}  # cpu_s: rows from before it was kept lack it
-             for side in ("rlmq", "sb3")}
+    sides = {
+        side: {
+            key: median([r[side][key] for r in counted if key in r.get(side, {})])
+            for key in ("eval_mean", "wall_s", "cpu_s")
+        }  # cpu_s: rows from before it was kept lack it
+        for side in ("rlmq", "sb3")
+    }
     rl, sb = sides["rlmq"], sides["sb3"]
-    ratios = {"return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
-              "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None,
-              "cpu": rl["cpu_s"] / sb["cpu_s"] if rl["cpu_s"] and sb["cpu_s"] else None}
+    ratios = {
+        "return": rl["eval_mean"] / sb["eval_mean"] if sb["eval_mean"] else None,
+        "wall": rl["wall_s"] / sb["wall_s"] if sb["wall_s"] else None,
+        "cpu": rl["cpu_s"] / sb["cpu_s"] if rl["cpu_s"] and sb["cpu_s"] else None,
+    }
     return {"budget": case.budget, "seeds": rows, "median": sides, "ratio": ratios}
 
 
@@ -163,11 +249,15 @@ def print_table(name: str, summary: dict[str, Any]) -> None:
     print(f"{'seed':>4} | {'rlmq return':>12} {'wall s':>8} | {'SB3 return':>12} {'wall s':>8}")
     for r in summary["seeds"]:
         s = r.get("sb3", {})
-        print(f"{r['seed']:>4} | {r['rlmq']['eval_mean']:>12.1f} {r['rlmq']['wall_s']:>8.1f} | "
-              f"{s.get('eval_mean', float('nan')):>12.1f} {s.get('wall_s', float('nan')):>8.1f}")
-    print(f"median | {rl['eval_mean']:>10.1f} {rl['wall_s']:>8.1f} | {sb['eval_mean'] or float('nan'):>12.1f} "
-          f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}, "
-          f"CPU {ratios['cpu']}\n")
+        print(
+            f"{r['seed']:>4} | {r['rlmq']['eval_mean']:>12.1f} {r['rlmq']['wall_s']:>8.1f} | "
+            f"{s.get('eval_mean', float('nan')):>12.1f} {s.get('wall_s', float('nan')):>8.1f}"
+        )
+    print(
+        f"median | {rl['eval_mean']:>10.1f} {rl['wall_s']:>8.1f} | {sb['eval_mean'] or float('nan'):>12.1f} "
+        f"{sb['wall_s'] or float('nan'):>8.1f}   ratio return {ratios['return']}, wall {ratios['wall']}, "
+        f"CPU {ratios['cpu']}\n"
+    )
 
 
 def keep_in_json(path: Path, name: str, case: Case, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -202,10 +292,13 @@ def main() -> None:
     parser.add_argument("--rlmq-timeout-s", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=Path("runs") / f"bench-zoo-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--json", type=Path, default=None, help="written after each side of every seed")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep what --json already holds (whole seeds, and rlmq sides whose SB3 side is "
-                             "missing), run the rest: a bench longer than a session, each seed's pair still run "
-                             "one after the other")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep what --json already holds (whole seeds, and rlmq sides whose SB3 side is "
+        "missing), run the rest: a bench longer than a session, each seed's pair still run "
+        "one after the other",
+    )
     args = parser.parse_args()
     if args.resume and args.json is None:
         parser.error("--resume needs --json, the file that holds the seeds already run")
@@ -222,8 +315,10 @@ def main() -> None:
                 continue
             if row is None:
                 print(f"{name} seed {seed}: rlmq ...", flush=True)
-                row = {"seed": seed, "rlmq": run_rlmq(case, seed, args.out_dir / f"{name}-seed{seed}",
-                                                      args.rlmq_timeout_s)}
+                row = {
+                    "seed": seed,
+                    "rlmq": run_rlmq(case, seed, args.out_dir / f"{name}-seed{seed}", args.rlmq_timeout_s),
+                }
                 print(f"  rlmq {row['rlmq']}", flush=True)
                 if args.json is not None:  # kept alone, should the SB3 side not finish in this sitting
                     keep_in_json(args.json, name, case, [*rows, row])

@@ -21,8 +21,12 @@ from rlmq.common.service import (
     limit_threads,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="rlmq: message-queue actor-learner reinforcement learning.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="rlmq: message-queue actor-learner reinforcement learning.",
+)
 
 
 def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
@@ -36,14 +40,27 @@ MetricsPort = Annotated[int, _opt("Port of /metrics (0: any free port, -1: none)
 Announce = Annotated[str, _opt("Write the ports this process bound to this JSON file.", "ANNOUNCE", hidden=True)]
 Fd = Annotated[int, _opt("A listening socket inherited from rlmq up (-1: bind here).", hidden=True)]
 BindHost = Annotated[str, _opt("Address this process's listeners bind (*: every interface).", "BIND_HOST")]
-RedisPasswordFile = Annotated[str, _opt("A file holding the Redis password (kept out of process listings; "
-                                        "`rlmq up` writes one for its private Redis).", "REDIS_PASSWORD_FILE")]
-KeysDir = Annotated[str, _opt("The run's CURVE keys (`rlmq keys`): every ZeroMQ socket authenticated and encrypted; "
-                              "empty: plain ZeroMQ.", "KEYS_DIR")]
-RedisOutage = Annotated[float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.",
-                                    "REDIS_OUTAGE_S", min=0.0)]
-ACTOR_DEVICE_HELP = ("Where actors run a convolutional policy (Atari's): auto (a GPU if there is one), cpu, cuda "
-                     "or cuda:N. Other policies run in NumPy on the CPU.")
+RedisPasswordFile = Annotated[
+    str,
+    _opt(
+        "A file holding the Redis password (kept out of process listings; `rlmq up` writes one for its private Redis).",
+        "REDIS_PASSWORD_FILE",
+    ),
+]
+KeysDir = Annotated[
+    str,
+    _opt(
+        "The run's CURVE keys (`rlmq keys`): every ZeroMQ socket authenticated and encrypted; empty: plain ZeroMQ.",
+        "KEYS_DIR",
+    ),
+]
+RedisOutage = Annotated[
+    float, _opt("Ride out a Redis outage this long (s), retrying; then exit 1.", "REDIS_OUTAGE_S", min=0.0)
+]
+ACTOR_DEVICE_HELP = (
+    "Where actors run a convolutional policy (Atari's): auto (a GPU if there is one), cpu, cuda "
+    "or cuda:N. Other policies run in NumPy on the CPU."
+)
 
 
 # What redis-py's `from_url` accepts. A bare `HOST:PORT` is the usual slip; redis-py's own error
@@ -64,8 +81,11 @@ def _require_redis_url(url: str | None) -> None:
             return
         except (ValueError, TypeError) as exc:  # a port or db that is not a number, a bad query
             reason = f" ({exc})"
-    typer.echo(f"error: --redis-url {url} is not a Redis URL{reason}: use redis://HOST:PORT/DB "
-               "(rediss:// for TLS, unix:///PATH for a socket)", err=True)
+    typer.echo(
+        f"error: --redis-url {url} is not a Redis URL{reason}: use redis://HOST:PORT/DB "
+        "(rediss:// for TLS, unix:///PATH for a socket)",
+        err=True,
+    )
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -78,8 +98,11 @@ def _require_keys(keys_dir: str, name: str | None, serves: bool, process: str) -
     try:
         load_keys(Path(keys_dir), name, serves)
     except (OSError, ValueError) as exc:
-        typer.echo(f"error: --keys {keys_dir}: {exc}; copy the bundle `rlmq keys` made for {process} "
-                   f"(KEYS/bundles/{process}/) to this host and give its path", err=True)
+        typer.echo(
+            f"error: --keys {keys_dir}: {exc}; copy the bundle `rlmq keys` made for {process} "
+            f"(KEYS/bundles/{process}/) to this host and give its path",
+            err=True,
+        )
         raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -127,10 +150,21 @@ def coordinator(
     except OSError as exc:
         typer.echo(f"error: --redis-password-file {redis_password_file}: {exc.strerror or exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    cfg = CoordinatorConfig(run=run, redis_url=redis_url, run_config=config, control_bind=control_bind,
-                            broadcast_bind=broadcast_bind, metrics_port=metrics_port, bind_host=bind_host,
-                            announce_file=announce, control_fd=control_fd, broadcast_fd=broadcast_fd,
-                            redis_outage_s=redis_outage_s, keys_dir=keys, failpoint=failpoint)
+    cfg = CoordinatorConfig(
+        run=run,
+        redis_url=redis_url,
+        run_config=config,
+        control_bind=control_bind,
+        broadcast_bind=broadcast_bind,
+        metrics_port=metrics_port,
+        bind_host=bind_host,
+        announce_file=announce,
+        control_fd=control_fd,
+        broadcast_fd=broadcast_fd,
+        redis_outage_s=redis_outage_s,
+        keys_dir=keys,
+        failpoint=failpoint,
+    )
     raise typer.Exit(main(cfg, stop))
 
 
@@ -141,33 +175,66 @@ def learner(
     broadcast: Broadcast = "tcp://127.0.0.1:5556",
     rank: Annotated[int, _opt("This learner's rank.", "RANK")] = 0,
     world_size: Annotated[int, _opt("Number of learner ranks.", "WORLD_SIZE")] = 1,
-    master_addr: Annotated[str, _opt("Rank 0's address (torch.distributed); auto: rank 0's advertised address, "
-                                     "from the coordinator.", "MASTER_ADDR")] = "auto",
+    master_addr: Annotated[
+        str,
+        _opt(
+            "Rank 0's address (torch.distributed); auto: rank 0's advertised address, from the coordinator.",
+            "MASTER_ADDR",
+        ),
+    ] = "auto",
     master_port: Annotated[int, _opt("Rendezvous port.", "MASTER_PORT")] = 29500,
-    advertise_host: Annotated[str, _opt("Address actors and the other ranks reach this learner at; auto: the one "
-                                        "this host reaches the coordinator from.", "ADVERTISE_HOST")] = "auto",
-    experience_port: Annotated[int | None, _opt("Experience ROUTER port (0: any); default 5557 + rank.",
-                                                "EXPERIENCE_PORT")] = None,
+    advertise_host: Annotated[
+        str,
+        _opt(
+            "Address actors and the other ranks reach this learner at; auto: the one "
+            "this host reaches the coordinator from.",
+            "ADVERTISE_HOST",
+        ),
+    ] = "auto",
+    experience_port: Annotated[
+        int | None, _opt("Experience ROUTER port (0: any); default 5557 + rank.", "EXPERIENCE_PORT")
+    ] = None,
     experience_fd: Fd = -1,
-    experience_ipc: Annotated[str, _opt("Serve experience on this Unix socket path (ipc://) instead of TCP: for "
-                                        "actors on this host.", "EXPERIENCE_IPC")] = "",
+    experience_ipc: Annotated[
+        str,
+        _opt(
+            "Serve experience on this Unix socket path (ipc://) instead of TCP: for actors on this host.",
+            "EXPERIENCE_IPC",
+        ),
+    ] = "",
     metrics_port: MetricsPort = 0,
     device: Annotated[str, _opt("auto, cpu or cuda[:N].", "DEVICE")] = "auto",
     torch_threads: Annotated[int, _opt("Intra-op threads.", "TORCH_THREADS", min=1)] = 1,
     bind_host: BindHost = "*",
     announce: Announce = "",
     master_fd: Fd = -1,
-    collective_timeout: Annotated[float, _opt("Seconds a collective may wait for a peer rank.",
-                                              "COLLECTIVE_TIMEOUT_S", min=1.0)] = 30.0,
-    credit_timeout_min: Annotated[float, _opt("A credit unused this long, or 4x the slowest recent rollout if "
-                                              "longer, is taken back (its actor died).", "CREDIT_TIMEOUT_MIN_S",
-                                              min=0.01)] = 0.5,
-    checkpoint_dir: Annotated[str, _opt("Where learner checkpoints go (each rank under rank{r}/) and a restarted "
-                                        "world resumes from; empty: none.", "CHECKPOINT_DIR")] = "",
+    collective_timeout: Annotated[
+        float, _opt("Seconds a collective may wait for a peer rank.", "COLLECTIVE_TIMEOUT_S", min=1.0)
+    ] = 30.0,
+    credit_timeout_min: Annotated[
+        float,
+        _opt(
+            "A credit unused this long, or 4x the slowest recent rollout if longer, is taken back (its actor died).",
+            "CREDIT_TIMEOUT_MIN_S",
+            min=0.01,
+        ),
+    ] = 0.5,
+    checkpoint_dir: Annotated[
+        str,
+        _opt(
+            "Where learner checkpoints go (each rank under rank{r}/) and a restarted world resumes from; empty: none.",
+            "CHECKPOINT_DIR",
+        ),
+    ] = "",
     keys: KeysDir = "",
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", hidden=True)] = "",
-    restart: Annotated[bool, _opt("Start this rank again whenever its world is lost (a peer died or was cut off): "
-                                  "with --checkpoint-dir, the new world resumes where the old one was.")] = False,
+    restart: Annotated[
+        bool,
+        _opt(
+            "Start this rank again whenever its world is lost (a peer died or was cut off): "
+            "with --checkpoint-dir, the new world resumes where the old one was."
+        ),
+    ] = False,
 ) -> None:
     """Run one learner rank."""
     _require_keys(keys, f"learner-{rank}", True, f"learner-{rank}")
@@ -185,15 +252,30 @@ def learner(
     from rlmq.learners.learner import main
 
     try:
-        cfg = LearnerConfig(run=run, coordinator=coordinator, broadcast=broadcast, rank=rank,
-                            world_size=world_size, master_addr=master_addr, master_port=master_port,
-                            advertise_host=advertise_host,
-                            experience_port=EXPERIENCE_PORT + rank if experience_port is None else experience_port,
-                            metrics_port=metrics_port, device=device, torch_threads=torch_threads,
-                            bind_host=bind_host, collective_timeout_s=collective_timeout, announce_file=announce,
-                            credit_timeout_min_s=credit_timeout_min, master_fd=master_fd,
-                            checkpoint_dir=checkpoint_dir, experience_fd=experience_fd,
-                            experience_ipc=experience_ipc, keys_dir=keys, failpoint=failpoint)
+        cfg = LearnerConfig(
+            run=run,
+            coordinator=coordinator,
+            broadcast=broadcast,
+            rank=rank,
+            world_size=world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            advertise_host=advertise_host,
+            experience_port=EXPERIENCE_PORT + rank if experience_port is None else experience_port,
+            metrics_port=metrics_port,
+            device=device,
+            torch_threads=torch_threads,
+            bind_host=bind_host,
+            collective_timeout_s=collective_timeout,
+            announce_file=announce,
+            credit_timeout_min_s=credit_timeout_min,
+            master_fd=master_fd,
+            checkpoint_dir=checkpoint_dir,
+            experience_fd=experience_fd,
+            experience_ipc=experience_ipc,
+            keys_dir=keys,
+            failpoint=failpoint,
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -210,11 +292,21 @@ def actor(
     announce: Announce = "",
     max_steps: Annotated[int | None, _opt("Stop after this many env steps.", "MAX_STEPS")] = None,
     keys: KeysDir = "",
-    key_name: Annotated[str, _opt("Its key in --keys (NAME.key_secret); default: its own name; `actors`: the "
-                                  "fleet's key for actors of any name (`rlmq keys --kubernetes`).", "KEY_NAME")] = "",
+    key_name: Annotated[
+        str,
+        _opt(
+            "Its key in --keys (NAME.key_secret); default: its own name; `actors`: the "
+            "fleet's key for actors of any name (`rlmq keys --kubernetes`).",
+            "KEY_NAME",
+        ),
+    ] = "",
     device: Annotated[str, _opt(ACTOR_DEVICE_HELP, "DEVICE")] = "auto",
-    env_threads: Annotated[int, _opt("Threads stepping an env that has them (Atari's); 0: the cores this "
-                                     "process is given.", "ENV_THREADS", min=0)] = 0,
+    env_threads: Annotated[
+        int,
+        _opt(
+            "Threads stepping an env that has them (Atari's); 0: the cores this process is given.", "ENV_THREADS", min=0
+        ),
+    ] = 0,
 ) -> None:
     """Run one actor."""
     _require_keys(keys, key_name or name, False, key_name or name)
@@ -223,10 +315,19 @@ def actor(
     from rlmq.common.config import ActorConfig
 
     try:
-        cfg = ActorConfig(name=name, coordinator=coordinator, broadcast=broadcast,
-                          metrics_port=metrics_port, bind_host=bind_host, announce_file=announce,
-                          max_steps=max_steps, keys_dir=keys, key_name=key_name, device=device,
-                          env_threads=env_threads)
+        cfg = ActorConfig(
+            name=name,
+            coordinator=coordinator,
+            broadcast=broadcast,
+            metrics_port=metrics_port,
+            bind_host=bind_host,
+            announce_file=announce,
+            max_steps=max_steps,
+            keys_dir=keys,
+            key_name=key_name,
+            device=device,
+            env_threads=env_threads,
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
@@ -236,85 +337,157 @@ def actor(
 @app.command()
 def up(
     actors: Annotated[int, _opt("Actor processes.", min=1)] = 4,
-    learners: Annotated[int | None, _opt("Learner processes (one torch.distributed world); default 1, or the "
-                                         "resumed run's.", min=1)] = None,
+    learners: Annotated[
+        int | None, _opt("Learner processes (one torch.distributed world); default 1, or the resumed run's.", min=1)
+    ] = None,
     env: Annotated[str | None, _opt("Gymnasium id or package.module:EnvClass.")] = None,
     algo: Annotated[str | None, _opt("Algorithm: ppo, sac, td3 or dqn.")] = None,
     total_steps: Annotated[int | None, _opt("Env-step budget (all actors together).")] = None,
-    target_return: Annotated[float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) "
-                                                "reaches it.")] = None,
+    target_return: Annotated[
+        float | None, _opt("Stop when the mean of the last 100 episodes (config: return_window) reaches it.")
+    ] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
     population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
-    checkpoint_every: Annotated[float | None, _opt("Seconds between learner checkpoints (0: only at the end); "
-                                                   "a restarted learner world resumes from the newest.")] = None,
-    config: Annotated[Path | None, _opt("Run config file (TOML or JSON); flags override it. Default: the shipped "
-                                        "config for --env and --algo, if any (`rlmq configs`).")] = None,
+    checkpoint_every: Annotated[
+        float | None,
+        _opt(
+            "Seconds between learner checkpoints (0: only at the end); "
+            "a restarted learner world resumes from the newest."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        _opt(
+            "Run config file (TOML or JSON); flags override it. Default: the shipped "
+            "config for --env and --algo, if any (`rlmq configs`)."
+        ),
+    ] = None,
     redis_url: Annotated[str | None, _opt("Use this Redis; default: start a private one.")] = None,
     run_dir: Annotated[Path | None, _opt("Where config, checkpoint, metrics and plots go.")] = None,
     torch_threads: Annotated[int, _opt("Intra-op threads per learner.", min=1)] = 1,
-    device: Annotated[str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.",
-                                "DEVICE")] = "auto",
+    device: Annotated[
+        str, _opt("Learners' device: auto (a GPU each if there are enough), cpu, cuda.", "DEVICE")
+    ] = "auto",
     actor_device: Annotated[str, _opt(ACTOR_DEVICE_HELP, "ACTOR_DEVICE")] = "auto",
     redis_outage_s: RedisOutage = 30.0,
     bind_host: Annotated[str, _opt("Address every process of the run listens on (*: every interface).")] = "127.0.0.1",
-    collective_timeout: Annotated[float, _opt("Seconds a learners' collective may wait for a peer rank.",
-                                              min=1.0)] = 30.0,
-    transport: Annotated[str, _opt("How experience goes from actors to learners: ipc (Unix sockets) or tcp "
-                                   "(loopback).")] = "ipc",
-    secure: Annotated[bool, typer.Option("--secure/--insecure", help="CURVE on every ZeroMQ socket, with keys made "
-                                         "for the run in RUN_DIR/keys; --insecure: plain ZeroMQ, for a trusted "
-                                         "single host only.")] = True,
-    resume: Annotated[Path | None, _opt("Continue the run in this run directory where it was (stopped, finished or "
-                                        "crashed), with a new --total-steps or --target-return if given.")] = None,
+    collective_timeout: Annotated[
+        float, _opt("Seconds a learners' collective may wait for a peer rank.", min=1.0)
+    ] = 30.0,
+    transport: Annotated[
+        str, _opt("How experience goes from actors to learners: ipc (Unix sockets) or tcp (loopback).")
+    ] = "ipc",
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure/--insecure",
+            help="CURVE on every ZeroMQ socket, with keys made "
+            "for the run in RUN_DIR/keys; --insecure: plain ZeroMQ, for a trusted "
+            "single host only.",
+        ),
+    ] = True,
+    resume: Annotated[
+        Path | None,
+        _opt(
+            "Continue the run in this run directory where it was (stopped, finished or "
+            "crashed), with a new --total-steps or --target-return if given."
+        ),
+    ] = None,
 ) -> None:
     """Train locally: coordinator, learners and actors as separate processes."""
     from rlmq.cli.supervisor import run_up
     from rlmq.cli.upconfig import UpConfig, probe_run_dir
 
     _require_redis_url(redis_url)
-    overrides = {k: v for k, v in dict(env_id=env, algo=algo, total_steps=total_steps,
-                                       target_return=target_return, num_envs=num_envs,
-                                       seed=seed, population=population,
-                                       checkpoint_interval_s=checkpoint_every).items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(
+            env_id=env,
+            algo=algo,
+            total_steps=total_steps,
+            target_return=target_return,
+            num_envs=num_envs,
+            seed=seed,
+            population=population,
+            checkpoint_interval_s=checkpoint_every,
+        ).items()
+        if v is not None
+    }
     try:
         if resume is not None:
             if config is not None or run_dir is not None:
                 raise ValueError("--resume takes the run's config and directory: drop --config and --run-dir")
-            up_cfg = UpConfig.resume_run(resume, actors=actors, learners=learners, overrides=overrides,
-                                         redis_url=redis_url, torch_threads=torch_threads, device=device,
-                                         bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                         transport=transport, secure=secure, actor_device=actor_device)
+            up_cfg = UpConfig.resume_run(
+                resume,
+                actors=actors,
+                learners=learners,
+                overrides=overrides,
+                redis_url=redis_url,
+                torch_threads=torch_threads,
+                device=device,
+                bind_host=bind_host,
+                collective_timeout_s=collective_timeout,
+                transport=transport,
+                secure=secure,
+                actor_device=actor_device,
+            )
         else:
             overrides["num_learners"] = learners or 1
-            up_cfg = UpConfig.build(actors=actors, learners=learners or 1, config_file=config, overrides=overrides,
-                                    redis_url=redis_url, run_dir=run_dir, torch_threads=torch_threads, device=device,
-                                    bind_host=bind_host, collective_timeout_s=collective_timeout,
-                                    transport=transport, secure=secure, actor_device=actor_device)
+            up_cfg = UpConfig.build(
+                actors=actors,
+                learners=learners or 1,
+                config_file=config,
+                overrides=overrides,
+                redis_url=redis_url,
+                run_dir=run_dir,
+                torch_threads=torch_threads,
+                device=device,
+                bind_host=bind_host,
+                collective_timeout_s=collective_timeout,
+                transport=transport,
+                secure=secure,
+                actor_device=actor_device,
+            )
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
-        fix = "" if resume is not None else (". Fix the flag or the --config file (fields: common/config.py; "
-                                             "an algorithm's section: common/algorithms.py).")
+        fix = (
+            ""
+            if resume is not None
+            else (
+                ". Fix the flag or the --config file (fields: common/config.py; "
+                "an algorithm's section: common/algorithms.py)."
+            )
+        )
         typer.echo(f"error: {exc}{fix}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     try:
         probe_run_dir(up_cfg.run_dir)
     except OSError as exc:
-        typer.echo(f"error: cannot use {up_cfg.run_dir} as the run directory ({exc.strerror or exc}): "
-                   "pass a --run-dir where you can create and write files", err=True)
+        typer.echo(
+            f"error: cannot use {up_cfg.run_dir} as the run directory ({exc.strerror or exc}): "
+            "pass a --run-dir where you can create and write files",
+            err=True,
+        )
         raise typer.Exit(EXIT_USAGE) from None
     raise typer.Exit(run_up(up_cfg, redis_outage_s))
 
 
 @app.command("eval")
 def eval_(
-    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
-                                                "learner checkpoint), or a checkpoint file.")] = Path("runs/latest"),
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
+            "learner checkpoint), or a checkpoint file."
+        ),
+    ] = Path("runs/latest"),
     episodes: Annotated[int, _opt("Episodes to play.", min=1)] = 20,
     member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
     sample: Annotated[bool, _opt("Sample actions as the actors do, rather than the deterministic policy.")] = False,
     seed: Annotated[int, _opt("Episode i starts from reset(seed=SEED + i).")] = 0,
-    video: Annotated[Path | None, _opt("Write the first episode to this .mp4 or .gif (envs that render "
-                                       "rgb_array).")] = None,
+    video: Annotated[
+        Path | None, _opt("Write the first episode to this .mp4 or .gif (envs that render rgb_array).")
+    ] = None,
 ) -> None:
     """Play a checkpoint's policy for N episodes; print the mean return ± std and episode lengths."""
     from rlmq.cli.evaluate import evaluate, load_checkpoint, summary
@@ -332,8 +505,13 @@ def eval_(
 
 @app.command()
 def export(
-    source: Annotated[Path, typer.Argument(help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
-                                                "learner checkpoint), or a checkpoint file.")] = Path("runs/latest"),
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory of `rlmq up` (its checkpoint.pt, else its newest "
+            "learner checkpoint), or a checkpoint file."
+        ),
+    ] = Path("runs/latest"),
     out: Annotated[Path, _opt("The TorchScript file to write.")] = Path("policy.pt"),
     member: Annotated[int | None, _opt("Population member (default: the best).")] = None,
 ) -> None:
@@ -347,8 +525,10 @@ def export(
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    typer.echo(f"wrote {written}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
-               f"member {checkpoint.member}, version {checkpoint.version}")
+    typer.echo(
+        f"wrote {written}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
+        f"member {checkpoint.member}, version {checkpoint.version}"
+    )
 
 
 @app.command()
@@ -369,11 +549,22 @@ def configs() -> None:
 def keys(
     directory: Annotated[Path, typer.Argument(help="Where the run's keys go (made mode 0700; each file 0600).")],
     learners: Annotated[int, _opt("Learner ranks to make a client key for.", min=0)] = 1,
-    actors: Annotated[int | None, _opt("Actors to make a client key for (actor-0, actor-1, ...); default 1, or 0 "
-                                       "with --kubernetes (its actors share the fleet's key).", min=0)] = None,
-    kubernetes: Annotated[bool, _opt("Also the fleet's key for actors of any name, a Redis password and a "
-                                     "kustomization of the Secrets deploy/k8s mounts (DIRECTORY: "
-                                     "deploy/k8s/base/keys).")] = False,
+    actors: Annotated[
+        int | None,
+        _opt(
+            "Actors to make a client key for (actor-0, actor-1, ...); default 1, or 0 "
+            "with --kubernetes (its actors share the fleet's key).",
+            min=0,
+        ),
+    ] = None,
+    kubernetes: Annotated[
+        bool,
+        _opt(
+            "Also the fleet's key for actors of any name, a Redis password and a "
+            "kustomization of the Secrets deploy/k8s mounts (DIRECTORY: "
+            "deploy/k8s/base/keys)."
+        ),
+    ] = False,
 ) -> None:
     """Make a run's CURVE keys: the servers' pair, one pair per learner and actor, the allow-list."""
     from rlmq.cli.keys import make_keys
@@ -385,9 +576,11 @@ def keys(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     made = "the fleet's actor key, a Redis password and their Secrets' kustomization" if kubernetes else ""
-    typer.echo(f"wrote the keys of {learners} learner(s) and {actors} actor(s){' and ' + made if made else ''} "
-               f"to {directory}; {directory}/bundles/<process>/ holds one process's own (copy it to the host that "
-               "runs it, as its --keys)")
+    typer.echo(
+        f"wrote the keys of {learners} learner(s) and {actors} actor(s){' and ' + made if made else ''} "
+        f"to {directory}; {directory}/bundles/<process>/ holds one process's own (copy it to the host that "
+        "runs it, as its --keys)"
+    )
 
 
 @app.command("redis")
@@ -431,8 +624,11 @@ def check(
     from rlmq.common.redis_urls import with_password
 
     if metrics_port <= 0:
-        typer.echo("error: rlmq check needs the service's fixed metrics port: pass --metrics-port "
-                   "or set RLMQ_METRICS_PORT (and start the service with the same port, not 0)", err=True)
+        typer.echo(
+            "error: rlmq check needs the service's fixed metrics port: pass --metrics-port "
+            "or set RLMQ_METRICS_PORT (and start the service with the same port, not 0)",
+            err=True,
+        )
         raise typer.Exit(EXIT_USAGE)
     _require_redis_url(redis_url)
     try:

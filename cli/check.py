@@ -39,39 +39,53 @@ def scrape(port: int, timeout_s: float) -> str:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return str(response.read().decode("utf-8", errors="replace"))
     except urllib.error.HTTPError as exc:
-        raise CheckFailed(f"{url} answered HTTP {exc.code}: is {port} the rlmq service's "
-                          "--metrics-port (RLMQ_METRICS_PORT)?") from None
+        raise CheckFailed(
+            f"{url} answered HTTP {exc.code}: is {port} the rlmq service's --metrics-port (RLMQ_METRICS_PORT)?"
+        ) from None
     except (OSError, ValueError) as exc:  # refused, timed out, reset, not HTTP
         reason = getattr(exc, "reason", exc)
-        raise CheckFailed(f"nothing answers on {url} within {timeout_s:g} s ({reason}): start the "
-                          f"service with --metrics-port {port} (RLMQ_METRICS_PORT), or wait until "
-                          "it has started") from None
+        raise CheckFailed(
+            f"nothing answers on {url} within {timeout_s:g} s ({reason}): start the "
+            f"service with --metrics-port {port} (RLMQ_METRICS_PORT), or wait until "
+            "it has started"
+        ) from None
 
 
 def read_health(text: str) -> Health:
     """The loop heartbeat in a /metrics page (the newest, should several series carry it)."""
     try:
-        values = [sample.value for family in text_string_to_metric_families(text)
-                  for sample in family.samples if sample.name == HEARTBEAT]
+        values = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == HEARTBEAT
+        ]
     except ValueError as exc:
-        raise CheckFailed(f"/metrics is not Prometheus text ({exc}): is the port an rlmq "
-                          "service's --metrics-port?") from None
+        raise CheckFailed(
+            f"/metrics is not Prometheus text ({exc}): is the port an rlmq service's --metrics-port?"
+        ) from None
     return Health(heartbeat=max(values) if values else None)
 
 
 def judge(health: Health, max_age_s: float, now: float) -> float:
     """The heartbeat's age in seconds, or CheckFailed when it is missing, unset or too old."""
     if health.heartbeat is None:
-        raise CheckFailed(f"/metrics has no {HEARTBEAT}: the port serves something other than an "
-                          "rlmq service, or an rlmq older than the gauge (rebuild the image)")
+        raise CheckFailed(
+            f"/metrics has no {HEARTBEAT}: the port serves something other than an "
+            "rlmq service, or an rlmq older than the gauge (rebuild the image)"
+        )
     if health.heartbeat <= 0:
-        raise CheckFailed("the service loop has not started yet (still registering with the "
-                          "coordinator or joining the learner world): wait, or give the startup "
-                          "probe more time")
+        raise CheckFailed(
+            "the service loop has not started yet (still registering with the "
+            "coordinator or joining the learner world): wait, or give the startup "
+            "probe more time"
+        )
     age = now - health.heartbeat
     if age > max_age_s:
-        raise CheckFailed(f"the service loop last ran {age:.0f} s ago (> --max-age {max_age_s:g}): "
-                          "it is stuck; restart it (its log says where)")
+        raise CheckFailed(
+            f"the service loop last ran {age:.0f} s ago (> --max-age {max_age_s:g}): "
+            "it is stuck; restart it (its log says where)"
+        )
     return age
 
 
@@ -82,8 +96,10 @@ def ping_redis(url: str, timeout_s: float) -> None:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
         client.ping()
     except (redis.RedisError, OSError, ValueError) as exc:
-        raise CheckFailed(f"Redis at {shown_url(url)} does not answer PING within {timeout_s:g} s ({exc}): "
-                          "start Redis or fix --redis-url (and --redis-password-file)") from None
+        raise CheckFailed(
+            f"Redis at {shown_url(url)} does not answer PING within {timeout_s:g} s ({exc}): "
+            "start Redis or fix --redis-url (and --redis-password-file)"
+        ) from None
 
 
 def run_check(port: int, max_age_s: float | None, redis_url: str | None, timeout_s: float) -> str:

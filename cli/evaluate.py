@@ -43,8 +43,10 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
 
         file = latest_file(path / "checkpoints") or file
     if not file.is_file():
-        raise ValueError(f"no checkpoint at {file}: give a run directory of `rlmq up`, its checkpoint.pt or "
-                         "a learner checkpoint (RUN_DIR/checkpoints/rank0/*.pt)")
+        raise ValueError(
+            f"no checkpoint at {file}: give a run directory of `rlmq up`, its checkpoint.pt or "
+            "a learner checkpoint (RUN_DIR/checkpoints/rank0/*.pt)"
+        )
     try:
         state = torch.load(file, weights_only=True)
         members = state["members"]
@@ -52,10 +54,14 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
         if chosen not in members:
             raise ValueError(f"member {chosen} is not in it (members: {', '.join(map(str, sorted(members)))})")
         record = members[chosen]
-        return Checkpoint(run_config=from_mapping(RunConfig, state["run_config"]),
-                          spec=from_mapping(EnvSpec, state["env_spec"]), member=chosen,
-                          params={k: v.numpy() for k, v in record["params"].items()}, version=int(record["version"]),
-                          trained_steps=int(record.get("trained_steps", 0)))
+        return Checkpoint(
+            run_config=from_mapping(RunConfig, state["run_config"]),
+            spec=from_mapping(EnvSpec, state["env_spec"]),
+            member=chosen,
+            params={k: v.numpy() for k, v in record["params"].items()},
+            version=int(record["version"]),
+            trained_steps=int(record.get("trained_steps", 0)),
+        )
     except ValueError as exc:
         raise ValueError(f"{file}: {exc}") from exc
     except Exception as exc:  # torch.load's unpickling errors, a missing key, a wrong type: not one of ours
@@ -70,13 +76,15 @@ def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
         raise ValueError(f"the checkpoint's weights do not fit its policy: missing {exc}") from exc
 
 
-def evaluate(checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True,
-             video: Path | None = None) -> Evaluation:
+def evaluate(
+    checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True, video: Path | None = None
+) -> Evaluation:
     policy = policy_of(checkpoint)
     found = envs.probe(checkpoint.run_config.env_id)
     if found != checkpoint.spec:
-        raise ValueError(f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on "
-                         f"{checkpoint.spec}")
+        raise ValueError(
+            f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on {checkpoint.spec}"
+        )
     frames: list[np.ndarray] | None = [] if video is not None else None
     result = play_policy(policy, checkpoint.run_config.env_id, checkpoint.spec, episodes, seed, deterministic, frames)
     if video is not None and frames:
@@ -89,7 +97,7 @@ def write_video(path: Path, frames: list[Any], fps: int) -> None:
     try:
         import imageio.v2 as imageio
     except ImportError as exc:
-        raise ValueError('--video needs imageio: pip install imageio (and imageio-ffmpeg for .mp4)') from exc
+        raise ValueError("--video needs imageio: pip install imageio (and imageio-ffmpeg for .mp4)") from exc
     if path.suffix.lower() == ".gif":
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     elif path.suffix.lower() == ".mp4":
@@ -103,10 +111,11 @@ def write_video(path: Path, frames: list[Any], fps: int) -> None:
 
 def summary(checkpoint: Checkpoint, result: Evaluation, deterministic: bool) -> str:
     lengths = np.asarray(result.lengths)
-    return (f"{checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, member {checkpoint.member} "
-            f"(version {checkpoint.version}, trained on {checkpoint.trained_steps:,} env steps), "
-            f"{'deterministic' if deterministic else 'sampled'}:\n"
-            f"  return {result.mean:.1f} ± {result.std:.1f} over {len(result.returns)} episodes "
-            f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}); "
-            f"length {lengths.mean():.0f} (min {lengths.min()}, max {lengths.max()})")
-
+    return (
+        f"{checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, member {checkpoint.member} "
+        f"(version {checkpoint.version}, trained on {checkpoint.trained_steps:,} env steps), "
+        f"{'deterministic' if deterministic else 'sampled'}:\n"
+        f"  return {result.mean:.1f} ± {result.std:.1f} over {len(result.returns)} episodes "
+        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}); "
+        f"length {lengths.mean():.0f} (min {lengths.min()}, max {lengths.max()})"
+    )

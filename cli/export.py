@@ -41,8 +41,9 @@ class ExportedPolicy(nn.Module):
             layout, self.plan = encoder.layout, encoder.plan
             self.image_shape, self.channels_last, self.pixel_scale = layout.shape, layout.channels_last, layout.scale
             for columns, bias, conv in encoder.convs:  # columns [C·k·k, out], as NumpyEncoder multiplies
-                layer = nn.Conv2d(columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride,
-                                  conv.padding)
+                layer = nn.Conv2d(
+                    columns.shape[0] // conv.kernel**2, conv.channels, conv.kernel, conv.stride, conv.padding
+                )
                 layer.weight.data = torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(layer.weight.shape)
                 layer.bias = nn.Parameter(torch.from_numpy(bias))
                 self.convs.append(layer)
@@ -80,8 +81,9 @@ class ExportedPolicy(nn.Module):
         if self.head == "argmax":
             return x.argmax(-1)
         if self.head == "mean":
-            return (torch.maximum(torch.minimum(x, self.bias + self.scale), self.bias - self.scale)
-                    if self.bounded else x)
+            return (
+                torch.maximum(torch.minimum(x, self.bias + self.scale), self.bias - self.scale) if self.bounded else x
+            )
         if self.head == "squashed_mean":
             x = x.chunk(2, dim=-1)[0]
         return torch.tanh(x) * self.scale + self.bias

@@ -38,9 +38,7 @@ def learning_curve(
     """Mean return against env steps: the run's, or with a population a line per member and the
     best member's dotted over them; the target as a dashed line."""
     plt = pyplot()
-    points = [
-        (p.env_steps, p.mean_return) for p in progress if p.mean_return is not None
-    ]
+    points = [(p.env_steps, p.mean_return) for p in progress if p.mean_return is not None]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if population > 1:
         draw_member_curves(ax, progress, population)

@@ -53,14 +53,17 @@ def make_keys(directory: Path, learners: int, actors: int, kubernetes: bool) -> 
     """The run's keys in `directory` (which must be empty or absent: keys are made once per run);
     with `kubernetes`, the fleet's actor key, a Redis password and the Secrets' kustomization too."""
     if directory.exists() and any(directory.iterdir()):
-        raise FileExistsError(f"{directory} is not empty: keys are made once per run; choose another directory "
-                              "(rotating keys: make a new set, then restart the run's processes with it)")
+        raise FileExistsError(
+            f"{directory} is not empty: keys are made once per run; choose another directory "
+            "(rotating keys: make a new set, then restart the run's processes with it)"
+        )
     create_keys(directory, learners, actors, fleet=kubernetes)
     write_bundles(directory, learners, actors)
     if kubernetes:
         write_redis_password(directory / REDIS_CONFIG, directory / REDIS_PASSWORD)
-        entries = "".join(f"  - name: {name}\n    files: [{', '.join(files)}]\n"
-                          for name, files in secret_files(learners).items())
+        entries = "".join(
+            f"  - name: {name}\n    files: [{', '.join(files)}]\n" for name, files in secret_files(learners).items()
+        )
         (directory / "kustomization.yaml").write_text(KUSTOMIZATION.format(secrets=entries))
 
 

@@ -39,8 +39,22 @@ def server_binary() -> str:
 def server_argv(config: list[str], port: int, bind: str, data_dir: Path, persist: bool) -> list[str]:
     """The server's command line: `config` (its config file, or none), listening on bind:port,
     its data in `data_dir`, append-only with `persist`, no snapshots."""
-    return [server_binary(), *config, "--port", str(port), "--bind", bind, "--dir", str(data_dir), "--save", "",
-            "--protected-mode", "yes", "--appendonly", "yes" if persist else "no"]
+    return [
+        server_binary(),
+        *config,
+        "--port",
+        str(port),
+        "--bind",
+        bind,
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--appendonly",
+        "yes" if persist else "no",
+    ]
 
 
 def write_redis_password(conf: Path, password_file: Path) -> str:
@@ -61,8 +75,12 @@ def exec_standalone(data_dir: Path, port: int, bind: str) -> NoReturn:
     conf, password = data_dir / "redis.conf", data_dir / "password"
     if not conf.exists():
         write_redis_password(conf, password)
-    print(f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
-          "(the coordinator's --redis-password-file)", file=sys.stderr, flush=True)
+    print(
+        f"redis on {bind}:{port}, data in {data_dir}; its password is in {password} "
+        "(the coordinator's --redis-password-file)",
+        file=sys.stderr,
+        flush=True,
+    )
     argv = server_argv([str(conf)], port, bind, data_dir, persist=True)
     os.execv(argv[0], argv)
 
@@ -93,9 +111,14 @@ class RedisServer:
         self._spawn()
 
     def _spawn(self) -> None:
-        self.process = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         self._wait_ready(self.data_dir)
 
     def restart(self) -> None:

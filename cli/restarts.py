@@ -36,8 +36,9 @@ def restarting(args: list[str], stop: StopFlag) -> int:
     while True:
         # A session of its own: a terminal's Ctrl-C reaches the loop alone, which passes one
         # SIGTERM on (two would make the child stop at once, without its final checkpoint).
-        child = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "learner", *args], preexec_fn=die_with_parent,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "rlmq.cli", "learner", *args], preexec_fn=die_with_parent, start_new_session=True
+        )
         passed_on = False
         while (code := child.poll()) is None:
             if stop.is_set() and not passed_on:

@@ -75,8 +75,9 @@ class LastSeen:
 class RunRedis:
     """The supervisor's side of its run's Redis."""
 
-    def __init__(self, url: str, server: RedisServer | None, outage_s: float, run: str, run_dir: Path,
-                 run_config: RunConfig) -> None:
+    def __init__(
+        self, url: str, server: RedisServer | None, outage_s: float, run: str, run_dir: Path, run_config: RunConfig
+    ) -> None:
         self.url, self.server, self.outage_s = url, server, outage_s
         self.run, self.run_dir, self.run_config = run, run_dir, run_config
         self.seen = LastSeen()
@@ -94,8 +95,11 @@ class RunRedis:
         except OUTAGE_ERRORS:
             if self.down_since is None:
                 self.down_since = time.monotonic()
-                print(f"Redis at {shown_url(self.url)} unreachable; still supervising (the coordinator "
-                      f"waits up to {self.outage_s:g} s for it)", flush=True)
+                print(
+                    f"Redis at {shown_url(self.url)} unreachable; still supervising (the coordinator "
+                    f"waits up to {self.outage_s:g} s for it)",
+                    flush=True,
+                )
             return False
         self.answered()
         return True
@@ -103,8 +107,10 @@ class RunRedis:
     def answered(self) -> None:
         """Redis answered: say that an outage ended, once."""
         if self.down_since is not None:
-            print(f"Redis at {shown_url(self.url)} reachable again after "
-                  f"{time.monotonic() - self.down_since:.1f} s", flush=True)
+            print(
+                f"Redis at {shown_url(self.url)} reachable again after {time.monotonic() - self.down_since:.1f} s",
+                flush=True,
+            )
             self.down_since = None
 
     def keep_up(self) -> str | None:
@@ -116,8 +122,10 @@ class RunRedis:
         if self.restarts >= MAX_REDIS_RESTARTS:
             return f"failed: the private Redis server died {self.restarts + 1} times; see {server.data_dir}/redis.log"
         self.restarts += 1
-        print(f"the private Redis server exited with {server.process.returncode}; restarting it "
-              f"({self.restarts})", flush=True)
+        print(
+            f"the private Redis server exited with {server.process.returncode}; restarting it ({self.restarts})",
+            flush=True,
+        )
         try:
             server.restart()
         except RuntimeError as exc:  # still dead: the next loop counts it again
@@ -144,11 +152,24 @@ class RunRedis:
             self.answered()  # the run may end before the watch loop's next look
             rundir.write_results(self.run_dir, store, spec, self.run_config, launched, outcome)
         except OUTAGE_ERRORS as exc:
-            print(f"error: Redis at {shown_url(self.url)} unreachable ({exc}): checkpoint.pt, metrics.csv "
-                  "and summary.json hold what rlmq up last read of the run", file=sys.stderr, flush=True)
-            rundir.write_last_seen(self.run_dir, self.run, self.seen.status, self.seen.progress,
-                                   self.run_config, launched, outcome, spec, self.seen.weights,
-                                   self.seen.records)
+            print(
+                f"error: Redis at {shown_url(self.url)} unreachable ({exc}): checkpoint.pt, metrics.csv "
+                "and summary.json hold what rlmq up last read of the run",
+                file=sys.stderr,
+                flush=True,
+            )
+            rundir.write_last_seen(
+                self.run_dir,
+                self.run,
+                self.seen.status,
+                self.seen.progress,
+                self.run_config,
+                launched,
+                outcome,
+                spec,
+                self.seen.weights,
+                self.seen.records,
+            )
         return self.seen.status
 
 

@@ -62,9 +62,7 @@ def atomic(path: Path) -> Iterator[Path]:
     os.replace(tmp, path)
 
 
-def write_checkpoint(
-    path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig
-) -> int | None:
+def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig) -> int | None:
     """Every member's latest published weights as a torch checkpoint (load with weights_only=True).
 
     "params" and "version" are the best member's, where a single agent's were before populations:
@@ -74,8 +72,14 @@ def write_checkpoint(
     return save_checkpoint(path, published, store.status().best_member, store.members(), spec, run_config)
 
 
-def save_checkpoint(path: Path, published: dict[int, wire.Weights], best: int, records: dict[int, MemberRecord],
-                    spec: EnvSpec, run_config: RunConfig) -> int | None:
+def save_checkpoint(
+    path: Path,
+    published: dict[int, wire.Weights],
+    best: int,
+    records: dict[int, MemberRecord],
+    spec: EnvSpec,
+    run_config: RunConfig,
+) -> int | None:
     """`write_checkpoint` from weights and member records in hand; the best member's version."""
     if not published:
         return None
@@ -235,9 +239,7 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
 
 def run_title(run_config: RunConfig) -> str:
     population = run_config.population
-    return f"{run_config.algo} on {run_config.env_id}" + (
-        f", population {population}" if population > 1 else ""
-    )
+    return f"{run_config.algo} on {run_config.env_id}" + (f", population {population}" if population > 1 else "")
 
 
 def write_curves(run_dir: Path, progress: list[ProgressSample], run_config: RunConfig) -> None:
@@ -274,11 +276,18 @@ def summarize(
         "episodes": status.episodes,
         "mean_return_last_100": status.mean_return,  # the best member's, as its actors reported them
         # The run's own latest evaluation (coordinator/judge.py): the verdict on the target.
-        "evaluation": None if status.evaluated_return is None else {
-            "member": status.evaluated_member, "version": status.evaluated_version,
-            "mean_return": status.evaluated_return, "std": status.evaluated_std,
-            "episodes": status.evaluated_episodes, "deterministic": status.evaluated_deterministic,
-            "at_env_steps": status.evaluated_at_steps, "evaluations": status.evaluations},
+        "evaluation": None
+        if status.evaluated_return is None
+        else {
+            "member": status.evaluated_member,
+            "version": status.evaluated_version,
+            "mean_return": status.evaluated_return,
+            "std": status.evaluated_std,
+            "episodes": status.evaluated_episodes,
+            "deterministic": status.evaluated_deterministic,
+            "at_env_steps": status.evaluated_at_steps,
+            "evaluations": status.evaluations,
+        },
         "policy_version": policy_version,  # the best member's (checkpoint "params")
         "population": run_config.population,
         "best_member": status.best_member,

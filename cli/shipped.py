@@ -8,11 +8,10 @@ pair's single-agent config is, and `--population` turns PBT on over it.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-import tomllib
 
 from rlmq.common.config import RunConfig
 
@@ -37,9 +36,15 @@ def shipped() -> list[Shipped]:
         text = entry.read_text()
         fields = tomllib.loads(text)
         comments = [line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")]
-        found.append(Shipped(path=Path(str(entry)).resolve(), env_id=fields.get("env_id", DEFAULTS.env_id),
-                             algo=fields.get("algo", DEFAULTS.algo), population=fields.get("population", 1),
-                             summary=comments[0] if comments else ""))
+        found.append(
+            Shipped(
+                path=Path(str(entry)).resolve(),
+                env_id=fields.get("env_id", DEFAULTS.env_id),
+                algo=fields.get("algo", DEFAULTS.algo),
+                population=fields.get("population", 1),
+                summary=comments[0] if comments else "",
+            )
+        )
     return found
 
 

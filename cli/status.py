@@ -67,12 +67,18 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
             else None
         )
     except NOT_OUTAGES + (redis.exceptions.NoPermissionError,) as exc:
-        print(f"error: Redis at {shown_url(redis_url)} refused these credentials ({exc}): give the user in the "
-              "URL and its password with --redis-password-file", file=sys.stderr)
+        print(
+            f"error: Redis at {shown_url(redis_url)} refused these credentials ({exc}): give the user in the "
+            "URL and its password with --redis-password-file",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except OUTAGE_ERRORS as exc:
-        print(f"error: cannot reach Redis at {shown_url(redis_url)} ({exc}): is the run still up? "
-              "(a TLS server: rediss://)", file=sys.stderr)
+        print(
+            f"error: cannot reach Redis at {shown_url(redis_url)} ({exc}): is the run still up? "
+            "(a TLS server: rediss://)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     if not status.state:
         print(f"error: Redis at {shown_url(redis_url)} holds no run {run!r}", file=sys.stderr)
@@ -92,21 +98,27 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
         f"{'—' if mean is None else f'{mean:.1f}'}"
     )
     if status.evaluated_return is not None:
-        print(f"  evaluated (the verdict): member {status.evaluated_member} version {status.evaluated_version}: "
-              f"{status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over {status.evaluated_episodes} "
-              f"{'deterministic' if status.evaluated_deterministic else 'sampled'} episodes "
-              f"at {status.evaluated_at_steps:,} env steps ({status.evaluations} evaluation(s))")
+        print(
+            f"  evaluated (the verdict): member {status.evaluated_member} version {status.evaluated_version}: "
+            f"{status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over {status.evaluated_episodes} "
+            f"{'deterministic' if status.evaluated_deterministic else 'sampled'} episodes "
+            f"at {status.evaluated_at_steps:,} env steps ({status.evaluations} evaluation(s))"
+        )
     print(
         f"  policy version {status.policy_version}  policy lag {status.policy_lag:.1f}  "
         f"actors {status.actors}  learners {len(learners)}"
     )
     if status.idle_credit_requests:
-        print(f"  warning: {status.idle_credit_requests:,} identities hold credit requests at the learners and send "
-              "no rollout (a stolen actor key, or actors that cannot collect); they are served last")
+        print(
+            f"  warning: {status.idle_credit_requests:,} identities hold credit requests at the learners and send "
+            "no rollout (a stolen actor key, or actors that cannot collect); they are served last"
+        )
     skipped = status.nonfinite_skipped
     if skipped:
-        print(f"  warning: {skipped:,} member update step(s) skipped: gradient not finite (weights kept; "
-              "check the env's rewards and observations)")
+        print(
+            f"  warning: {skipped:,} member update step(s) skipped: gradient not finite (weights kept; "
+            "check the env's rewards and observations)"
+        )
     if status.updated_at is not None:
         print(f"  updated {time.time() - status.updated_at:.1f} s ago")
     if run_config is not None and population_view is not None:
@@ -164,8 +176,7 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
             f"  PBT decisions: {view.applied} applied"
             + (f", {pending} logged but not yet applied" if pending > 0 else "")
             + f"; the last {len(shown)}:",
-            f"  {'id':>5}  {'kind':<7}  {'member ← source':<22}  {'env steps':>11}  {'gen':>3}  "
-            "changed (old → new)",
+            f"  {'id':>5}  {'kind':<7}  {'member ← source':<22}  {'env steps':>11}  {'gen':>3}  changed (old → new)",
         ]
         for decision in shown:
             move = f"member {decision.target} ← member {decision.source}"
@@ -192,9 +203,7 @@ def _ordered(names: Mapping[str, Any]) -> list[str]:
     return sorted(names, key=lambda n: (PPO_TUNABLE.index(n) if n in PPO_TUNABLE else len(PPO_TUNABLE), n))
 
 
-def hyperparam_words(
-    hyperparams: Mapping[str, float], ranges: Mapping[str, HyperRange]
-) -> list[str]:
+def hyperparam_words(hyperparams: Mapping[str, float], ranges: Mapping[str, HyperRange]) -> list[str]:
     """`lr 1.2e-03`, `ent 0.004`: the ranged hyperparameters only, as the others never change."""
     return [
         f"{SHORT_NAMES.get(name, name)} {format_value(hyperparams[name], ranges[name])}"
@@ -210,9 +219,7 @@ def changed_words(decision: LoggedDecision, ranges: Mapping[str, HyperRange]) ->
         if name in old and old[name] == new[name]:
             continue
         before = "?" if name not in old else format_value(old[name], ranges.get(name))
-        words.append(
-            f"{SHORT_NAMES.get(name, name)} {before} → {format_value(new[name], ranges.get(name))}"
-        )
+        words.append(f"{SHORT_NAMES.get(name, name)} {before} → {format_value(new[name], ranges.get(name))}")
     return words or ["none"]
 
 

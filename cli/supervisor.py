@@ -86,8 +86,9 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None,
-                 redis_outage_s: float = 30.0) -> None:
+    def __init__(
+        self, cfg: UpConfig, redis_url: str, redis_server: RedisServer | None, redis_outage_s: float = 30.0
+    ) -> None:
         self.cfg, self.redis_url, self.redis_server = cfg, redis_url, redis_server
         # The coordinator is told the URL without its password, and where to read the password.
         self.redis_address, self.redis_password_file = run_redis.redis_address(redis_url, redis_server, cfg.run_dir)
@@ -123,13 +124,33 @@ class Supervisor:
         base = [sys.executable, "-m", "rlmq.cli"]
         reach = "127.0.0.1" if host == "*" else host  # where the children find each other
         endpoints = ["--coordinator", f"tcp://{reach}:{control.port}", "--broadcast", f"tcp://{reach}:{broadcast.port}"]
-        self.children.append(Child("coordinator", "coordinator", [
-            *base, "coordinator", "--run", self.cfg.run, "--redis-url", self.redis_address,
-            "--redis-password-file", self.redis_password_file,
-            "--run-config", str(self.cfg.run_dir / "config.json"),
-            "--control-bind", f"tcp://{host}:{control.port}", "--control-fd", str(control.fd),
-            "--broadcast-bind", f"tcp://{host}:{broadcast.port}", "--broadcast-fd", str(broadcast.fd)],
-            listeners=[control, broadcast]))
+        self.children.append(
+            Child(
+                "coordinator",
+                "coordinator",
+                [
+                    *base,
+                    "coordinator",
+                    "--run",
+                    self.cfg.run,
+                    "--redis-url",
+                    self.redis_address,
+                    "--redis-password-file",
+                    self.redis_password_file,
+                    "--run-config",
+                    str(self.cfg.run_dir / "config.json"),
+                    "--control-bind",
+                    f"tcp://{host}:{control.port}",
+                    "--control-fd",
+                    str(control.fd),
+                    "--broadcast-bind",
+                    f"tcp://{host}:{broadcast.port}",
+                    "--broadcast-fd",
+                    str(broadcast.fd),
+                ],
+                listeners=[control, broadcast],
+            )
+        )
         for rank in range(self.cfg.learners):
             if self.cfg.transport == "ipc":
                 experience = self.listen_unix(f"learner-{rank}.sock")
@@ -137,18 +158,59 @@ class Supervisor:
             else:
                 experience = self.listen(host)
                 served = ["--experience-port", str(experience.port)]
-            self.children.append(Child(f"learner-{rank}", "learner", [
-                *base, "learner", "--run", self.cfg.run, *endpoints, "--rank", str(rank),
-                "--world-size", str(self.cfg.learners), "--master-addr", reach, "--advertise-host", reach,
-                *served, "--experience-fd", str(experience.fd),
-                "--torch-threads", str(self.cfg.torch_threads), "--device", self.cfg.device,
-                "--collective-timeout", str(self.cfg.collective_timeout_s),
-                "--checkpoint-dir", str(self.cfg.run_dir / "checkpoints")], listeners=[experience], rank=rank))
+            self.children.append(
+                Child(
+                    f"learner-{rank}",
+                    "learner",
+                    [
+                        *base,
+                        "learner",
+                        "--run",
+                        self.cfg.run,
+                        *endpoints,
+                        "--rank",
+                        str(rank),
+                        "--world-size",
+                        str(self.cfg.learners),
+                        "--master-addr",
+                        reach,
+                        "--advertise-host",
+                        reach,
+                        *served,
+                        "--experience-fd",
+                        str(experience.fd),
+                        "--torch-threads",
+                        str(self.cfg.torch_threads),
+                        "--device",
+                        self.cfg.device,
+                        "--collective-timeout",
+                        str(self.cfg.collective_timeout_s),
+                        "--checkpoint-dir",
+                        str(self.cfg.run_dir / "checkpoints"),
+                    ],
+                    listeners=[experience],
+                    rank=rank,
+                )
+            )
         env_threads = str(max(1, cores_given() // self.cfg.actors))  # the cores shared out among the actors
         for index in range(self.cfg.actors):
-            self.children.append(Child(f"actor-{index}", "actor", [
-                *base, "actor", "--name", f"actor-{index}", *endpoints, "--device", self.cfg.actor_device,
-                "--env-threads", env_threads]))
+            self.children.append(
+                Child(
+                    f"actor-{index}",
+                    "actor",
+                    [
+                        *base,
+                        "actor",
+                        "--name",
+                        f"actor-{index}",
+                        *endpoints,
+                        "--device",
+                        self.cfg.actor_device,
+                        "--env-threads",
+                        env_threads,
+                    ],
+                )
+            )
         if self.cfg.secure:  # the keys' directory, never a key, on the command lines
             keys = self.cfg.run_dir / "keys"
             if not (keys / "server.key_secret").exists():  # a resumed run keeps its keys
@@ -161,8 +223,14 @@ class Supervisor:
             # A planned port, for Prometheus to be told where to scrape; a child that finds it taken
             # binds another and announces it (refresh_scrape_targets).
             child.metrics_port = port()
-            child.argv += ["--metrics-port", str(child.metrics_port), "--bind-host", host,
-                           "--announce", str(self.announce_path(child))]
+            child.argv += [
+                "--metrics-port",
+                str(child.metrics_port),
+                "--bind-host",
+                host,
+                "--announce",
+                str(self.announce_path(child)),
+            ]
         self.reach = reach
         self.write_scrape_targets()
 
@@ -223,9 +291,11 @@ class Supervisor:
         for child in self.children:
             if child.role == "learner":
                 first = child.rank == 0
-                self.spawn(child,
-                           ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
-                           [master] if first else [])
+                self.spawn(
+                    child,
+                    ["--master-port", str(master.port), *(["--master-fd", str(master.fd)] if first else [])],
+                    [master] if first else [],
+                )
         master.sock.close()
 
     def spawn(self, child: Child, argv: Sequence[str] = (), listeners: Sequence[Listener] = ()) -> None:
@@ -233,9 +303,13 @@ class Supervisor:
         child.log_path = self.log_dir / f"{child.name}.log"
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
-                [*child.argv, *argv], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                [*child.argv, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
                 env=self.learner_env if child.role == "learner" else self.env,
-                start_new_session=True, preexec_fn=die_with_parent,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
                 pass_fds=[listener.fd for listener in (*child.listeners, *listeners)],
             )
 
@@ -244,11 +318,15 @@ class Supervisor:
         every rank): stop them all at once and start the world again; it resumes from its newest
         checkpoint (learners/checkpoint.py). "failed: why" once it has restarted too often."""
         if self.world_restarts >= MAX_WORLD_RESTARTS:
-            return (f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; "
-                    f"see {log_path}")
+            return (
+                f"failed: {why}, and the learner world was restarted {self.world_restarts} times already; "
+                f"see {log_path}"
+            )
         self.world_restarts += 1
-        print(f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); "
-              f"see {log_path}", flush=True)
+        print(
+            f"{why}; restarting the learner world from its newest checkpoint ({self.world_restarts}); see {log_path}",
+            flush=True,
+        )
         ranks = [child for child in self.children if child.role == "learner"]
         for child in ranks:  # its state is the checkpoint's: nothing to save on the way down
             self.kill(child, signal.SIGKILL)
@@ -312,8 +390,10 @@ class Supervisor:
                     if code > 0 or child.restarts >= MAX_COORDINATOR_RESTARTS:
                         return f"failed: the coordinator exited with {code}; see {child.log_path}"
                     child.restarts += 1
-                    print(f"the coordinator exited with {code}; restarting it ({child.restarts}); see {child.log_path}",
-                          flush=True)
+                    print(
+                        f"the coordinator exited with {code}; restarting it ({child.restarts}); see {child.log_path}",
+                        flush=True,
+                    )
                     self.spawn(child)
                     continue
                 self.redis.look(store)
@@ -324,8 +404,10 @@ class Supervisor:
                     # the message names the one the coordinator saw holding the world up.
                     behind = self.redis.seen.status.learners_behind
                     failed = self.restart_learner_world(
-                        f"{child.name} exited with {code}" + (f" (before that, the coordinator saw {behind})"
-                                                              if behind else ""), child.log_path)
+                        f"{child.name} exited with {code}"
+                        + (f" (before that, the coordinator saw {behind})" if behind else ""),
+                        child.log_path,
+                    )
                     if failed:
                         return failed
                     continue
@@ -348,8 +430,10 @@ class Supervisor:
     def disk_refused(self, child: Child) -> str:
         """What a child that exited with EXIT_DISK said, and what to do."""
         said = last_line_with(child.log_path, "cannot write") or f"{child.name} exited with {EXIT_DISK}"
-        return (f"{said}; free space on the disk of {self.cfg.run_dir} (or make it writable), then go on with "
-                f"`rlmq up --resume {self.cfg.run_dir}`")
+        return (
+            f"{said}; free space on the disk of {self.cfg.run_dir} (or make it writable), then go on with "
+            f"`rlmq up --resume {self.cfg.run_dir}`"
+        )
 
     def act_on_hung(self, store: RunStore) -> str | None:
         """The coordinator names ranks that are silent while a peer waits for them in a collective
@@ -366,8 +450,10 @@ class Supervisor:
             return None
         self.hung_restarted = True
         names = ", ".join(f"learner-{rank}" for rank in status.learners_hung)
-        return self.restart_learner_world(f"the coordinator saw {names} silent while the world waits for it "
-                                          "(stopped or hung)", self.log_dir / f"learner-{status.learners_hung[0]}.log")
+        return self.restart_learner_world(
+            f"the coordinator saw {names} silent while the world waits for it (stopped or hung)",
+            self.log_dir / f"learner-{status.learners_hung[0]}.log",
+        )
 
     def shut_down(self) -> None:
         """Warm: SIGTERM, a bounded wait, then SIGKILL for whatever is left."""
@@ -409,9 +495,11 @@ def write_scrape_targets(path: Path, run: str, children: list[Child], host: str 
 
 def format_progress(status: RunStatus, elapsed: float, actors: int) -> str:
     mean = status.mean_return
-    return (f"{elapsed:7.1f}s  env steps {status.env_steps:>10,}  {status.steps_per_s:>8,.0f}/s  "
-            f"episodes {status.episodes:>7,}  mean return {'—' if mean is None else f'{mean:7.1f}'}  "
-            f"lag {status.policy_lag:4.1f}  actors {status.actors}/{actors}")
+    return (
+        f"{elapsed:7.1f}s  env steps {status.env_steps:>10,}  {status.steps_per_s:>8,.0f}/s  "
+        f"episodes {status.episodes:>7,}  mean return {'—' if mean is None else f'{mean:7.1f}'}  "
+        f"lag {status.policy_lag:4.1f}  actors {status.actors}/{actors}"
+    )
 
 
 def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
@@ -428,8 +516,11 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
             print(problem, file=sys.stderr)
             return EXIT_FAILED
     if not cfg.resume and any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume them
-        print(f"error: {cfg.run_dir} holds an earlier run: continue it with --resume {cfg.run_dir}, or choose "
-              "another --run-dir", file=sys.stderr)
+        print(
+            f"error: {cfg.run_dir} holds an earlier run: continue it with --resume {cfg.run_dir}, or choose "
+            "another --run-dir",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
@@ -447,24 +538,45 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         return EXIT_FAILED
     supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
     with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
-        tmp.write_text(json.dumps({"run": cfg.run, "redis_url": supervisor.redis_address, "pid": os.getpid(),
-                                   "redis_password_file": supervisor.redis_password_file,
-                                   "private_redis": redis_server is not None}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "run": cfg.run,
+                    "redis_url": supervisor.redis_address,
+                    "pid": os.getpid(),
+                    "redis_password_file": supervisor.redis_password_file,
+                    "private_redis": redis_server is not None,
+                }
+            )
+        )
     supervisor.install_signals()
     launched = time.time()
     try:
-        print(f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
-              f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}", flush=True)
+        print(
+            f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
+            f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}",
+            flush=True,
+        )
         if cfg.resume:
-            print(f"rlmq up: config: the run's own, {cfg.run_dir / 'config.json'} (with --total-steps, "
-                  "--target-return and --checkpoint-every if given)")
+            print(
+                f"rlmq up: config: the run's own, {cfg.run_dir / 'config.json'} (with --total-steps, "
+                "--target-return and --checkpoint-every if given)"
+            )
         else:
-            print(f"rlmq up: config {cfg.config_file}" if cfg.config_file else "rlmq up: config: the library "
-                  f"defaults (no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` "
-                  "lists them)")
+            print(
+                f"rlmq up: config {cfg.config_file}"
+                if cfg.config_file
+                else "rlmq up: config: the library "
+                f"defaults (no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` "
+                "lists them)"
+            )
         if not cfg.secure:
-            print("rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
-                  "this host can join the run. For a trusted single host only.", file=sys.stderr, flush=True)
+            print(
+                "rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
+                "this host can join the run. For a trusted single host only.",
+                file=sys.stderr,
+                flush=True,
+            )
         supervisor.plan()
         for child in supervisor.children:
             if child.role == "coordinator":  # the one child that talks to Redis
@@ -476,10 +588,12 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
             status = supervisor.redis.save_results(spec, launched, outcome)
         except OSError as exc:  # the disk that ended the run, or full now: what is written stays
             status = supervisor.redis.seen.status
-            outcome = (f"{outcome}; and writing the results to {cfg.run_dir} failed: {exc.strerror or exc}"
-                       if outcome.startswith("failed") else
-                       f"failed: writing the results to {cfg.run_dir}: {exc.strerror or exc}; free space, then "
-                       f"`rlmq up --resume {cfg.run_dir}` writes them")
+            outcome = (
+                f"{outcome}; and writing the results to {cfg.run_dir} failed: {exc.strerror or exc}"
+                if outcome.startswith("failed")
+                else f"failed: writing the results to {cfg.run_dir}: {exc.strerror or exc}; free space, then "
+                f"`rlmq up --resume {cfg.run_dir}` writes them"
+            )
     finally:
         supervisor.kill_all(signal.SIGKILL)
         supervisor.remove_sockets()
@@ -497,13 +611,17 @@ def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:
         return EXIT_FAILED
     detail = status.detail
     if status.evaluated_return is not None and status.reason != "target":  # the target's detail says it already
-        detail += (f"; the run's own evaluation: {status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over "
-                   f"{status.evaluated_episodes} {'deterministic' if status.evaluated_deterministic else 'sampled'} "
-                   f"episodes (member {status.evaluated_member}, version {status.evaluated_version})")
+        detail += (
+            f"; the run's own evaluation: {status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over "
+            f"{status.evaluated_episodes} {'deterministic' if status.evaluated_deterministic else 'sampled'} "
+            f"episodes (member {status.evaluated_member}, version {status.evaluated_version})"
+        )
     if status.success:
         print(f"done: {detail}")
         return EXIT_OK
-    print(f"target not reached: {detail} (target return {run_config.target_return}); raise "
-          "--total-steps or tune the config", file=sys.stderr)
+    print(
+        f"target not reached: {detail} (target return {run_config.target_return}); raise "
+        "--total-steps or tune the config",
+        file=sys.stderr,
+    )
     return EXIT_TARGET_MISSED
-

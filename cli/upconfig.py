@@ -43,10 +43,23 @@ class UpConfig:
     resume: bool = False  # continue the run in run_dir: its Redis state, its learners' checkpoints
 
     @classmethod
-    def build(cls, *, actors: int, learners: int, config_file: Path | None, overrides: dict[str, Any],
-              redis_url: str | None, run_dir: Path | None, torch_threads: int, device: str = "auto",
-              bind_host: str = "127.0.0.1", collective_timeout_s: float = 30.0, transport: str = "ipc",
-              secure: bool = True, actor_device: str = "auto") -> UpConfig:
+    def build(
+        cls,
+        *,
+        actors: int,
+        learners: int,
+        config_file: Path | None,
+        overrides: dict[str, Any],
+        redis_url: str | None,
+        run_dir: Path | None,
+        torch_threads: int,
+        device: str = "auto",
+        bind_host: str = "127.0.0.1",
+        collective_timeout_s: float = 30.0,
+        transport: str = "ipc",
+        secure: bool = True,
+        actor_device: str = "auto",
+    ) -> UpConfig:
         if config_file is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
@@ -54,16 +67,40 @@ class UpConfig:
         run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
         check_flags(actors, run_config, bind_host, device, transport, actor_device)
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        return cls(actors=actors, learners=learners, run_config=run_config, run=run,
-                   run_dir=run_dir or Path("runs") / run, redis_url=redis_url, torch_threads=torch_threads,
-                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   transport=transport, secure=secure, config_file=config_file, actor_device=actor_device)
+        return cls(
+            actors=actors,
+            learners=learners,
+            run_config=run_config,
+            run=run,
+            run_dir=run_dir or Path("runs") / run,
+            redis_url=redis_url,
+            torch_threads=torch_threads,
+            device=device,
+            bind_host=bind_host,
+            collective_timeout_s=collective_timeout_s,
+            transport=transport,
+            secure=secure,
+            config_file=config_file,
+            actor_device=actor_device,
+        )
 
     @classmethod
-    def resume_run(cls, run_dir: Path, *, actors: int, learners: int | None, overrides: dict[str, Any],
-                   redis_url: str | None, torch_threads: int, device: str = "auto", bind_host: str = "127.0.0.1",
-                   collective_timeout_s: float = 30.0, transport: str = "ipc", secure: bool = True,
-                   actor_device: str = "auto") -> UpConfig:
+    def resume_run(
+        cls,
+        run_dir: Path,
+        *,
+        actors: int,
+        learners: int | None,
+        overrides: dict[str, Any],
+        redis_url: str | None,
+        torch_threads: int,
+        device: str = "auto",
+        bind_host: str = "127.0.0.1",
+        collective_timeout_s: float = 30.0,
+        transport: str = "ipc",
+        secure: bool = True,
+        actor_device: str = "auto",
+    ) -> UpConfig:
         """The run in `run_dir` again: its id and config (with a new budget, target or checkpoint
         interval if given) and its Redis: the private server's data under `redis/`, else the URL
         it used (or `redis_url`, if the same Redis is reached another way now)."""
@@ -75,25 +112,44 @@ class UpConfig:
             raise ValueError(f"--resume {run_dir}: not a run directory of rlmq up ({exc})") from None
         fixed = sorted(set(overrides) - RESUMABLE)
         if fixed:
-            raise ValueError(f"--resume goes on with the run's own config: {', '.join(fixed)} cannot change "
-                             "(--total-steps, --target-return and --checkpoint-every can)")
+            raise ValueError(
+                f"--resume goes on with the run's own config: {', '.join(fixed)} cannot change "
+                "(--total-steps, --target-return and --checkpoint-every can)"
+            )
         if learners is not None and learners != saved.num_learners:
-            raise ValueError(f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
-                             f"use --learners {saved.num_learners}")
+            raise ValueError(
+                f"the run has {saved.num_learners} learner(s), each with its own checkpoints: "
+                f"use --learners {saved.num_learners}"
+            )
         run_config = dataclasses.replace(saved, **overrides)
         check_flags(actors, run_config, bind_host, device, transport, actor_device)
         private = info.get("private_redis", (run_dir / "redis").is_dir())
-        return cls(actors=actors, learners=saved.num_learners, run_config=run_config, run=run, run_dir=run_dir,
-                   redis_url=redis_url or (None if private else used_url), torch_threads=torch_threads,
-                   device=device, bind_host=bind_host, collective_timeout_s=collective_timeout_s,
-                   transport=transport, secure=secure, resume=True, actor_device=actor_device)
+        return cls(
+            actors=actors,
+            learners=saved.num_learners,
+            run_config=run_config,
+            run=run,
+            run_dir=run_dir,
+            redis_url=redis_url or (None if private else used_url),
+            torch_threads=torch_threads,
+            device=device,
+            bind_host=bind_host,
+            collective_timeout_s=collective_timeout_s,
+            transport=transport,
+            secure=secure,
+            resume=True,
+            actor_device=actor_device,
+        )
 
 
-def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str,
-                actor_device: str = "auto") -> None:
+def check_flags(
+    actors: int, run_config: RunConfig, bind_host: str, device: str, transport: str, actor_device: str = "auto"
+) -> None:
     if actors < run_config.population:  # a member without an actor would never train
-        raise ValueError(f"{actors} actor(s) for a population of {run_config.population}: "
-                         f"use --actors {run_config.population} or more")
+        raise ValueError(
+            f"{actors} actor(s) for a population of {run_config.population}: "
+            f"use --actors {run_config.population} or more"
+        )
     if bind_host != "*" and not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", bind_host):
         raise ValueError(f"--bind-host {bind_host}: use an IPv4 address of this machine, or * for every interface")
     if bind_host != "*":
@@ -101,8 +157,10 @@ def check_flags(actors: int, run_config: RunConfig, bind_host: str, device: str,
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 probe.bind((bind_host, 0))
         except OSError as exc:
-            raise ValueError(f"--bind-host {bind_host} is not an address of this machine ({exc.strerror}): use one "
-                             "of its own (`ip -4 addr`), 127.0.0.1, or * for every interface") from None
+            raise ValueError(
+                f"--bind-host {bind_host} is not an address of this machine ({exc.strerror}): use one "
+                "of its own (`ip -4 addr`), 127.0.0.1, or * for every interface"
+            ) from None
     for flag, value in (("--device", device), ("--actor-device", actor_device)):
         if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"{flag} {value}: use auto, cpu, cuda or cuda:N")

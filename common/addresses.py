@@ -23,7 +23,7 @@ AUTO = "auto"
 
 
 def endpoint_host(endpoint: str) -> str:
-    """"tcp://10.0.0.7:5555" → "10.0.0.7"; "tcp://[fd00::1]:5555" → "fd00::1"; "" for ipc:// and
+    """ "tcp://10.0.0.7:5555" → "10.0.0.7"; "tcp://[fd00::1]:5555" → "fd00::1"; "" for ipc:// and
     inproc:// (no network host)."""
     parts = urlsplit(endpoint)
     return parts.hostname or "" if parts.scheme == "tcp" else ""

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
-_TUNABLE_BOUNDS = {"gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "ent_coef": (0.0, 1e9, True),
-                   "vf_coef": (0.0, 1e9, True), "tau": (0.0, 1.0, False)}
+_TUNABLE_BOUNDS = {
+    "gamma": (0.0, 1.0, False),
+    "gae_lambda": (0.0, 1.0, True),
+    "ent_coef": (0.0, 1e9, True),
+    "vf_coef": (0.0, 1e9, True),
+    "tau": (0.0, 1.0, False),
+}
 
 
 def tunable_bounds(name: str) -> tuple[float, float, bool]:
@@ -115,9 +120,11 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
-        problems = [f"ppo.{name} must be at least 1" for name in
-                    ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
-                    if getattr(self, name) < 1]
+        problems = [
+            f"ppo.{name} must be at least 1"
+            for name in ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
+            if getattr(self, name) < 1
+        ]
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
@@ -166,8 +173,11 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
-        problems = [f"{name} must be positive" for name in ("batch_size", "buffer_size", "replay_ratio",
-                    "publish_every", "n_step") if getattr(self, name) <= 0]
+        problems = [
+            f"{name} must be positive"
+            for name in ("batch_size", "buffer_size", "replay_ratio", "publish_every", "n_step")
+            if getattr(self, name) <= 0
+        ]
         if self.learning_starts < 0 or self.lr_decay_steps < 0:
             problems.append("learning_starts and lr_decay_steps must not be negative")
         if not 0 < self.lr_final_fraction <= 1:
@@ -194,10 +204,16 @@ class SACConfig(ReplayConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (self.learning_rate > 0 and self.init_temperature > 0 and 0 < self.gamma <= 1 and 0 < self.tau <= 1
-                and self.noise_color >= 0):
-            raise ValueError("sac: need learning_rate > 0, init_temperature > 0, 0 < gamma ≤ 1, 0 < tau ≤ 1, "
-                             "noise_color ≥ 0")
+        if not (
+            self.learning_rate > 0
+            and self.init_temperature > 0
+            and 0 < self.gamma <= 1
+            and 0 < self.tau <= 1
+            and self.noise_color >= 0
+        ):
+            raise ValueError(
+                "sac: need learning_rate > 0, init_temperature > 0, 0 < gamma ≤ 1, 0 < tau ≤ 1, noise_color ≥ 0"
+            )
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             raise ValueError("sac.hidden_sizes must be positive")
 
@@ -228,8 +244,10 @@ class TD3Config(ReplayConfig):
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
             "policy_delay >= 1": self.policy_delay >= 1,
-            "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0, noise_color >= 0":
-                min(self.target_noise, self.noise_clip, self.exploration_noise, self.noise_color) >= 0,
+            "target_noise >= 0, noise_clip >= 0, exploration_noise >= 0, noise_color >= 0": min(
+                self.target_noise, self.noise_clip, self.exploration_noise, self.noise_color
+            )
+            >= 0,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
         }
         problems = [f"td3: {rule}" for rule, ok in checks.items() if not ok]
@@ -276,8 +294,8 @@ class DQNConfig(ReplayConfig):
             "0 < tau <= 1": 0 < self.tau <= 1,
             "max_grad_norm > 0 (or None)": self.max_grad_norm is None or self.max_grad_norm > 0,
             "0 <= exploration_fraction <= 1": 0 <= self.exploration_fraction <= 1,
-            "0 <= exploration_final_eps, exploration_initial_eps <= 1":
-                0 <= self.exploration_final_eps <= 1 and 0 <= self.exploration_initial_eps <= 1,
+            "0 <= exploration_final_eps, exploration_initial_eps <= 1": 0 <= self.exploration_final_eps <= 1
+            and 0 <= self.exploration_initial_eps <= 1,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
         }
         problems = [f"dqn: {rule}" for rule, ok in checks.items() if not ok]
@@ -304,14 +322,24 @@ class Algorithm:
     takes_images: bool  # its networks can put a convolutional encoder in front (common/images.py)
 
 
-ALGORITHMS = {algorithm.name: algorithm for algorithm in (
-    Algorithm("ppo", PPOConfig, ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda",
-                                 "max_grad_norm"), ("discrete", "continuous"), on_policy=True,
-              takes_images=True),
-    Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False,
-              takes_images=False),
-    Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False,
-              takes_images=False),
-    Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
-)}
+ALGORITHMS = {
+    algorithm.name: algorithm
+    for algorithm in (
+        Algorithm(
+            "ppo",
+            PPOConfig,
+            ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm"),
+            ("discrete", "continuous"),
+            on_policy=True,
+            takes_images=True,
+        ),
+        Algorithm(
+            "sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False
+        ),
+        Algorithm(
+            "td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False
+        ),
+        Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
+    )
+}
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)

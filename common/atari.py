@@ -47,9 +47,14 @@ def wrappers() -> list[Callable[[gym.Env], gym.Env]]:
     cv2.setNumThreads(1)
     p = PREPROCESSING
     return [
-        lambda env: gym.wrappers.AtariPreprocessing(env, noop_max=p.noop_max, frame_skip=p.frame_skip,
-                                                    screen_size=p.screen_size, terminal_on_life_loss=False,
-                                                    grayscale_obs=True),
+        lambda env: gym.wrappers.AtariPreprocessing(
+            env,
+            noop_max=p.noop_max,
+            frame_skip=p.frame_skip,
+            screen_size=p.screen_size,
+            terminal_on_life_loss=False,
+            grayscale_obs=True,
+        ),
         lambda env: gym.wrappers.FrameStackObservation(env, p.frame_stack),
     ]
 
@@ -63,12 +68,21 @@ def native_settings(spec: gym.envs.registration.EnvSpec) -> dict[str, Any]:
     kwargs: dict[str, Any] = spec.kwargs
     p = PREPROCESSING
     return dict(
-        game=kwargs["game"], repeat_action_probability=float(kwargs.get("repeat_action_probability", 0.25)),
+        game=kwargs["game"],
+        repeat_action_probability=float(kwargs.get("repeat_action_probability", 0.25)),
         full_action_space=bool(kwargs.get("full_action_space", False)),
         max_num_frames_per_episode=int(kwargs.get("max_num_frames_per_episode", 108_000)),
-        frameskip=p.frame_skip, noop_max=p.noop_max, img_height=p.screen_size, img_width=p.screen_size,
-        stack_num=p.frame_stack, grayscale=True, maxpool=True, episodic_life=False, reward_clipping=False,
-        use_fire_reset=False, autoreset_mode=AutoresetMode.NEXT_STEP,
+        frameskip=p.frame_skip,
+        noop_max=p.noop_max,
+        img_height=p.screen_size,
+        img_width=p.screen_size,
+        stack_num=p.frame_stack,
+        grayscale=True,
+        maxpool=True,
+        episodic_life=False,
+        reward_clipping=False,
+        use_fire_reset=False,
+        autoreset_mode=AutoresetMode.NEXT_STEP,
     )
 
 

@@ -45,7 +45,6 @@ def dtype_name(dtype: np.dtype) -> str:
     return dtype.name
 
 
-
 def pack(value: Any) -> Any:
     """A message (or any field of one) as msgpack values; arrays as [dtype, shape, bytes]."""
     kind: type = type(value)
@@ -113,8 +112,11 @@ def _decoding_plan(cls: type) -> tuple[tuple[tuple[str, Unpacker, bool], ...], f
     more than the checks themselves."""
     hints = typing.get_type_hints(cls)
     fields = tuple(
-        (f.name, _unpacker(hints[f.name]),
-         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        (
+            f.name,
+            _unpacker(hints[f.name]),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
         for f in dataclasses.fields(cls)
     )
     return fields, frozenset(hints)

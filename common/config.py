@@ -90,6 +90,7 @@ class PBTConfig:
 # What a service's `device` may say: auto, cpu, cuda or cuda:N.
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
+
 # `RunConfig.compile_update`: "off" runs the learners' update eagerly; "default" and "max-autotune"
 # with kernels torch.compile generates in that mode; "reduce-overhead" ("default"'s kernels) and
 @dataclass(frozen=True)
@@ -294,8 +295,10 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.credit_timeout_min_s <= self.credit_timeout_s:
-            raise ValueError(f"credit timeouts: need 0 < minimum ({self.credit_timeout_min_s:g} s) <= "
-                             f"maximum ({self.credit_timeout_s:g} s)")
+            raise ValueError(
+                f"credit timeouts: need 0 < minimum ({self.credit_timeout_min_s:g} s) <= "
+                f"maximum ({self.credit_timeout_s:g} s)"
+            )
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ def _env_class(env_id: str) -> Callable[[], gym.Env] | type[gym.vector.VectorEnv
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may raise anything at import, SyntaxError included
-        raise EnvError(f"cannot import {module_name} for env {env_id!r}: {_one_line(exc)}. Fix the module, "
-                       "or the env id (package.module:EnvClass, importable on PYTHONPATH)") from exc
+        raise EnvError(
+            f"cannot import {module_name} for env {env_id!r}: {_one_line(exc)}. Fix the module, "
+            "or the env id (package.module:EnvClass, importable on PYTHONPATH)"
+        ) from exc
     found = getattr(module, attr, None)
     if isinstance(found, type) and issubclass(found, (gym.Env, gym.vector.VectorEnv)):
         return found
@@ -47,6 +49,8 @@ EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco", "a
 # Env families whose ids a package registers when imported (or by its `register_envs()`), by the
 # ids' namespace: (module, extra of rlmq).
 NAMESPACES = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
+
+
 def _register_namespace(env_id: str) -> None:
     """Import what registers `env_id`'s namespace (ALE/…, MinAtar/…); EnvError naming the extra
     to install if it is missing."""
@@ -57,8 +61,10 @@ def _register_namespace(env_id: str) -> None:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EnvError(f"env {env_id!r} needs the {extra} extra: pip install \"rlmq[{extra}]\" "
-                       f"(it could not import {module_name}: {_one_line(exc)})") from exc
+        raise EnvError(
+            f'env {env_id!r} needs the {extra} extra: pip install "rlmq[{extra}]" '
+            f"(it could not import {module_name}: {_one_line(exc)})"
+        ) from exc
     register = getattr(module, "register_envs", None)
     if env_id not in gym.registry and callable(register):
         register()
@@ -74,8 +80,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, threads: int = 1,
-                    native: bool = True) -> gym.vector.VectorEnv:
+def make_vector_env(
+    env_id: str, num_envs: int, render_mode: str | None = None, threads: int = 1, native: bool = True
+) -> gym.vector.VectorEnv:
     """`num_envs` slots of `env_id`; a `render_mode` (e.g. rgb_array for `rlmq eval --video`) is
     passed to a registered id's envs. An ALE id steps in ale-py's own vector env on `threads` C++
     threads, unless it renders or `native` is False: then through gymnasium's wrappers
@@ -88,8 +95,10 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, 
             else:
                 env = gym.vector.SyncVectorEnv([env_class] * num_envs)  # type: ignore[list-item]
         except Exception as exc:  # the user's constructor, or spaces SyncVectorEnv refuses
-            raise EnvError(f"env {env_id!r}: building it raised {_one_line(exc)}. Fix the env class "
-                           "(its constructor must take no arguments; a VectorEnv's only num_envs)") from exc
+            raise EnvError(
+                f"env {env_id!r}: building it raised {_one_line(exc)}. Fix the env class "
+                "(its constructor must take no arguments; a VectorEnv's only num_envs)"
+            ) from exc
     else:
         _register_namespace(env_id)
         try:
@@ -97,10 +106,14 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, 
         except gym.error.Error as exc:
             if ":" in env_id:  # the module imported (else _env_class said so)
                 module_name, attr = env_id.split(":", 1)
-                raise EnvError(f"unknown env {env_id!r}: {module_name} has no gymnasium.Env or VectorEnv "
-                               f"class named {attr!r}, nor registered an id {attr!r}") from exc
-            raise EnvError(f"unknown env {env_id!r} ({exc}); registered ids: `python -c "
-                           f"'import gymnasium; gymnasium.pprint_registry()'`") from exc
+                raise EnvError(
+                    f"unknown env {env_id!r}: {module_name} has no gymnasium.Env or VectorEnv "
+                    f"class named {attr!r}, nor registered an id {attr!r}"
+                ) from exc
+            raise EnvError(
+                f"unknown env {env_id!r} ({exc}); registered ids: `python -c "
+                f"'import gymnasium; gymnasium.pprint_registry()'`"
+            ) from exc
         mode = "vector_entry_point" if spec.vector_entry_point and render_mode is None else "sync"
         kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
         try:
@@ -113,10 +126,14 @@ def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None, 
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
             extra = _extra(str(spec.entry_point))
             if extra and isinstance(exc, (ImportError, gym.error.DependencyNotInstalled)):
-                raise EnvError(f"env {env_id!r} needs the {extra} extra: pip install \"rlmq[{extra}]\" "
-                               f"(it could not import what it needs: {_one_line(exc)})") from exc
-            raise EnvError(f"env {env_id!r} is registered but cannot be built: {_one_line(exc)}. "
-                           "Install what it needs, or use another --env") from exc
+                raise EnvError(
+                    f'env {env_id!r} needs the {extra} extra: pip install "rlmq[{extra}]" '
+                    f"(it could not import what it needs: {_one_line(exc)})"
+                ) from exc
+            raise EnvError(
+                f"env {env_id!r} is registered but cannot be built: {_one_line(exc)}. "
+                "Install what it needs, or use another --env"
+            ) from exc
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if autoreset != AutoresetMode.NEXT_STEP:
         env.close()
@@ -131,8 +148,10 @@ def make_lanes(env_id: str, num_envs: int, threads: int = 1, split: bool = True)
     if num_envs < 2 or not split or not _native_atari(env_id):
         return [make_vector_env(env_id, num_envs, threads=threads)]
     half = num_envs // 2
-    return [make_vector_env(env_id, half, threads=max(1, threads // 2)),
-            make_vector_env(env_id, num_envs - half, threads=max(1, threads - threads // 2))]
+    return [
+        make_vector_env(env_id, half, threads=max(1, threads // 2)),
+        make_vector_env(env_id, num_envs - half, threads=max(1, threads - threads // 2)),
+    ]
 
 
 def _native_atari(env_id: str) -> bool:
@@ -184,12 +203,16 @@ def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
     as it travels (floats as float32, other integers as int64), or a Discrete one from 0."""
     if isinstance(space, gym.spaces.Discrete):
         if int(space.start) != 0:
-            raise EnvError(f"{env_id}: Discrete observations must start at 0, not {space.start} "
-                           "(wrap the env: TransformObservation)")
+            raise EnvError(
+                f"{env_id}: Discrete observations must start at 0, not {space.start} "
+                "(wrap the env: TransformObservation)"
+            )
         return {"obs_shape": (), "obs_dtype": "int64", "obs_categories": int(space.n)}
     if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= MAX_OBS_DIMS:
-        raise EnvError(f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions "
-                       "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)")
+        raise EnvError(
+            f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions "
+            "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)"
+        )
     dtype = np.dtype(space.dtype)
     travels = {"f": "float32", "b": "bool"}.get(dtype.kind, "uint8" if dtype == np.uint8 else "int64")
     return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travels}
@@ -206,8 +229,10 @@ def probe(env_id: str, algo: str | None = None, encoder: str = "auto") -> EnvSpe
         env.close()
     if algo is not None and spec.action_kind not in ALGORITHMS[algo].action_kinds:
         fitting = [a.name for a in ALGORITHMS.values() if spec.action_kind in a.action_kinds]
-        raise EnvError(f"{algo} needs {' or '.join(ALGORITHMS[algo].action_kinds)} actions and {env_id} has "
-                       f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}")
+        raise EnvError(
+            f"{algo} needs {' or '.join(ALGORITHMS[algo].action_kinds)} actions and {env_id} has "
+            f"{spec.action_kind} ones: use --algo {' or '.join(fitting)}"
+        )
     if algo is not None:
         try:
             resolve_encoder(encoder, spec, ALGORITHMS[algo].takes_images)

@@ -54,9 +54,15 @@ class Sampler:
         return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample())[0]
 
 
-def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray, np.ndarray] | None = None,
-         frames: list[np.ndarray] | None = None,
-         new_episode: Callable[[int | None], None] | None = None) -> Evaluation:
+def play(
+    env_id: str,
+    act: Any,
+    episodes: int,
+    seed: int,
+    clip: tuple[np.ndarray, np.ndarray] | None = None,
+    frames: list[np.ndarray] | None = None,
+    new_episode: Callable[[int | None], None] | None = None,
+) -> Evaluation:
     """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
     episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended.
     `new_episode` hears the env's time limit at each reset."""
@@ -85,12 +91,26 @@ def play(env_id: str, act: Any, episodes: int, seed: int, clip: tuple[np.ndarray
     return Evaluation(returns, lengths)
 
 
-def play_policy(policy: NumpyPolicy, env_id: str, spec: EnvSpec, episodes: int, seed: int, deterministic: bool,
-                frames: list[np.ndarray] | None = None) -> Evaluation:
+def play_policy(
+    policy: NumpyPolicy,
+    env_id: str,
+    spec: EnvSpec,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+    frames: list[np.ndarray] | None = None,
+) -> Evaluation:
     """`play` for an actors' policy: its deterministic action, or its own sampling (seeded by `seed`)."""
     sampler = None if deterministic else Sampler(policy, spec, np.random.default_rng(seed))
-    return play(env_id, policy.mode if sampler is None else sampler, episodes, seed, clip_of(spec), frames,
-                None if sampler is None else sampler.new_episode)
+    return play(
+        env_id,
+        policy.mode if sampler is None else sampler,
+        episodes,
+        seed,
+        clip_of(spec),
+        frames,
+        None if sampler is None else sampler.new_episode,
+    )
 
 
 def clip_of(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray] | None:
@@ -99,8 +119,15 @@ def clip_of(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray] | None:
     return np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
 
 
-def play_side_by_side(policy: NumpyPolicy, env_id: str, spec: EnvSpec, episodes: int, seed: int,
-                      deterministic: bool, slots: int = MAX_SLOTS) -> Evaluation:
+def play_side_by_side(
+    policy: NumpyPolicy,
+    env_id: str,
+    spec: EnvSpec,
+    episodes: int,
+    seed: int,
+    deterministic: bool,
+    slots: int = MAX_SLOTS,
+) -> Evaluation:
     """`episodes` episodes in waves of up to `slots` played side by side in one vector env (the
     actors' own), each slot's first episode of a wave counted: one batched forward pass a step
     instead of one per episode. Wave k resets the env with seed + k·slots (a vector env seeds its
@@ -115,13 +142,21 @@ def play_side_by_side(policy: NumpyPolicy, env_id: str, spec: EnvSpec, episodes:
         while len(returns) < episodes:
             wanted = min(width, episodes - len(returns))
             obs, _ = env.reset(seed=seed + len(returns))
-            noise = None if deterministic else colored_noise_for(
-                policy.noise_color, spec, width, getattr(env.spec, "max_episode_steps", None), rng)
+            noise = (
+                None
+                if deterministic
+                else colored_noise_for(
+                    policy.noise_color, spec, width, getattr(env.spec, "max_episode_steps", None), rng
+                )
+            )
             total, steps = np.zeros(width), np.zeros(width, np.int64)
             playing = np.arange(width) < wanted
             while playing.any() and steps.max() < MAX_EPISODE_STEPS:
-                action = policy.mode(obs) if deterministic else policy.act(
-                    obs, rng, None if noise is None else noise.sample())[0]
+                action = (
+                    policy.mode(obs)
+                    if deterministic
+                    else policy.act(obs, rng, None if noise is None else noise.sample())[0]
+                )
                 obs, reward, terminated, truncated, _ = env.step(action if clip is None else np.clip(action, *clip))
                 total += np.where(playing, reward, 0.0)
                 steps += playing

@@ -130,8 +130,7 @@ def conv_output(layout: ImageLayout, layers: tuple[Layer, ...]) -> tuple[int, in
     channels, height, width = layout.channels, layout.height, layout.width
     for layer in layers:
         if isinstance(layer, Conv | MaxPool):
-            height, width = (
-                (side + 2 * layer.padding - layer.kernel) // layer.stride + 1 for side in (height, width))
+            height, width = ((side + 2 * layer.padding - layer.kernel) // layer.stride + 1 for side in (height, width))
         if isinstance(layer, Conv):
             channels = layer.channels
     return channels, height, width
@@ -151,13 +150,16 @@ def resolve_encoder(choice: str, spec: EnvSpec, takes_images: bool = True) -> st
     if choice not in ENCODERS:
         raise ValueError(f"encoder {choice!r} is not one of {', '.join(ENCODER_CHOICES)}")
     if not takes_images:
-        raise ValueError(f"this algorithm's networks take flat observations: use encoder = \"mlp\", not {choice!r}")
+        raise ValueError(f'this algorithm\'s networks take flat observations: use encoder = "mlp", not {choice!r}')
     if layout is None:
-        raise ValueError(f"encoder {choice!r} needs a 3-D Box observation ([C, H, W] or [H, W, C]), "
-                         f"not shape {spec.obs_shape}: use encoder = \"mlp\"")
+        raise ValueError(
+            f"encoder {choice!r} needs a 3-D Box observation ([C, H, W] or [H, W, C]), "
+            f'not shape {spec.obs_shape}: use encoder = "mlp"'
+        )
     if min(conv_output(layout, ENCODERS[choice])[1:]) < 1:
-        raise ValueError(f"encoder {choice!r} does not fit {layout.height}×{layout.width} images: use "
-                         "\"minatar\" or \"mlp\"")
+        raise ValueError(
+            f'encoder {choice!r} does not fit {layout.height}×{layout.width} images: use "minatar" or "mlp"'
+        )
     return choice
 
 
@@ -187,8 +189,10 @@ class NumpyEncoder:
         names = encoder_layer_names(params)
         convs = convolutions(ENCODERS.get(encoder, ()))
         if layout is None or encoder not in ENCODERS or len(names) != len(convs):
-            raise ValueError(f"weights hold {len(names)} encoder convolutions, the run's encoder "
-                             f"{encoder!r} for observations {spec.obs_shape} needs {len(convs)}")
+            raise ValueError(
+                f"weights hold {len(names)} encoder convolutions, the run's encoder "
+                f"{encoder!r} for observations {spec.obs_shape} needs {len(convs)}"
+            )
         self.layout, self.plan = layout, ENCODERS[encoder]
         # (weight [C·k·k, out] in the windows' (C, kh, kw) order, bias [out], the convolution)
         self.convs: list[tuple[np.ndarray, np.ndarray, Conv]] = []
@@ -196,8 +200,9 @@ class NumpyEncoder:
         for conv, (w, b) in zip(convs, names, strict=True):
             weight, bias = params[w].astype(np.float32), params[b].astype(np.float32)
             if weight.shape != (conv.channels, channels, conv.kernel, conv.kernel) or bias.shape != (conv.channels,):
-                raise ValueError(f"{w} is {weight.shape}, the encoder needs "
-                                 f"{(conv.channels, channels, conv.kernel, conv.kernel)}")
+                raise ValueError(
+                    f"{w} is {weight.shape}, the encoder needs {(conv.channels, channels, conv.kernel, conv.kernel)}"
+                )
             self.convs.append((np.ascontiguousarray(weight.reshape(conv.channels, -1).T), bias, conv))
             channels = conv.channels
         self.size = math.prod(conv_output(layout, self.plan))

@@ -7,12 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import reprlib
+import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
-
-import tomllib
 
 from rlmq.common.codec import INT64_RANGE
 from rlmq.common.config import RunConfig
@@ -29,18 +28,27 @@ def from_mapping(cls: type[C], data: dict[str, Any], path: str = "") -> C:
     unknown = set(data) - set(hints)
     if unknown:
         # `learning_rate = 1e-3` at the top of a run config belongs in a section, e.g. [ppo]
-        nested = [f"{section}.{name}" for name in sorted(unknown) for section, hint in hints.items()
-                  if isinstance(hint, type) and dataclasses.is_dataclass(hint)
-                  and name in {f.name for f in dataclasses.fields(hint)}]
+        nested = [
+            f"{section}.{name}"
+            for name in sorted(unknown)
+            for section, hint in hints.items()
+            if isinstance(hint, type)
+            and dataclasses.is_dataclass(hint)
+            and name in {f.name for f in dataclasses.fields(hint)}
+        ]
         sections = f" (fields of that name: {', '.join(nested)})" if nested else ""
         raise ValueError(f"{where}{cls.__name__} has no field {', '.join(sorted(unknown))}{sections}")
-    required = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [name for name in required if name not in data]
     if missing:
         raise ValueError(f"{where}{cls.__name__} needs {', '.join(missing)}")
-    return cls(**{name: _from_plain(hints[name], value, f"{path}.{name}" if path else name)
-                  for name, value in data.items()})
+    return cls(
+        **{name: _from_plain(hints[name], value, f"{path}.{name}" if path else name) for name, value in data.items()}
+    )
 
 
 # What a scalar field accepts: an int is a float too (TOML's `gamma = 1`), but a bool is no int.

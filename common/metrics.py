@@ -38,8 +38,9 @@ def serve(registry: CollectorRegistry, port: int, host: str = "*") -> int:
         if port == 0 or exc.errno != errno.EADDRINUSE:
             raise
         server, _thread = start_http_server(0, addr=addr, registry=registry)
-        logging.getLogger("rlmq").warning("metrics port %d is taken; serving /metrics on %d instead", port,
-                                          server.server_port)
+        logging.getLogger("rlmq").warning(
+            "metrics port %d is taken; serving /metrics on %d instead", port, server.server_port
+        )
     return int(server.server_port)
 
 
@@ -138,13 +139,15 @@ class ActorMetrics:
         )
         # With the credit wait, where an actor's time goes: choosing actions (the policy's forward
         # pass, on a CPU core or a GPU) and waiting for its envs to step.
-        self.acting = Counter(f"{PREFIX}_actor_acting_seconds",
-                              "Time spent choosing actions while collecting (the policy's forward pass).", registry=r)
-        self.env_wait = Counter(f"{PREFIX}_actor_env_wait_seconds",
-                                "Time spent waiting for the envs to step while collecting.", registry=r)
-        self.policy_version = Gauge(
-            f"{PREFIX}_actor_policy_version", "Version of the weights in use.", registry=r
+        self.acting = Counter(
+            f"{PREFIX}_actor_acting_seconds",
+            "Time spent choosing actions while collecting (the policy's forward pass).",
+            registry=r,
         )
+        self.env_wait = Counter(
+            f"{PREFIX}_actor_env_wait_seconds", "Time spent waiting for the envs to step while collecting.", registry=r
+        )
+        self.policy_version = Gauge(f"{PREFIX}_actor_policy_version", "Version of the weights in use.", registry=r)
         self.returns_given_up = Counter(
             f"{PREFIX}_actor_returns_given_up",
             "Episode returns dropped unacknowledged: more waited for the coordinator than the bound "
@@ -160,9 +163,11 @@ class LearnerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples = Counter(f"{PREFIX}_learner_samples", "Env steps trained on.", registry=r)
-        self.received = Counter(f"{PREFIX}_learner_received_steps",
-                                "Env steps of the rollouts received and accepted (before the policy-lag gate).",
-                                registry=r)
+        self.received = Counter(
+            f"{PREFIX}_learner_received_steps",
+            "Env steps of the rollouts received and accepted (before the policy-lag gate).",
+            registry=r,
+        )
         self.updates = Counter(f"{PREFIX}_learner_updates", "Updates applied.", registry=r)
         self.stale_dropped = Counter(
             f"{PREFIX}_learner_stale_dropped",
@@ -181,9 +186,7 @@ class LearnerMetrics:
             "was taken back unused.",
             registry=r,
         )
-        self.queue_depth = Gauge(
-            f"{PREFIX}_learner_queue_depth", "Rollouts received and waiting.", registry=r
-        )
+        self.queue_depth = Gauge(f"{PREFIX}_learner_queue_depth", "Rollouts received and waiting.", registry=r)
         self.update_seconds = Histogram(
             f"{PREFIX}_learner_update_seconds",
             "Wall time of one update (all epochs).",
@@ -211,9 +214,7 @@ class CoordinatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.env_steps = Counter(
-            f"{PREFIX}_env_steps", "Env steps summed over all actors.", registry=r
-        )
+        self.env_steps = Counter(f"{PREFIX}_env_steps", "Env steps summed over all actors.", registry=r)
         self.episodes = Counter(f"{PREFIX}_episodes", "Episodes reported.", registry=r)
         self.member_fitness = Gauge(
             f"{PREFIX}_member_fitness",
@@ -258,9 +259,7 @@ class CoordinatorMetrics:
             ["selection", "kind"],
             registry=r,
         )
-        self.weights_bytes = Counter(
-            f"{PREFIX}_weights_broadcast_bytes", "Bytes of weights rebroadcast.", registry=r
-        )
+        self.weights_bytes = Counter(f"{PREFIX}_weights_broadcast_bytes", "Bytes of weights rebroadcast.", registry=r)
         self.weights_latency = Histogram(
             f"{PREFIX}_weights_broadcast_seconds",
             "From a learner's Weights arriving to their rebroadcast (decoding and checks included; "
@@ -270,9 +269,7 @@ class CoordinatorMetrics:
         )
         # Two gauges rather than a `role` label: Prometheus' targets carry `role` (the scraped
         # process's), and a metric label of that name would be renamed `exported_role`.
-        self.connected_actors = Gauge(
-            f"{PREFIX}_connected_actors", "Actors heard from recently.", registry=r
-        )
+        self.connected_actors = Gauge(f"{PREFIX}_connected_actors", "Actors heard from recently.", registry=r)
         self.connected_learners = Gauge(
             f"{PREFIX}_connected_learners", "Learner ranks of the current world heard from lately.", registry=r
         )

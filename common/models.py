@@ -42,23 +42,30 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "
 class NumpyPolicy:
     """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh or ReLU)."""
 
-    def __init__(self, params: Params, spec: EnvSpec, outputs: int | None = None, activation: str = "tanh",
-                 encoder: str = "mlp", torch_encoder: bool | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        params: Params,
+        spec: EnvSpec,
+        outputs: int | None = None,
+        activation: str = "tanh",
+        encoder: str = "mlp",
+        torch_encoder: bool | None = None,
+        device: str | None = None,
+    ) -> None:
         self.activation_name, self.activation = activation, ACTIVATIONS[activation]
         names = policy_layer_names(params)
         if not names:
             raise ValueError("weights hold no policy.* layers")
         # Transposed and contiguous once here, so that each call is x @ W + b.
         self.layers = [
-            (np.ascontiguousarray(params[w].T, dtype=np.float32), params[b].astype(np.float32))
-            for w, b in names
+            (np.ascontiguousarray(params[w].T, dtype=np.float32), params[b].astype(np.float32)) for w, b in names
         ]
         self.spec = spec
         self.norm = obs_normalizer(params, spec.obs_size)
         # The convolutional encoder in front of the layers (`encoder`: RunConfig.encoder_for).
         self.encoder = None if encoder == "mlp" else NumpyEncoder(params, spec, encoder)
         if self.encoder is None and encoder_layer_names(params):
-            raise ValueError("weights hold encoder.* convolutions, and the run's encoder is \"mlp\"")
+            raise ValueError('weights hold encoder.* convolutions, and the run\'s encoder is "mlp"')
         # What runs it: torch for the large encoders (`torch_encoder` None), imported only here.
         self._encode: Callable[[np.ndarray], np.ndarray] | None = self.encoder
         if self.encoder is not None and (encoder in TORCH_IN_ACTORS if torch_encoder is None else torch_encoder):
@@ -104,8 +111,9 @@ class NumpyPolicy:
         out: np.ndarray = x @ weight + bias
         return out
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator,
-            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(actions, log-probabilities) for a batch of observations. A continuous policy's
         standard-normal draws [N, action_dim] come from `rng`, or are `noise` where the caller keeps
         colored noise for the policy's `noise_color` (common/noise.py)."""
@@ -152,8 +160,9 @@ class SquashedGaussianPolicy(NumpyPolicy):
         self._log_std = None
         self.noise_color = noise_color
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator,
-            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         mean, log_std = np.split(self.forward(obs), 2, axis=-1)
         if noise is None:
             noise = rng.standard_normal(mean.shape, dtype=np.float32)
@@ -177,8 +186,9 @@ class DeterministicPolicy(NumpyPolicy):
         self.head = "tanh"
         self.noise, self.warmup, self.noise_color = noise, warmup, noise_color
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator,
-            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         shape = (len(obs), len(self.scale))
         if self.warmup:
             action = rng.uniform(-1.0, 1.0, shape)
@@ -192,15 +202,17 @@ class EpsilonGreedyPolicy(NumpyPolicy):
     """DQN's policy: the argmax of a ReLU Q network (learners/dqn.py, `QNetwork`, whose Linears are
     `policy.{2i}`), or with probability `epsilon` a uniformly random action."""
 
-    def __init__(self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp",
-                 device: str | None = None) -> None:
+    def __init__(
+        self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp", device: str | None = None
+    ) -> None:
         if spec.action_kind != "discrete":
             raise ValueError("DQN needs discrete actions")
         super().__init__(params, spec, activation="relu", encoder=encoder, device=device)
         self.epsilon, self.actions = epsilon, spec.action_dim
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator,
-            noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         greedy = np.argmax(self.forward(obs), axis=-1)
         explore = rng.random(len(obs)) < self.epsilon
         action = np.where(explore, rng.integers(0, self.actions, len(obs)), greedy)
@@ -213,15 +225,18 @@ def linear_epsilon(trained_steps: int, horizon: float, initial: float, final: fl
     return initial + progress * (final - initial)
 
 
-def _td3_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int,
-                device: str | None) -> NumpyPolicy:
+def _td3_policy(
+    run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int, device: str | None
+) -> NumpyPolicy:
     td3 = run_config.td3
-    return DeterministicPolicy(params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts,
-                               noise_color=td3.noise_color)
+    return DeterministicPolicy(
+        params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts, noise_color=td3.noise_color
+    )
 
 
-def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int,
-                device: str | None) -> NumpyPolicy:
+def _dqn_policy(
+    run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int, device: str | None
+) -> NumpyPolicy:
     dqn = run_config.dqn
     horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
     epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
@@ -233,23 +248,28 @@ def _dqn_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_st
 # acts on) → policy.
 POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int, str | None], NumpyPolicy]] = {
     "ppo": lambda run_config, params, spec, trained_steps, device: NumpyPolicy(
-        params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec), device=device),
+        params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec), device=device
+    ),
     "sac": lambda run_config, params, spec, trained_steps, device: SquashedGaussianPolicy(
-        params, spec, run_config.sac.noise_color),
+        params, spec, run_config.sac.noise_color
+    ),
     "td3": _td3_policy,
     "dqn": _dqn_policy,
 }
 
 
-def make_policy(run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0,
-                device: str | None = None) -> NumpyPolicy:
+def make_policy(
+    run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0, device: str | None = None
+) -> NumpyPolicy:
     """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps,
     acting on `device` (`acting_device`'s); raises KeyError/ValueError for weights that do not fit,
     observation statistics included: a run that normalizes observations publishes them with every
     member's weights, and no other does."""
     if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
-        raise ValueError(f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
-                         f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}")
+        raise ValueError(
+            f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
+            f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}"
+        )
     return POLICIES[run_config.algo](run_config, params, spec, trained_steps, device)
 
 
@@ -268,8 +288,10 @@ def acting_device(requested: str, encoder: str, index: int = 0) -> str | None:
         return f"cuda:{index % count}" if count else None
     wanted = int(requested.partition(":")[2] or index % max(count, 1))
     if wanted >= count:
-        raise ValueError(f"actors' device {requested}: torch sees {count} GPU(s) here; use auto (a GPU where "
-                         "there is one, else the CPU) or cpu (rlmq up --actor-device, rlmq actor --device)")
+        raise ValueError(
+            f"actors' device {requested}: torch sees {count} GPU(s) here; use auto (a GPU where "
+            "there is one, else the CPU) or cpu (rlmq up --actor-device, rlmq actor --device)"
+        )
     return f"cuda:{wanted}"
 
 

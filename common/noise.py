@@ -83,8 +83,14 @@ class ColoredNoise:
             self.index[slots] = 0
 
 
-def colored_noise_for(noise_color: float, spec: EnvSpec, slots: int, time_limit: int | None,
-                      rng: np.random.Generator, current: ColoredNoise | None = None) -> ColoredNoise | None:
+def colored_noise_for(
+    noise_color: float,
+    spec: EnvSpec,
+    slots: int,
+    time_limit: int | None,
+    rng: np.random.Generator,
+    current: ColoredNoise | None = None,
+) -> ColoredNoise | None:
     """The noise a policy of `noise_color` acts with in `slots` env slots: None for white noise or
     discrete actions; `current` where it has that color already, so that each sequence runs on."""
     if noise_color <= 0 or spec.action_kind != "continuous":

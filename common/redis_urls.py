@@ -16,7 +16,8 @@ def with_password(url: str, password_file: str) -> str:
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
     return urllib.parse.urlunsplit(
-        parts._replace(netloc=f"{parts.username or ''}:{urllib.parse.quote(password, safe='')}@{host}"))
+        parts._replace(netloc=f"{parts.username or ''}:{urllib.parse.quote(password, safe='')}@{host}")
+    )
 
 
 def without_password(url: str) -> tuple[str, str]:

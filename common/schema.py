@@ -45,8 +45,10 @@ class EnvSpec:
 
     def __post_init__(self) -> None:
         if len(self.obs_shape) > MAX_OBS_DIMS or min(self.obs_shape, default=1) < 1 or self.action_dim < 1:
-            raise ValueError(f"obs_shape {self.obs_shape} (at most {MAX_OBS_DIMS} positive dims) or "
-                             f"action_dim {self.action_dim} (positive) out of range")
+            raise ValueError(
+                f"obs_shape {self.obs_shape} (at most {MAX_OBS_DIMS} positive dims) or "
+                f"action_dim {self.action_dim} (positive) out of range"
+            )
         if self.obs_dtype not in OBS_DTYPES:
             raise ValueError(f"obs_dtype {self.obs_dtype!r} is not one of {', '.join(OBS_DTYPES)}")
         if self.obs_categories < 0 or self.obs_categories and (self.obs_shape, self.obs_dtype) != ((), "int64"):
@@ -57,8 +59,10 @@ class EnvSpec:
             raise ValueError(f"frame_stack {self.frame_stack} must be 1 or the first of obs_shape {self.obs_shape}")
         if self.action_kind not in ("discrete", "continuous"):
             raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
-        if len(self.action_low) != len(self.action_high) or self.action_low and (
-            len(self.action_low) != self.action_dim or self.action_kind == "discrete"
+        if (
+            len(self.action_low) != len(self.action_high)
+            or self.action_low
+            and (len(self.action_low) != self.action_dim or self.action_kind == "discrete")
         ):
             raise ValueError("action bounds must both be empty or both hold action_dim values")
 
@@ -83,29 +87,39 @@ def rollout_layout(spec: EnvSpec, steps: int, slots: int) -> dict[str, tuple[tup
     return {
         "obs": ((steps + 1, slots, *spec.obs_shape), spec.obs_dtype),
         "actions": ((*step, *spec.action_shape), spec.action_dtype),
-        "logprobs": (step, "float32"), "rewards": (step, "float32"),
-        "terminated": (step, "bool"), "truncated": (step, "bool"), "valid": (step, "bool"),
+        "logprobs": (step, "float32"),
+        "rewards": (step, "float32"),
+        "terminated": (step, "bool"),
+        "truncated": (step, "bool"),
+        "valid": (step, "bool"),
     }
 
 
 def _every_dtype() -> dict[str, tuple[str, ...]]:
     """name → the dtypes a rollout's array may have under some env spec (what the wire checks)."""
-    specs = [EnvSpec(obs_shape=(1,), obs_dtype=dtype, action_kind=kind, action_dim=1)
-             for dtype in OBS_DTYPES for kind in ("discrete", "continuous")]
+    specs = [
+        EnvSpec(obs_shape=(1,), obs_dtype=dtype, action_kind=kind, action_dim=1)
+        for dtype in OBS_DTYPES
+        for kind in ("discrete", "continuous")
+    ]
     layouts = [rollout_layout(spec, 1, 1) for spec in specs]
     return {name: tuple(sorted({layout[name][1] for layout in layouts})) for name in layouts[0]}
 
 
-def allocate(spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (),
-             zeros: bool = False) -> dict[str, np.ndarray]:
+def allocate(
+    spec: EnvSpec, steps: int, slots: int, lead: tuple[int, ...] = (), zeros: bool = False
+) -> dict[str, np.ndarray]:
     """Arrays for a rollout (with `lead` dimensions in front: PPO's [P, ...] batch)."""
     make = np.zeros if zeros else np.empty
-    return {name: make((*lead, *shape), np.dtype(dtype))
-            for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()}
+    return {
+        name: make((*lead, *shape), np.dtype(dtype))
+        for name, (shape, dtype) in rollout_layout(spec, steps, slots).items()
+    }
 
 
-def side_by_side(per_member: Sequence[Sequence[R]], out: np.ndarray,
-                 piece: Callable[[int, R], np.ndarray]) -> np.ndarray:
+def side_by_side(
+    per_member: Sequence[Sequence[R]], out: np.ndarray, piece: Callable[[int, R], np.ndarray]
+) -> np.ndarray:
     """`out` [P, T, W, ...] with each member's rollouts joined along the slot axis of its row, in
     order: `piece(member, rollout)` [T, slots, ...] of each. What no rollout fills keeps its value
     (zeros: padding, and invalid where `out` is a validity mask). The one way rollouts are joined."""
@@ -127,8 +141,10 @@ def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slo
     for name, shape, dtype in _checked_layout(spec, steps, slots):
         array = arrays[name]
         if array.shape != shape or array.dtype != dtype:
-            return ("bad_shape",
-                    f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}")
+            return (
+                "bad_shape",
+                f"{name} is {array.dtype}{list(array.shape)}, the run's rollouts hold {dtype}{list(shape)}",
+            )
     if spec.action_kind == "discrete" and not _within(arrays["actions"], spec.action_dim):
         return "bad_value", "an action index out of range"
     if spec.obs_categories and not _within(arrays["obs"], spec.obs_categories):

@@ -102,14 +102,19 @@ def refusal(peer: Peer | None, message: wire.Message) -> str:
             allowed = peer.is_learner(0)
         case _:
             allowed = False
-    return "" if allowed else f"{peer.user_id} may not send {type(message).__name__} " + (
-        f"as {message.role} {message.name!r}" if isinstance(message, wire.Hello) else "")
+    return (
+        ""
+        if allowed
+        else f"{peer.user_id} may not send {type(message).__name__} "
+        + (f"as {message.role} {message.name!r}" if isinstance(message, wire.Hello) else "")
+    )
 
 
 def clients(learners: int, actors: int, fleet: bool) -> dict[str, Peer]:
     """Key file name → the peer it speaks as."""
-    named = ([Peer("learner", f"learner-{r}") for r in range(learners)]
-             + [Peer("actor", f"actor-{i}") for i in range(actors)])
+    named = [Peer("learner", f"learner-{r}") for r in range(learners)] + [
+        Peer("actor", f"actor-{i}") for i in range(actors)
+    ]
     return {peer.name: peer for peer in named} | ({FLEET: Peer("actor", ANY_ACTOR)} if fleet else {})
 
 
@@ -159,8 +164,9 @@ def load_keys(directory: Path, name: str | None, serves: bool) -> Keys:
     for file in key_files(name, serves):
         if not (directory / file).is_file():
             raise FileNotFoundError(f"{directory / file} is missing")
-    server_public, server_secret = zmq.auth.load_certificate(directory / f"{SERVER}.key_secret" if serves
-                                                             else directory / f"{SERVER}.key")
+    server_public, server_secret = zmq.auth.load_certificate(
+        directory / f"{SERVER}.key_secret" if serves else directory / f"{SERVER}.key"
+    )
     public = secret = None
     if name is not None:
         public, secret = zmq.auth.load_certificate(directory / f"{name}.key_secret")
@@ -257,9 +263,13 @@ class Gatekeeper(ThreadAuthenticator):
         elif key not in self.logged:
             self.unlogged += 1
             if time.monotonic() - self.summarized_at >= REFUSED_SUMMARY_S:
-                log.warning("refused %d more connection(s) with keys not on this run's allow-list in the last "
-                            "%g s (the first %d keys were logged one by one)", self.unlogged, REFUSED_SUMMARY_S,
-                            MAX_LOGGED_KEYS)
+                log.warning(
+                    "refused %d more connection(s) with keys not on this run's allow-list in the last "
+                    "%g s (the first %d keys were logged one by one)",
+                    self.unlogged,
+                    REFUSED_SUMMARY_S,
+                    MAX_LOGGED_KEYS,
+                )
                 self.unlogged, self.summarized_at = 0, time.monotonic()
         self.refused(key.decode("ascii", "replace"), first)
         return False

@@ -180,9 +180,14 @@ class RejectLog:
             self.quiet_until.clear()
         self.quiet_until[reason] = now + self.period_s
         more = self.unlogged.pop(reason, 0)
-        self.log.warning("dropped a message: %s%s%s: %s%s", reason, "" if size is None else f", {size} bytes",
-                         f" from {sender[:32].hex()}" if sender else "", detail[: self.DETAIL_CHARS],
-                         f" (and {more} more of this reason in the last {self.period_s:g} s)" if more else "")
+        self.log.warning(
+            "dropped a message: %s%s%s: %s%s",
+            reason,
+            "" if size is None else f", {size} bytes",
+            f" from {sender[:32].hex()}" if sender else "",
+            detail[: self.DETAIL_CHARS],
+            f" (and {more} more of this reason in the last {self.period_s:g} s)" if more else "",
+        )
 
 
 class RateTimer:

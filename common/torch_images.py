@@ -56,9 +56,13 @@ class TorchEncoder:
 
     def __init__(self, encoder: NumpyEncoder) -> None:
         self.layout, self.plan = encoder.layout, encoder.plan
-        self.weights = [(torch.from_numpy(np.ascontiguousarray(columns.T))
-                         .reshape(conv.channels, -1, conv.kernel, conv.kernel),
-                         torch.from_numpy(bias)) for columns, bias, conv in encoder.convs]
+        self.weights = [
+            (
+                torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(conv.channels, -1, conv.kernel, conv.kernel),
+                torch.from_numpy(bias),
+            )
+            for columns, bias, conv in encoder.convs
+        ]
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         """[N, obs_size] float32 features → [N, size], as `NumpyEncoder`."""
@@ -98,8 +102,14 @@ class DeviceForward:
     weights are copied to the device once per policy version; each call is one copy there and
     one back, through a pinned buffer kept across versions."""
 
-    def __init__(self, encoder: NumpyEncoder, layers: list[tuple[np.ndarray, np.ndarray]], activation: str,
-                 norm: ObsNorm | None, device: str) -> None:
+    def __init__(
+        self,
+        encoder: NumpyEncoder,
+        layers: list[tuple[np.ndarray, np.ndarray]],
+        activation: str,
+        norm: ObsNorm | None,
+        device: str,
+    ) -> None:
         self.device = torch.device(device)
         self.pinned = self.device.type == "cuda"  # observations staged in pinned memory
 
@@ -107,8 +117,10 @@ class DeviceForward:
             return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
         self.layout, self.plan = encoder.layout, encoder.plan
-        self.convs = [(put(columns.T).reshape(conv.channels, -1, conv.kernel, conv.kernel), put(bias))
-                      for columns, bias, conv in encoder.convs]
+        self.convs = [
+            (put(columns.T).reshape(conv.channels, -1, conv.kernel, conv.kernel), put(bias))
+            for columns, bias, conv in encoder.convs
+        ]
         self.layers = [(put(weight), put(bias)) for weight, bias in layers]  # [in, out]: x @ W + b
         self.activation = torch.tanh if activation == "tanh" else torch.relu
         self.norm = None if norm is None else (put(norm.mean), put(norm.std), norm.clip)

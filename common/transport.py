@@ -34,9 +34,7 @@ HEARTBEAT_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 1000  # a connect attempt unanswered this long is abandoned and tried again
 
 
-def make_socket(
-    ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity: bytes | None = None
-) -> zmq.Socket:
+def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity: bytes | None = None) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.SNDHWM, hwm)

@@ -197,13 +197,17 @@ class ActorReport:
 
     def __post_init__(self) -> None:
         _counts(self, "member", "env_steps", "rejected", "session", "steps_total", "episodes_total")
-        _require(len(self.episode_returns) <= self.episodes_total or not self.session,
-                 "ActorReport: more returns than episodes")
+        _require(
+            len(self.episode_returns) <= self.episodes_total or not self.session,
+            "ActorReport: more returns than episodes",
+        )
         _require(self.policy_version >= -1 and self.first_step_at >= 0, "ActorReport: negative field")
         returns, lengths = self.episode_returns, self.episode_lengths
         _require(returns.ndim == 1 and returns.dtype.name == "float64", "episode_returns must be 1-D float64")
-        _require(lengths.shape == returns.shape and lengths.dtype.name == "int64",
-                 "episode_lengths must be int64 and match episode_returns")
+        _require(
+            lengths.shape == returns.shape and lengths.dtype.name == "int64",
+            "episode_lengths must be int64 and match episode_returns",
+        )
 
 
 @dataclass(frozen=True)
@@ -230,14 +234,29 @@ class LearnerReport:
     idle_requests: int = 0  # identities holding credit requests they do not use (learners/credits.py)
 
     def __post_init__(self) -> None:
-        _counts(self, "rank", "policy_version", "updates", "samples", "stale_dropped", "rejected",
-                "applied_decision", "nonfinite_skipped", "session", "idle_requests")
+        _counts(
+            self,
+            "rank",
+            "policy_version",
+            "updates",
+            "samples",
+            "stale_dropped",
+            "rejected",
+            "applied_decision",
+            "nonfinite_skipped",
+            "session",
+            "idle_requests",
+        )
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
-        _require(self.session > 0 or not (self.delivered_steps or self.delivered_episodes),
-                 "LearnerReport: delivered totals need a session")
+        _require(
+            self.session > 0 or not (self.delivered_steps or self.delivered_episodes),
+            "LearnerReport: delivered totals need a session",
+        )
         for counts in (self.delivered_steps, self.delivered_episodes):
-            _require(len(counts) <= MAX_SEQUENCE and all(0 <= n <= MAX_COUNT for n in counts.values()),
-                     f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors")
+            _require(
+                len(counts) <= MAX_SEQUENCE and all(0 <= n <= MAX_COUNT for n in counts.values()),
+                f"LearnerReport: delivered counts must be in [0, 2^40], for at most {MAX_SEQUENCE} actors",
+            )
 
 
 @dataclass(frozen=True)
@@ -324,8 +343,10 @@ class Decision:
     def __post_init__(self) -> None:
         _counts(self, "target", "source")
         _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
-        _require(bool(self.hyperparams) and set(self.hyperparams) <= ALL_TUNABLE,
-                 f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}")
+        _require(
+            bool(self.hyperparams) and set(self.hyperparams) <= ALL_TUNABLE,
+            f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}",
+        )
         _require(self.param_noise >= 0, "Decision.param_noise is negative")
         _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")
 
@@ -362,10 +383,14 @@ class EvaluationResult:
     def __post_init__(self) -> None:
         _counts(self, "id")
         _require(self.returns.ndim == 1 and self.returns.dtype.name == "float64", "returns must be 1-D float64")
-        _require(self.lengths.shape == self.returns.shape and self.lengths.dtype.name == "int64",
-                 "lengths must be int64 and match returns")
-        _require(0 <= self.seconds <= MAX_COUNT and (len(self.returns) > 0) != bool(self.error),
-                 "EvaluationResult: returns or an error, and a time in [0, 2^40]")
+        _require(
+            self.lengths.shape == self.returns.shape and self.lengths.dtype.name == "int64",
+            "lengths must be int64 and match returns",
+        )
+        _require(
+            0 <= self.seconds <= MAX_COUNT and (len(self.returns) > 0) != bool(self.error),
+            "EvaluationResult: returns or an error, and a time in [0, 2^40]",
+        )
 
 
 # PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".
@@ -377,12 +402,38 @@ def weights_topic(member: int) -> bytes:
     return f"w{member}.".encode()
 
 
-Message = (Hello | Assign | Weights | Rollout | Credit | ActorReport | ReportAck | LearnerReport | LearnerHeartbeat
-           | Directive | Decision | EvaluationRequest | EvaluationResult)
+Message = (
+    Hello
+    | Assign
+    | Weights
+    | Rollout
+    | Credit
+    | ActorReport
+    | ReportAck
+    | LearnerReport
+    | LearnerHeartbeat
+    | Directive
+    | Decision
+    | EvaluationRequest
+    | EvaluationResult
+)
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (Hello, Assign, Weights, Rollout, Credit, ActorReport, ReportAck, LearnerReport, LearnerHeartbeat,
-                Directive, Decision, EvaluationRequest, EvaluationResult)
+    for cls in (
+        Hello,
+        Assign,
+        Weights,
+        Rollout,
+        Credit,
+        ActorReport,
+        ReportAck,
+        LearnerReport,
+        LearnerHeartbeat,
+        Directive,
+        Decision,
+        EvaluationRequest,
+        EvaluationResult,
+    )
 }
 
 
@@ -448,5 +499,3 @@ def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
     if keys.size * depth * rows[:1].nbytes > MAX_FRAME_BYTES:  # what the stacks would have taken
         raise WireError("too_large", f"Rollout.obs rebuilt would exceed {MAX_FRAME_BYTES} bytes")
     return {"obs": unstack_rows(rows, keys, depth)}
-
-

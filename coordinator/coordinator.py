@@ -75,8 +75,10 @@ class Coordinator:
 
         saved = store.load_config()
         if saved is None:
-            self.run_config, self.spec = cfg.run_config, envs.probe(cfg.run_config.env_id, cfg.run_config.algo,
-                                                                     cfg.run_config.encoder)
+            self.run_config, self.spec = (
+                cfg.run_config,
+                envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder),
+            )
             store.save_config(self.run_config, self.spec)
             store.set_status(state="running", reason="", started_at=time.time(), env_steps=0, episodes=0)
         else:  # a restart: Redis holds the truth
@@ -107,8 +109,9 @@ class Coordinator:
         self.recent_steps = collections.deque([(time.monotonic(), store.status().env_steps)], maxlen=RATE_TICKS + 1)
         # The verdict on the target and PBT's fitness: the run's own evaluations, unless the run
         # believes its actors (evaluation.episodes = 0).
-        self.judge = (Judge(self.run_config, self.spec, ctx, store, self.metrics)
-                      if self.run_config.evaluation.episodes else None)
+        self.judge = (
+            Judge(self.run_config, self.spec, ctx, store, self.metrics) if self.run_config.evaluation.episodes else None
+        )
         self.passed: Judged | None = None  # the evaluation that reached the target
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
@@ -127,9 +130,16 @@ class Coordinator:
             self.learners.register(hello.rank, identity, hello.experience_endpoint)
             if hello.rank == 0:
                 self.publisher = identity
-            self.store.put_learner(hello.rank, LearnerRecord(
-                hello.name, hello.experience_endpoint, hello.pid, hello.metrics_port, identity.decode(errors="replace"),
-            ))
+            self.store.put_learner(
+                hello.rank,
+                LearnerRecord(
+                    hello.name,
+                    hello.experience_endpoint,
+                    hello.pid,
+                    hello.metrics_port,
+                    identity.decode(errors="replace"),
+                ),
+            )
             self.reply_assign(identity, actor_index=-1)
             self.assign_waiting_actors()
         elif not self.learners.complete():
@@ -155,7 +165,10 @@ class Coordinator:
     def reply_assign(self, identity: bytes, actor_index: int, member: int = 0) -> None:
         learner = actor_index < 0
         assign = wire.Assign(
-            run=self.cfg.run, member=member, actor_index=actor_index, config=self.run_config,
+            run=self.cfg.run,
+            member=member,
+            actor_index=actor_index,
+            config=self.run_config,
             env_spec=self.spec,
             learner_endpoints=self.learners.endpoint_list(),
             weights=None if learner else self.latest_weights.get(member),
@@ -178,14 +191,25 @@ class Coordinator:
         if report.policy_version < self.fresh_from.get(report.member, 0):
             returns = []  # the member's weights were replaced since (PBT)
         counted = self.store.add_actor_report(
-            report.name, report.member, report.env_steps, returns, report.session, report.steps_total,
-            report.episodes_total, checked=self.gatekeeper is not None)
+            report.name,
+            report.member,
+            report.env_steps,
+            returns,
+            report.session,
+            report.steps_total,
+            report.episodes_total,
+            checked=self.gatekeeper is not None,
+        )
         if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
             log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
             os._exit(EXIT_FAILPOINT)
         if report.session:
-            ack = wire.ReportAck(steps_total=report.steps_total, episodes_total=report.episodes_total,
-                                 episodes_uncounted=counted.uncounted, steps_uncounted=counted.steps_uncounted)
+            ack = wire.ReportAck(
+                steps_total=report.steps_total,
+                episodes_total=report.episodes_total,
+                episodes_uncounted=counted.uncounted,
+                steps_uncounted=counted.steps_uncounted,
+            )
             self.control.send_multipart([identity, wire.encode(ack)])
         self.metrics.env_steps.inc(counted.steps)
         self.metrics.member_env_steps.labels(str(report.member)).inc(counted.steps)
@@ -244,8 +268,11 @@ class Coordinator:
         for rank in range(self.run_config.num_learners):
             self.metrics.learner_behind.labels(str(rank)).set(rank in behind)
         if behind.keys() != before.keys():
-            self.store.set_status(learners_behind="; ".join(
-                f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())))
+            self.store.set_status(
+                learners_behind="; ".join(
+                    f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())
+                )
+            )
         hung = tuple(self.learners.hung())
         if hung != self.learners_hung:  # what `rlmq up` acts on: it restarts the world
             self.learners_hung = hung
@@ -291,9 +318,14 @@ class Coordinator:
 
     def run(self, until: float | None = None) -> int:
         tick, trim = RateTimer(TICK_S), RateTimer(TRIM_EVERY_S)
-        log.info("run %s: %s, %d learner(s); control %s, broadcast %s", self.cfg.run,
-                 self.run_config.env_id, self.run_config.num_learners, self.control_endpoint,
-                 self.broadcast_endpoint)
+        log.info(
+            "run %s: %s, %d learner(s); control %s, broadcast %s",
+            self.cfg.run,
+            self.run_config.env_id,
+            self.run_config.num_learners,
+            self.control_endpoint,
+            self.broadcast_endpoint,
+        )
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         if self.judge is not None:
@@ -327,9 +359,11 @@ class Coordinator:
         if self.judge is None:
             self.population.tick(self.population.judged(recent), steps)
         else:
-            self.population.tick(self.judge.fitness(), steps,
-                                 self.judge.fitness_ready(self.population.due(), range(self.population.size),
-                                                          self.version_of))
+            self.population.tick(
+                self.judge.fitness(),
+                steps,
+                self.judge.fitness_ready(self.population.due(), range(self.population.size), self.version_of),
+            )
         for decision in self.population.for_learners():  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
@@ -349,11 +383,19 @@ class Coordinator:
             for name, value in record.hyperparams.items():
                 self.metrics.member_hyperparameter.labels(str(m), name).set(value)
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
-        self.store.set_status(mean_return=mean_return, best_member=best, steps_per_s=rate, actors=actors,
-                              learners=self.learners.live(), policy_lag=lag, updated_at=time.time(),
-                              pbt_decisions=self.population.applied)
-        self.store.append_progress(ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag,
-                                                  member_means))
+        self.store.set_status(
+            mean_return=mean_return,
+            best_member=best,
+            steps_per_s=rate,
+            actors=actors,
+            learners=self.learners.live(),
+            policy_lag=lag,
+            updated_at=time.time(),
+            pbt_decisions=self.population.applied,
+        )
+        self.store.append_progress(
+            ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag, member_means)
+        )
         if self.judge is not None and self.passed is None:
             if self.reported_target(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
@@ -423,8 +465,14 @@ class Coordinator:
     def finish(self, reason: str, detail: str, success: bool, steps: int) -> None:
         log.info("run over (%s): %s", reason, detail)
         self.finished_at = time.monotonic()
-        self.store.set_status(state="stopping", reason=reason, detail=detail, success=success,
-                              ended_at=time.time(), env_steps_at_end=steps)
+        self.store.set_status(
+            state="stopping",
+            reason=reason,
+            detail=detail,
+            success=success,
+            ended_at=time.time(),
+            env_steps_at_end=steps,
+        )
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
 
     def close(self) -> None:

@@ -51,8 +51,9 @@ class Evaluator:
 
     def start(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "rlmq.coordinator.evaluator", self.endpoint],
-                                        env=env, preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rlmq.coordinator.evaluator", self.endpoint], env=env, preexec_fn=die_with_parent
+        )
         self.starts += 1
 
     @property
@@ -83,8 +84,11 @@ class Evaluator:
         exited = self.process.poll()
         if exited is None and time.monotonic() - at < self.timeout_s:
             return None
-        why = (f"the evaluator exited with {exited}" if exited is not None
-               else f"no result within evaluation.timeout_s = {self.timeout_s:g} s")
+        why = (
+            f"the evaluator exited with {exited}"
+            if exited is not None
+            else f"no result within evaluation.timeout_s = {self.timeout_s:g} s"
+        )
         self.stop_child()
         self.asked = None
         return request, wire.EvaluationResult(id=request.id, error=why)
@@ -106,14 +110,18 @@ def evaluate(request: wire.EvaluationRequest) -> wire.EvaluationResult:
     weights = request.weights
     try:
         policy = make_policy(request.config, dict(weights.params), request.env_spec, weights.trained_steps)
-        played = play_side_by_side(policy, request.config.env_id, request.env_spec, request.episodes,
-                                   request.seed, request.deterministic)
+        played = play_side_by_side(
+            policy, request.config.env_id, request.env_spec, request.episodes, request.seed, request.deterministic
+        )
     except Exception as exc:  # the user's env code, or weights that do not fit: say so, and go on serving
         log.exception("evaluation %d failed", request.id)
         return wire.EvaluationResult(id=request.id, error=f"{type(exc).__name__}: {exc}"[:1000])
-    return wire.EvaluationResult(id=request.id, returns=np.asarray(played.returns, np.float64),
-                                 lengths=np.asarray(played.lengths, np.int64),
-                                 seconds=time.perf_counter() - started)
+    return wire.EvaluationResult(
+        id=request.id,
+        returns=np.asarray(played.returns, np.float64),
+        lengths=np.asarray(played.lengths, np.int64),
+        seconds=time.perf_counter() - started,
+    )
 
 
 def serve(endpoint: str, stop: StopFlag) -> int:

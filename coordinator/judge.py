@@ -42,13 +42,21 @@ class Judged:
 
     def describe(self) -> str:
         mode = "deterministic" if self.deterministic else "sampled"
-        return (f"mean return {self.played.mean:.1f} ± {self.played.std:.1f} over {len(self.played.returns)} {mode} "
-                f"evaluation episodes (member {self.member}, version {self.version})")
+        return (
+            f"mean return {self.played.mean:.1f} ± {self.played.std:.1f} over {len(self.played.returns)} {mode} "
+            f"evaluation episodes (member {self.member}, version {self.version})"
+        )
 
 
 class Judge:
-    def __init__(self, run_config: RunConfig, spec: EnvSpec, ctx: zmq.Context[zmq.Socket[bytes]], store: RunStore,
-                 metrics: CoordinatorMetrics) -> None:
+    def __init__(
+        self,
+        run_config: RunConfig,
+        spec: EnvSpec,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        store: RunStore,
+        metrics: CoordinatorMetrics,
+    ) -> None:
         self.run_config, self.spec, self.store, self.metrics = run_config, spec, store, metrics
         self.settings = run_config.evaluation
         self.evaluator = Evaluator(ctx, self.settings.timeout_s)
@@ -118,8 +126,9 @@ class Judge:
                 self.metrics.evaluations.labels("failed").inc()
             else:
                 played = Evaluation(result.returns.tolist(), result.lengths.tolist())
-                outcome = Judged(member, version, request.weights.trained_steps, played, result.seconds,
-                                 request.deterministic)
+                outcome = Judged(
+                    member, version, request.weights.trained_steps, played, result.seconds, request.deterministic
+                )
                 self.latest[member] = outcome
                 if self.wanted.get(member, version + 1) <= version:
                     del self.wanted[member]
@@ -127,8 +136,11 @@ class Judge:
         if not self.evaluator.busy:
             for member in list(self.wanted):
                 latest = weights.get(member)
-                if (latest is not None and not self.evaluated(member, latest.version)
-                        and self.failed.get(member, -1) < latest.version):
+                if (
+                    latest is not None
+                    and not self.evaluated(member, latest.version)
+                    and self.failed.get(member, -1) < latest.version
+                ):
                     self.ask(latest)
                     break
         return outcome
@@ -138,19 +150,37 @@ class Judge:
         self.metrics.evaluations.labels("played").inc()
         self.metrics.evaluated_return.labels(str(judged.member)).set(played.mean)
         steps = self.store.status().env_steps
-        log.info("evaluation: %s, trained on %d env steps, in %.1f s", judged.describe(), judged.trained_steps,
-                 judged.seconds)
-        self.store.set_status(evaluated_return=played.mean, evaluated_std=played.std,
-                              evaluated_episodes=len(played.returns), evaluated_member=judged.member,
-                              evaluated_version=judged.version, evaluated_deterministic=judged.deterministic,
-                              evaluated_at_steps=steps, evaluations=self.asked)
+        log.info(
+            "evaluation: %s, trained on %d env steps, in %.1f s",
+            judged.describe(),
+            judged.trained_steps,
+            judged.seconds,
+        )
+        self.store.set_status(
+            evaluated_return=played.mean,
+            evaluated_std=played.std,
+            evaluated_episodes=len(played.returns),
+            evaluated_member=judged.member,
+            evaluated_version=judged.version,
+            evaluated_deterministic=judged.deterministic,
+            evaluated_at_steps=steps,
+            evaluations=self.asked,
+        )
 
     def ask(self, weights: wire.Weights) -> None:
         self.asked += 1
         episodes = self.settings.episodes
-        self.evaluator.ask(wire.EvaluationRequest(
-            id=self.asked, config=self.run_config, env_spec=self.spec, weights=weights, episodes=episodes,
-            deterministic=self.settings.deterministic, seed=SEED_BASE + self.asked * episodes))
+        self.evaluator.ask(
+            wire.EvaluationRequest(
+                id=self.asked,
+                config=self.run_config,
+                env_spec=self.spec,
+                weights=weights,
+                episodes=episodes,
+                deterministic=self.settings.deterministic,
+                seed=SEED_BASE + self.asked * episodes,
+            )
+        )
 
     def close(self) -> None:
         self.evaluator.close()

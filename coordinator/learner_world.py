@@ -75,8 +75,11 @@ class LearnerWorld:
         self.idle[rank] = idle
         now = sum(self.idle.values())
         if now and not before:
-            log.warning("%d identities hold credit requests at the learners and send no rollout (a stolen actor "
-                        "key, or actors that cannot collect); the learners serve them last", now)
+            log.warning(
+                "%d identities hold credit requests at the learners and send no rollout (a stolen actor "
+                "key, or actors that cannot collect); the learners serve them last",
+                now,
+            )
         elif before and not now:
             log.info("no identity holds credit requests it does not use any more")
         return now if now != before else None

@@ -85,8 +85,9 @@ def ranked(fitness: Mapping[int, float]) -> list[int]:
     return sorted(fitness, key=lambda m: (-fitness[m], m))
 
 
-def truncation_source(fitness: Mapping[int, float], target: int, fraction: float,
-                      rng: np.random.Generator) -> int | None:
+def truncation_source(
+    fitness: Mapping[int, float], target: int, fraction: float, rng: np.random.Generator
+) -> int | None:
     """A top member for a target in the bottom `fraction` (at least one member each); else None."""
     order = ranked(fitness)
     cut = max(1, int(np.ceil(fraction * len(order))))
@@ -95,8 +96,9 @@ def truncation_source(fitness: Mapping[int, float], target: int, fraction: float
     return int(rng.choice(order[:cut]))
 
 
-def tournament_source(fitness: Mapping[int, float], target: int, size: int, elitism: bool,
-                      rng: np.random.Generator) -> int | None:
+def tournament_source(
+    fitness: Mapping[int, float], target: int, size: int, elitism: bool, rng: np.random.Generator
+) -> int | None:
     """The fittest of `size` members drawn without replacement; None for the elite (with elitism)."""
     order = ranked(fitness)
     if elitism and order[0] == target:
@@ -122,15 +124,18 @@ def t_quantile(p: float, df: float) -> float:
     (Abramowitz & Stegun 26.7.5): within 0.04 % of the exact value from 5 degrees of freedom on,
     for p up to 0.99."""
     z = NormalDist().inv_cdf(p)
-    terms = ((z**3 + z) / 4,
-             (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-             (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-             (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
+    terms = (
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    )
     return z + sum(g / df ** (k + 1) for k, g in enumerate(terms))
 
 
-def ttest_source(returns: Mapping[int, Sequence[float]], target: int, confidence: float,
-                 rng: np.random.Generator) -> int | None:
+def ttest_source(
+    returns: Mapping[int, Sequence[float]], target: int, confidence: float, rng: np.random.Generator
+) -> int | None:
     """Another member drawn at random, if its returns are higher than the target's by a one-sided
     Welch's t-test at `confidence`; else None."""
     others = sorted(m for m in returns if m != target)
@@ -141,8 +146,13 @@ def ttest_source(returns: Mapping[int, Sequence[float]], target: int, confidence
     return other if t > t_quantile(confidence, df) else None
 
 
-def decide(cfg: PBTConfig, returns: Mapping[int, Sequence[float]], target: int,
-           hyperparams: Sequence[Mapping[str, float]], rng: np.random.Generator) -> Choice | None:
+def decide(
+    cfg: PBTConfig,
+    returns: Mapping[int, Sequence[float]],
+    target: int,
+    hyperparams: Sequence[Mapping[str, float]],
+    rng: np.random.Generator,
+) -> Choice | None:
     """The decision about `target`, or None to let it carry on as it is.
 
     `returns` holds the last `fitness_episodes` returns of each member that has that many (the

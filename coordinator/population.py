@@ -34,8 +34,9 @@ EXIT_FAILPOINT = 86
 
 
 class Population:
-    def __init__(self, store: RunStore, run_config: RunConfig, failpoint: str = "",
-                 decisions_metric: Counter | None = None) -> None:
+    def __init__(
+        self, store: RunStore, run_config: RunConfig, failpoint: str = "", decisions_metric: Counter | None = None
+    ) -> None:
         self.store, self.run_config, self.failpoint = store, run_config, failpoint
         self.decisions_metric = decisions_metric  # rlmq_pbt_decisions_total{selection, kind}
         self.size = run_config.population
@@ -110,8 +111,11 @@ class Population:
         if self.size == 1:
             return {}
         steps = self.store.member_steps()
-        return {m: steps.get(m, 0) for m in range(self.size)
-                if steps.get(m, 0) - self.records[m].steps_at_decision >= self.run_config.pbt.interval}
+        return {
+            m: steps.get(m, 0)
+            for m in range(self.size)
+            if steps.get(m, 0) - self.records[m].steps_at_decision >= self.run_config.pbt.interval
+        }
 
     def tick(self, fitness: dict[int, list[float]], run_env_steps: int, ready: set[int] | None = None) -> None:
         """Decide about every member that is due (and `ready`: its fitness is fresh), each member's
@@ -130,11 +134,17 @@ class Population:
             self.store.put_members({target: self.records[target]})
             return
         entry = LoggedDecision(
-            id=decision_id, time=time.time(), target=target, source=choice.source,
+            id=decision_id,
+            time=time.time(),
+            target=target,
+            source=choice.source,
             kind="explore" if choice.source == target else "exploit",
-            hyperparams=choice.hyperparams, previous=self.records[target].hyperparams,
-            generation=self.records[choice.source].generation + 1, env_steps=steps,
-            run_env_steps=run_env_steps, fitness={str(m): float(np.mean(r)) for m, r in returns.items()},
+            hyperparams=choice.hyperparams,
+            previous=self.records[target].hyperparams,
+            generation=self.records[choice.source].generation + 1,
+            env_steps=steps,
+            run_env_steps=run_env_steps,
+            fitness={str(m): float(np.mean(r)) for m, r in returns.items()},
         )
         if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
             entry = self.store.decisions(after=decision_id - 1)[0]
@@ -145,15 +155,24 @@ class Population:
 
     def apply(self, entry: LoggedDecision) -> None:
         target = entry.target
-        record = MemberRecord(hyperparams=entry.hyperparams, generation=entry.generation, parent=entry.source,
-                              steps_at_decision=entry.env_steps)
+        record = MemberRecord(
+            hyperparams=entry.hyperparams,
+            generation=entry.generation,
+            parent=entry.source,
+            steps_at_decision=entry.env_steps,
+        )
         self.store.apply_decision(entry.id, target, record, copied=entry.source != target)
         self.records[target], self.applied = record, entry.id
         if self.decisions_metric is not None:
             self.decisions_metric.labels(self.run_config.pbt.selection, entry.kind).inc()
-        log.info("PBT decision %d: member %d ← member %d (%s), %s", entry.id, target, entry.source, entry.kind,
-                 ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry.hyperparams.items())
-                           if v != entry.previous.get(k)))
+        log.info(
+            "PBT decision %d: member %d ← member %d (%s), %s",
+            entry.id,
+            target,
+            entry.source,
+            entry.kind,
+            ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry.hyperparams.items()) if v != entry.previous.get(k)),
+        )
 
     def for_learners(self) -> list[wire.Decision]:
         """Applied decisions learner rank 0 has not yet reported applying, oldest first."""
@@ -163,8 +182,9 @@ class Population:
 
     def to_message(self, entry: LoggedDecision) -> wire.Decision:
         noise = self.run_config.pbt.param_noise if entry.kind == "exploit" else 0.0
-        return wire.Decision(id=entry.id, target=entry.target, source=entry.source, hyperparams=entry.hyperparams,
-                             param_noise=noise)
+        return wire.Decision(
+            id=entry.id, target=entry.target, source=entry.source, hyperparams=entry.hyperparams, param_noise=noise
+        )
 
     def learner_reported(self, applied: int) -> list[int]:
         """Learner rank 0 has applied decisions up to `applied` (capped at ours: a report cannot
@@ -172,8 +192,12 @@ class Population:
         before: a learner world that resumed from an older checkpoint, to be sent the rest again."""
         applied = min(applied, self.applied)
         if applied < self.learner_applied:
-            log.info("the learners resumed with PBT decisions up to %d applied: sending %d to %d again", applied,
-                     applied + 1, self.learner_applied)
+            log.info(
+                "the learners resumed with PBT decisions up to %d applied: sending %d to %d again",
+                applied,
+                applied + 1,
+                self.learner_applied,
+            )
             self.learner_applied = applied
             self.store.set_status(learner_applied_decision=applied)
             return []

@@ -25,8 +25,7 @@ def main(cfg: CoordinatorConfig, stop: StopFlag) -> int:
     # Every access retries through an outage of up to `redis_outage_s` (store.OutageRetry); past
     # that the run cannot go on without its state, and the error ends the process here. A stop
     # request ends the wait too: a supervisor's SIGTERM must not wait out the budget.
-    store = RunStore.connect(cfg.redis_url, cfg.run, outage_s=cfg.redis_outage_s, report=log.warning,
-                             give_up=stop)
+    store = RunStore.connect(cfg.redis_url, cfg.run, outage_s=cfg.redis_outage_s, report=log.warning, give_up=stop)
     try:
         coordinator = Coordinator(cfg, store, stop)
     except envs.EnvError as exc:
@@ -58,6 +57,11 @@ def redis_gone(cfg: CoordinatorConfig, stop: StopFlag, exc: Exception) -> int:
     if stop.is_set():
         log.error("stopped while Redis at %s was unreachable (%s): the write under way is lost", url, exc)
     else:
-        log.error("giving up: Redis at %s unreachable for %g s (%s); start the coordinator again with the "
-                  "same --run once Redis is back to resume the run", url, cfg.redis_outage_s, exc)
+        log.error(
+            "giving up: Redis at %s unreachable for %g s (%s); start the coordinator again with the "
+            "same --run once Redis is back to resume the run",
+            url,
+            cfg.redis_outage_s,
+            exc,
+        )
     return EXIT_FAILED

@@ -84,8 +84,13 @@ class OutageRetry(Retry):
     `give_up()` turns true (a service asked to stop), which ends the wait early.
     """
 
-    def __init__(self, url: str, budget_s: float, report: Callable[[str], object] | None = log.warning,
-                 give_up: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        budget_s: float,
+        report: Callable[[str], object] | None = log.warning,
+        give_up: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(ExponentialBackoff(cap=1.0, base=0.05), retries=-1)  # -1: the clock decides
         self.url, self.budget_s, self.report, self.give_up = shown_url(url), budget_s, report, give_up
         self.outage_since: float | None = None  # monotonic time of the outage's first failure
@@ -94,9 +99,13 @@ class OutageRetry(Retry):
     def __deepcopy__(self, memo: dict[int, Any]) -> OutageRetry:
         return self  # redis-py copies its Retry into every connection: they must share one clock
 
-    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
-                        is_retryable: Callable[[Exception], bool] | None = None,
-                        with_failure_count: bool = False) -> T:
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
         failures = 0
         self._depth += 1
         try:
@@ -119,8 +128,9 @@ class OutageRetry(Retry):
                     time.sleep(wait)
                 else:
                     if self.outage_since is not None and self._depth == 1:
-                        self._report(f"Redis at {self.url} reachable again after "
-                                     f"{time.monotonic() - self.outage_since:.1f} s")
+                        self._report(
+                            f"Redis at {self.url} reachable again after {time.monotonic() - self.outage_since:.1f} s"
+                        )
                         self.outage_since = None
                     return result
         finally:
@@ -161,15 +171,25 @@ class RunStore:
         self.prefix = f"rlmq:{run}"
 
     @classmethod
-    def connect(cls, url: str, run: str, outage_s: float = 0.0, timeout_s: float = 10.0,
-                report: Callable[[str], object] | None = log.warning,
-                give_up: Callable[[], bool] | None = None) -> RunStore:
+    def connect(
+        cls,
+        url: str,
+        run: str,
+        outage_s: float = 0.0,
+        timeout_s: float = 10.0,
+        report: Callable[[str], object] | None = log.warning,
+        give_up: Callable[[], bool] | None = None,
+    ) -> RunStore:
         """A store whose every access rides out a Redis outage of up to `outage_s` seconds (0: one
         try; `give_up()` true: no more tries), with a line to `report` when an outage starts and
         when it ends. `timeout_s` bounds each connect and reply, so a hung server counts as an
         outage too."""
-        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                      retry=OutageRetry(url, outage_s, report, give_up))
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=OutageRetry(url, outage_s, report, give_up),
+        )
         return cls(client, run)
 
     def ping(self) -> None:
@@ -216,8 +236,17 @@ class RunStore:
 
     # --- members, episodes, weights -----------------------------------------------------------
 
-    def add_actor_report(self, actor: str, member: int, env_steps: int, returns: list[float], session: int = 0,
-                         steps_total: int = 0, episodes_total: int = 0, checked: bool = False) -> ReportCounted:
+    def add_actor_report(
+        self,
+        actor: str,
+        member: int,
+        env_steps: int,
+        returns: list[float],
+        session: int = 0,
+        steps_total: int = 0,
+        episodes_total: int = 0,
+        checked: bool = False,
+    ) -> ReportCounted:
         """Record one actor report in one round trip (64 actors report several times a second):
         the actor's liveness, its env steps and finished episodes.
 
@@ -231,13 +260,33 @@ class RunStore:
         the order claimed. The member's record gets the returns of the episodes counted, as far as
         the report carries them; the actor sends those of the `uncounted` again."""
         steps_added, episodes_added, steps, recent, uncounted, steps_uncounted = self.redis.eval(
-            ADD_REPORT, 6, self.key("actors"), self.key("status"), self.key("member_steps"),
-            self.key("returns", member), self.key("reports"), self.key("tally", actor),
-            actor, time.time(), member, env_steps, session, steps_total, episodes_total, RECENT_EPISODES,
-            int(checked), *returns,
+            ADD_REPORT,
+            6,
+            self.key("actors"),
+            self.key("status"),
+            self.key("member_steps"),
+            self.key("returns", member),
+            self.key("reports"),
+            self.key("tally", actor),
+            actor,
+            time.time(),
+            member,
+            env_steps,
+            session,
+            steps_total,
+            episodes_total,
+            RECENT_EPISODES,
+            int(checked),
+            *returns,
         )
-        return ReportCounted(int(steps_added), int(episodes_added), int(steps), [float(v) for v in recent],
-                             int(uncounted), int(steps_uncounted))
+        return ReportCounted(
+            int(steps_added),
+            int(episodes_added),
+            int(steps),
+            [float(v) for v in recent],
+            int(uncounted),
+            int(steps_uncounted),
+        )
 
     def add_deliveries(self, session: int, steps: dict[str, int], episodes: dict[str, int]) -> None:
         """The env steps and episode ends a learner process (`session`) took in each actor's
@@ -246,9 +295,14 @@ class RunStore:
         so a report lost, repeated or overtaken adds nothing twice and leaves nothing out."""
         names = sorted(steps.keys() | episodes.keys())
         if names:
-            self.redis.eval(ADD_DELIVERIES, 1 + len(names), self.key("deliveries"),
-                            *(self.key("tally", name) for name in names), session,
-                            *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))))
+            self.redis.eval(
+                ADD_DELIVERIES,
+                1 + len(names),
+                self.key("deliveries"),
+                *(self.key("tally", name) for name in names),
+                session,
+                *(v for name in names for v in (name, steps.get(name, 0), episodes.get(name, 0))),
+            )
 
     def tally(self, actor: str) -> dict[str, int]:
         """An actor's tally (a secure run): claimed_/delivered_/counted_ steps and episodes."""
@@ -360,8 +414,16 @@ class RunStore:
         if saved is None:
             return False
         self.save_config(config, saved[1])
-        self.redis.hdel(self.key("status"), "reason", "detail", "success", "ended_at", "finished_at",
-                        "env_steps_at_end", "first_step_at")
+        self.redis.hdel(
+            self.key("status"),
+            "reason",
+            "detail",
+            "success",
+            "ended_at",
+            "finished_at",
+            "env_steps_at_end",
+            "first_step_at",
+        )
         self.set_status(state="running")
         return True
 

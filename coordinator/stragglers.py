@@ -31,22 +31,28 @@ def hung(pulses: dict[int, Pulse], now: float) -> list[int]:
     silent = sorted(rank for rank, p in pulses.items() if now - p.heard > SILENT_S)
     # A rank that waits and has beaten for SILENT_S without a gap: not one that was stopped with the
     # others and has just resumed ahead of them (they beat again within a heartbeat).
-    waiting = any(now - p.heard <= SILENT_S and p.waiting_s > 0 and p.heard - p.since >= SILENT_S
-                  for p in pulses.values())
+    waiting = any(
+        now - p.heard <= SILENT_S and p.waiting_s > 0 and p.heard - p.since >= SILENT_S for p in pulses.values()
+    )
     return silent if waiting else []
 
 
 def behind(pulses: dict[int, Pulse], world_size: int, now: float) -> dict[int, str]:
     """rank → why it is behind, for each rank that holds the world up now."""
-    silent = {rank: f"no heartbeat for {now - p.heard:.1f} s (stopped, hung or dead)"
-              for rank, p in pulses.items() if now - p.heard > SILENT_S}
-    waited = {rank: p.waiting_s + now - p.heard for rank, p in pulses.items()
-              if rank not in silent and p.waiting_s > 0}
+    silent = {
+        rank: f"no heartbeat for {now - p.heard:.1f} s (stopped, hung or dead)"
+        for rank, p in pulses.items()
+        if now - p.heard > SILENT_S
+    }
+    waited = {rank: p.waiting_s + now - p.heard for rank, p in pulses.items() if rank not in silent and p.waiting_s > 0}
     waiters = sorted(rank for rank, seconds in waited.items() if seconds >= WAITED_S)
     if not waiters:
         return silent
     why = f"rank(s) {', '.join(map(str, waiters))} waited {max(waited.values()):.1f} s for it in a collective"
-    late = {rank: f"{why}; it is at iteration {p.iteration}, not in a collective"
-            for rank, p in pulses.items() if rank not in silent and rank not in waited}
+    late = {
+        rank: f"{why}; it is at iteration {p.iteration}, not in a collective"
+        for rank, p in pulses.items()
+        if rank not in silent and rank not in waited
+    }
     missing = {rank: f"{why}; it never sent a heartbeat" for rank in range(world_size) if rank not in pulses}
     return {**silent, **late, **missing}

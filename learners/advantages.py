@@ -77,8 +77,9 @@ def gae(
     return GAEReturns(advantages=advantages, returns=advantages + values[:-1])
 
 
-def _masks(terminated: Tensor, truncated: Tensor, valid: Tensor, gamma: float | Tensor,
-           dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+def _masks(
+    terminated: Tensor, truncated: Tensor, valid: Tensor, gamma: float | Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
     """(keep: a real step; discounts: γ unless terminated; continues: 1 unless the episode ended)."""
     keep = valid.to(dtype)
     discounts = gamma * (1.0 - terminated.to(dtype))

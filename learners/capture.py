@@ -40,8 +40,12 @@ BACKEND = "inductor"  # torch.compile's backend; the tests trace with "aot_eager
 # Each mode of `RunConfig.compile_update` but "off": torch.compile's mode for the kernels (None:
 # eager kernels), and whether a GPU replays each part as a CUDA graph of ours. torch.compile's own
 # "max-autotune" replays CUDA graphs too; here ours do.
-KERNELS: dict[str, str | None] = {"default": "default", "reduce-overhead": "default",
-                                  "max-autotune": "max-autotune-no-cudagraphs", "cuda-graphs": None}
+KERNELS: dict[str, str | None] = {
+    "default": "default",
+    "reduce-overhead": "default",
+    "max-autotune": "max-autotune-no-cudagraphs",
+    "cuda-graphs": None,
+}
 GRAPHS = {"reduce-overhead", "max-autotune", "cuda-graphs"}
 assert set(KERNELS) == set(COMPILE_MODES[1:]), "every capture mode says how it runs"
 

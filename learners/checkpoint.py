@@ -73,14 +73,19 @@ def restore(obj: Any, saved: Any, path: str = "state") -> Any:
     ValueError, naming the attribute's dotted path, where the saved state does not fit `obj`: a
     checkpoint of another config."""
     if isinstance(obj, torch.Tensor):
-        _check(isinstance(saved, torch.Tensor) and saved.shape == obj.shape and saved.dtype == obj.dtype, path,
-               obj, saved)
+        _check(
+            isinstance(saved, torch.Tensor) and saved.shape == obj.shape and saved.dtype == obj.dtype, path, obj, saved
+        )
         with torch.no_grad():
             obj.copy_(saved)
         return obj
     if isinstance(obj, np.ndarray):
-        _check(isinstance(saved, torch.Tensor) and tuple(saved.shape) == obj.shape
-               and saved.numpy().dtype == obj.dtype, path, obj, saved)
+        _check(
+            isinstance(saved, torch.Tensor) and tuple(saved.shape) == obj.shape and saved.numpy().dtype == obj.dtype,
+            path,
+            obj,
+            saved,
+        )
         obj[...] = saved.numpy()
         return obj
     if isinstance(obj, torch.Generator):
@@ -209,8 +214,11 @@ def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, An
     everywhere, somewhere = distributed.extremes(int(written), device)
     _, anywhere_refused = distributed.extremes(int(refused), device)
     if anywhere_refused:  # every rank stops alike: the last complete checkpoint stands
-        raise DiskRefused(files.refused if refused and files is not None
-                          else f"stops: another rank cannot write checkpoint {number} (its log says why)")
+        raise DiskRefused(
+            files.refused
+            if refused and files is not None
+            else f"stops: another rank cannot write checkpoint {number} (its log says why)"
+        )
     if not everywhere:
         if somewhere:
             log.warning("checkpoint %d was not written on every rank: the last complete one stands", number)
@@ -220,8 +228,16 @@ def write_everywhere(files: Checkpoints | None, number: int, state: dict[str, An
     return True
 
 
-def record(trainer: Any, versions: list[int], pbt: dict[str, Any], rank: int, world_size: int, run_cfg: RunConfig,
-           spec: EnvSpec, hyperparams: list[dict[str, float]]) -> dict[str, Any]:
+def record(
+    trainer: Any,
+    versions: list[int],
+    pbt: dict[str, Any],
+    rank: int,
+    world_size: int,
+    run_cfg: RunConfig,
+    spec: EnvSpec,
+    hyperparams: list[dict[str, float]],
+) -> dict[str, Any]:
     """A rank's checkpoint: its `trainer`'s whole state (`capture`) and the learner's (policy
     `versions`, the `pbt` state); rank 0's also what `rlmq eval` and `rlmq export` read in
     checkpoint.pt (each member's weights, version, trained steps and hyperparameters, the env spec
@@ -231,13 +247,23 @@ def record(trainer: Any, versions: list[int], pbt: dict[str, Any], rank: int, wo
         "trainer": capture(trainer),
     }
     if rank == 0:
-        members = {m: {"params": {k: torch.from_numpy(v.copy()) for k, v in trainer.member_params(m).items()},
-                       "version": versions[m], "trained_steps": trainer.trained_steps(m),
-                       "hyperparams": hyperparams[m]}
-                   for m in range(run_cfg.population)}
-        state |= {"members": members, "best_member": 0, "params": members[0]["params"],
-                  "version": members[0]["version"], "env_spec": dataclasses.asdict(spec),
-                  "run_config": json.loads(json.dumps(dataclasses.asdict(run_cfg)))}
+        members = {
+            m: {
+                "params": {k: torch.from_numpy(v.copy()) for k, v in trainer.member_params(m).items()},
+                "version": versions[m],
+                "trained_steps": trainer.trained_steps(m),
+                "hyperparams": hyperparams[m],
+            }
+            for m in range(run_cfg.population)
+        }
+        state |= {
+            "members": members,
+            "best_member": 0,
+            "params": members[0]["params"],
+            "version": members[0]["version"],
+            "env_spec": dataclasses.asdict(spec),
+            "run_config": json.loads(json.dumps(dataclasses.asdict(run_cfg))),
+        }
     return state
 
 

@@ -136,8 +136,13 @@ class CreditLedger:
             self.by_name.move_to_end(name)
             if len(self.by_name) > MAX_WAITING:
                 self.by_name.popitem(last=False)
-        queue = (self.proven_waiting if actor in self.proven else
-                 self.idle_waiting if actor in self.idle else self.new_waiting)
+        queue = (
+            self.proven_waiting
+            if actor in self.proven
+            else self.idle_waiting
+            if actor in self.idle
+            else self.new_waiting
+        )
         queue[actor] = (now, key)  # an existing key keeps its place
         if len(queue) > MAX_WAITING:
             queue.popitem(last=False)

@@ -52,9 +52,17 @@ def choose_device(requested: str, rank: int, placements: list[Placement]) -> tor
     return torch.device(requested)
 
 
-def init_world(rank: int, world_size: int, master_addr: str, master_port: int, requested: str,
-               bind_host: str = "*", collective_timeout_s: float = 30.0, master_fd: int = -1,
-               reached_at: str = "") -> torch.device:
+def init_world(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    requested: str,
+    bind_host: str = "*",
+    collective_timeout_s: float = 30.0,
+    master_fd: int = -1,
+    reached_at: str = "",
+) -> torch.device:
     """Joins the world over a TCP store at rank 0's address and returns this rank's device (see
     `choose_device`). CPU tensors go over gloo and CUDA tensors over NCCL, whose communicator
     is made lazily at the first CUDA collective, so the ranks can first agree over gloo on where
@@ -74,8 +82,15 @@ def init_world(rank: int, world_size: int, master_addr: str, master_port: int, r
     if rank == 0 and (master_fd >= 0 or bind_host != "*"):
         if master_fd < 0:
             master_fd = socket.create_server((bind_host, master_port), backlog=world_size + 8).detach()
-        store = dist.TCPStore(master_addr, master_port, world_size, True, RENDEZVOUS_TIMEOUT, multi_tenant=True,
-                              master_listen_fd=master_fd)
+        store = dist.TCPStore(
+            master_addr,
+            master_port,
+            world_size,
+            True,
+            RENDEZVOUS_TIMEOUT,
+            multi_tenant=True,
+            master_listen_fd=master_fd,
+        )
     else:  # rank 0 on "*": torch's own server, every interface (IPv6 too)
         # multi_tenant as torch's own tcp:// rendezvous makes its store
         store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, RENDEZVOUS_TIMEOUT, multi_tenant=True)
@@ -105,7 +120,8 @@ def lost_world(exc: BaseException) -> bool:
     these (NCCL's included), and gloo's transport a plain RuntimeError naming its source file
     (its timeouts too) or the peer."""
     return isinstance(exc, dist.DistError) or (
-        isinstance(exc, RuntimeError) and any(sign in str(exc).lower() for sign in LOST_WORLD_SIGNS))
+        isinstance(exc, RuntimeError) and any(sign in str(exc).lower() for sign in LOST_WORLD_SIGNS)
+    )
 
 
 class Agreement(NamedTuple):
@@ -117,11 +133,18 @@ class Agreement(NamedTuple):
     batch_rollouts: int  # rollouts per member in this update's batch: the most any rank takes
 
 
-def agree(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-          checkpoint: bool, device: torch.device, batch_rollouts: int) -> Agreement:
+def agree(
+    ready: bool,
+    overdue: bool,
+    stop: bool,
+    member_samples: list[int],
+    decision_bytes: int,
+    checkpoint: bool,
+    device: torch.device,
+    batch_rollouts: int,
+) -> Agreement:
     """`agreement` on this rank's `proposal` of these."""
-    return agreement(proposal(ready, overdue, stop, member_samples, decision_bytes, checkpoint, batch_rollouts,
-                              device))
+    return agreement(proposal(ready, overdue, stop, member_samples, decision_bytes, checkpoint, batch_rollouts, device))
 
 
 def agreement(mine: torch.Tensor) -> Agreement:
@@ -130,22 +153,39 @@ def agreement(mine: torch.Tensor) -> Agreement:
     return agreement_of(mine[None] if dist.get_world_size() == 1 else every_rank(mine))
 
 
-def proposal(ready: bool, overdue: bool, stop: bool, member_samples: list[int], decision_bytes: int,
-             checkpoint: bool, batch_rollouts: int, device: torch.device) -> torch.Tensor:
+def proposal(
+    ready: bool,
+    overdue: bool,
+    stop: bool,
+    member_samples: list[int],
+    decision_bytes: int,
+    checkpoint: bool,
+    batch_rollouts: int,
+    device: torch.device,
+) -> torch.Tensor:
     """This rank's side of an agreement, as a row of int64. Only rank 0 offers a decision, so the
     sum is its length. `member_samples`: what this rank would train on if the world updates now;
     `batch_rollouts`: the most rollouts of one member it would take, whose largest over the ranks
     shapes every rank's batch (learner batching: the minibatches, and so the backward passes, must
     match)."""
-    return torch.tensor([int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), batch_rollouts,
-                         *member_samples], dtype=torch.int64, device=device)
+    return torch.tensor(
+        [int(ready), int(overdue), int(stop), decision_bytes, int(checkpoint), batch_rollouts, *member_samples],
+        dtype=torch.int64,
+        device=device,
+    )
 
 
 def agreement_of(rows: torch.Tensor) -> Agreement:
     """The agreement of every rank's `proposal` rows [world, n]: the same on every rank."""
     ready_ranks, overdue_ranks, stops, length, checkpoints, _, *samples = rows.sum(0).tolist()
-    return Agreement(ready_ranks == len(rows) or overdue_ranks > 0, stops > 0, samples, length, checkpoints > 0,
-                     int(rows[:, 5].max()))
+    return Agreement(
+        ready_ranks == len(rows) or overdue_ranks > 0,
+        stops > 0,
+        samples,
+        length,
+        checkpoints > 0,
+        int(rows[:, 5].max()),
+    )
 
 
 def extremes(value: int, device: torch.device) -> tuple[int, int]:

@@ -66,8 +66,9 @@ class QNetwork(nn.Module):
         return out
 
 
-def double_q_target(reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor,
-                    gamma: Tensor, horizon: Tensor) -> Tensor:
+def double_q_target(
+    reward: Tensor, terminated: Tensor, next_q_online: Tensor, next_q_target: Tensor, gamma: Tensor, horizon: Tensor
+) -> Tensor:
     """y = r + γ^k·(1 − terminated)·Q_target(s', argmax_a Q_online(s', a)); next Qs [P, B, A],
     rewards [P, B] (n-step returns when k > 1), per-member γ [P], k [P, B]."""
     next_action = next_q_online.argmax(-1, keepdim=True)
@@ -90,8 +91,9 @@ class DQN:
 
     STATE = ("q", "target", "optimizers", "steps")  # what a checkpoint saves (learners/checkpoint.py)
 
-    def __init__(self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device,
-                 encoder: str = "mlp") -> None:
+    def __init__(
+        self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device, encoder: str = "mlp"
+    ) -> None:
         self.cfg, self.population = cfg, population
         image = image_encoder(spec, encoder)
         self.q = Stacked([QNetwork(spec, cfg.hidden_sizes, encoder) for _ in range(population)], image).to(device)
@@ -100,8 +102,9 @@ class DQN:
         with torch.no_grad():
             self.target.flat.copy_(self.q.flat)
         self.optimizers = {"q": PopulationAdam(self.q.flat, eps=1e-8)}
-        self.max_grad_norm = None if cfg.max_grad_norm is None else torch.full((population,), cfg.max_grad_norm,
-                                                                               device=device)
+        self.max_grad_norm = (
+            None if cfg.max_grad_norm is None else torch.full((population,), cfg.max_grad_norm, device=device)
+        )
         self.layers = self.q.linear_names("policy")
         self.steps = 0  # gradient steps taken: the target is refreshed when it is a multiple of the interval
         self.n_step = cfg.n_step
@@ -113,10 +116,10 @@ class DQN:
         return network.mlp(self.layers, network.encode(obs), "relu")
 
     @torch.no_grad()
-    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor,
-                  horizon: Tensor) -> Tensor:
-        return double_q_target(reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs),
-                               gamma, horizon)
+    def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor, horizon: Tensor) -> Tensor:
+        return double_q_target(
+            reward, terminated, self.values(self.q, next_obs), self.values(self.target, next_obs), gamma, horizon
+        )
 
     def loss(self, batch: Transitions, gamma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
         """(each member's loss [P], its weight [P] applied; Q of the batch's actions [P, B])."""
@@ -126,14 +129,21 @@ class DQN:
 
     def capture(self, mode: str, backend: str = "") -> None:
         """The loss with its gradient, and the optimizer's step, in `mode` (learners/capture.py)."""
-        self.loss_of = captured(with_gradient(compiled(self.loss, mode, backend), lambda out: out[0].sum(),
-                                              self.q.flat),
-                                mode)
+        self.loss_of = captured(
+            with_gradient(compiled(self.loss, mode, backend), lambda out: out[0].sum(), self.q.flat), mode
+        )
         self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
         self.gradients_taken = True
 
-    def step(self, batch: Transitions, hp: DQNHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
-             generator: torch.Generator | None) -> dict[str, Tensor]:
+    def step(
+        self,
+        batch: Transitions,
+        hp: DQNHyperparams,
+        active: Tensor,
+        has_data: Tensor,
+        sync: Sync,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
         """One gradient step of the Q network; every `target_update_interval`-th step then moves the
         target towards it by τ (active members only: the others did not move).
 
@@ -144,8 +154,9 @@ class DQN:
         loss, q = self.loss_of(batch, hp.gamma, has_data.to(batch.rewards.dtype))
         optimizer = self.optimizers["q"]
         lr = hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction)
-        norms = descend(optimizer, None if self.gradients_taken else loss, lr, active, sync, self.step_of,
-                        self.max_grad_norm)
+        norms = descend(
+            optimizer, None if self.gradients_taken else loss, lr, active, sync, self.step_of, self.max_grad_norm
+        )
         stats = {"q_loss": loss.detach(), "q": q.detach().mean(-1)}
         if self.max_grad_norm is not None:
             stats["grad_norm"] = norms

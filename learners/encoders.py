@@ -79,14 +79,20 @@ def encode(encoder: ConvEncoder, layout: ImageLayout, features: Tensor) -> Tenso
     return out.reshape(*lead, -1)
 
 
-def stacked_encode(features: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], image: ImageEncoder,
-                   grouped: bool | None = None) -> Tensor:
+def stacked_encode(
+    features: Tensor,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor],
+    image: ImageEncoder,
+    grouped: bool | None = None,
+) -> Tensor:
     """P members: [P, N, obs_size] features, each convolution's weights [P, out, in, k, k] and
     biases [P, out] → [P, N, encoded size]; through one grouped convolution per layer if `grouped`
     (None: on a GPU), else through each member's layers in turn."""
     if not (features.is_cuda if grouped is None else grouped):
         members = []
         for m, member_features in enumerate(features):
+
             def member_conv(i: int, x: Tensor, conv: Conv, m: int = m) -> Tensor:
                 return nn.functional.conv2d(x, weights[i][m], biases[i][m], conv.stride, conv.padding)
 
@@ -95,8 +101,14 @@ def stacked_encode(features: Tensor, weights: Sequence[Tensor], biases: Sequence
     population, samples = features.shape[:2]
 
     def grouped_conv(i: int, x: Tensor, conv: Conv) -> Tensor:
-        return nn.functional.conv2d(x, weights[i].reshape(-1, *weights[i].shape[2:]), biases[i].reshape(-1),
-                                    conv.stride, conv.padding, groups=population)
+        return nn.functional.conv2d(
+            x,
+            weights[i].reshape(-1, *weights[i].shape[2:]),
+            biases[i].reshape(-1),
+            conv.stride,
+            conv.padding,
+            groups=population,
+        )
 
     x = images(features.reshape(population * samples, -1), image.layout)  # [P·N, C, H, W]
     x = x.reshape(population, samples, *x.shape[1:]).transpose(0, 1)  # [N, P, C, H, W]

@@ -18,8 +18,15 @@ from rlmq.common.security import Credentials
 
 
 class HeartbeatThread:
-    def __init__(self, ctx: zmq.Context, coordinator: str, identity: bytes, name: str, rank: int,
-                 credentials: Credentials | None = None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        coordinator: str,
+        identity: bytes,
+        name: str,
+        rank: int,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.ctx, self.coordinator, self.identity, self.name, self.rank = ctx, coordinator, identity, name, rank
         self.credentials = credentials or Credentials()
         self.iteration = 0

@@ -1,11 +1,11 @@
 """A learner rank: pull rollouts → agree with the other ranks → one update of every member → publish.
 
-    register (Hello → Assign) → join the torch.distributed world → loop:
-        receive rollouts (poll with a timeout) and grant credits (flow control, members.py)
-        rank 0: read the broadcast (stop; PBT decisions)
-        agree: is every rank ready? does any rank stop? has rank 0 a decision to hand out?
-        apply the decision on every rank; update all members at once; rank 0 publishes weights
-        report progress to the coordinator
+register (Hello → Assign) → join the torch.distributed world → loop:
+    receive rollouts (poll with a timeout) and grant credits (flow control, members.py)
+    rank 0: read the broadcast (stop; PBT decisions)
+    agree: is every rank ready? does any rank stop? has rank 0 a decision to hand out?
+    apply the decision on every rank; update all members at once; rank 0 publishes weights
+    report progress to the coordinator
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ class Learner:
         if cfg.experience_ipc:  # actors on this host only
             self.endpoint = transport.bind(self.experience, f"ipc://{cfg.experience_ipc}", cfg.experience_fd)
         else:
-            port = transport.bind(self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}",
-                                  cfg.experience_fd).rsplit(":", 1)[1]
+            port = transport.bind(
+                self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}", cfg.experience_fd
+            ).rsplit(":", 1)[1]
             host = f"[{self.reached_at}]" if ":" in self.reached_at else self.reached_at  # IPv6
             self.endpoint = f"tcp://{host}:{port}"
         self.directives = transport.make_socket(self.ctx, zmq.SUB)
@@ -91,8 +92,9 @@ class Learner:
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
             self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
             self.directives.connect(cfg.broadcast)
-        self.heartbeat = HeartbeatThread(self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(),
-                                         self.name, cfg.rank, credentials)
+        self.heartbeat = HeartbeatThread(
+            self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(), self.name, cfg.rank, credentials
+        )
         self.counts = collections.Counter[str]()
         self.log_reject = RejectLog(log)
         self.lags: list[int] = []
@@ -146,9 +148,13 @@ class Learner:
             self.experience.send_multipart([actor, frame])
 
     def weights(self, member: int, final: bool = False) -> wire.Weights:
-        return wire.Weights(member=member, version=self.members.versions[member],
-                            params=self.trainer.member_params(member), final=final,
-                            trained_steps=self.trainer.trained_steps(member))
+        return wire.Weights(
+            member=member,
+            version=self.members.versions[member],
+            params=self.trainer.member_params(member),
+            final=final,
+            trained_steps=self.trainer.trained_steps(member),
+        )
 
     def weights_frame(self, member: int) -> bytes:
         return self.credit_frames.weights_frame(member, self.members.versions[member])
@@ -184,8 +190,14 @@ class Learner:
     # --- the run ------------------------------------------------------------------------------
 
     def run(self, max_updates: int | None = None) -> int:
-        hello = wire.Hello(role="learner", name=self.name, pid=os.getpid(), rank=self.cfg.rank,
-                           experience_endpoint=self.endpoint, metrics_port=self.metrics_port)
+        hello = wire.Hello(
+            role="learner",
+            name=self.name,
+            pid=os.getpid(),
+            rank=self.cfg.rank,
+            experience_endpoint=self.endpoint,
+            metrics_port=self.metrics_port,
+        )
         assign = reach.register(self.control, hello, self.cfg.master_addr, self.stop, self.reject)
         if assign is None:
             return EXIT_OK
@@ -196,13 +208,20 @@ class Learner:
         on_policy = ALGORITHMS[self.run_cfg.algo].on_policy
         max_lag = self.run_cfg.ppo.max_policy_lag if on_policy else 2**62
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
-        self.members = MemberQueues(population, self.run_cfg.rollouts_in_flight, timeouts,
-                                    self.run_cfg.ppo.rollouts_per_batch, max_lag, self.run_cfg.batch_wait_s,
-                                    self.run_cfg.rank_wait_s,
-                                    self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0)
+        self.members = MemberQueues(
+            population,
+            self.run_cfg.rollouts_in_flight,
+            timeouts,
+            self.run_cfg.ppo.rollouts_per_batch,
+            max_lag,
+            self.run_cfg.batch_wait_s,
+            self.run_cfg.rank_wait_s,
+            self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0,
+        )
         base = self.run_cfg.base_hyperparams()
-        self.pbt = PbtState([dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)],
-                            assign.applied_decision)
+        self.pbt = PbtState(
+            [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)], assign.applied_decision
+        )
         for weights in assign.member_weights:
             self.members.versions[weights.member] = weights.version
         torch.manual_seed(self.run_cfg.seed)
@@ -215,19 +234,37 @@ class Learner:
         with signals_end_at_once():  # a signal cannot reach Python inside torch's rendezvous
             if self.stop.is_set():  # one came just before
                 return EXIT_OK
-            device = distributed.init_world(self.cfg.rank, self.cfg.world_size, master, self.cfg.master_port,
-                                            self.cfg.device, self.cfg.bind_host, self.cfg.collective_timeout_s,
-                                            self.cfg.master_fd, self.reached_at)
+            device = distributed.init_world(
+                self.cfg.rank,
+                self.cfg.world_size,
+                master,
+                self.cfg.master_port,
+                self.cfg.device,
+                self.cfg.bind_host,
+                self.cfg.collective_timeout_s,
+                self.cfg.master_fd,
+                self.reached_at,
+            )
         self.adopt_rank0_state(device)
-        log.info("rank %d/%d up on %s, %s, %d member(s), experience at %s", self.cfg.rank, self.cfg.world_size,
-                 device, self.run_cfg.algo, population, self.endpoint)
+        log.info(
+            "rank %d/%d up on %s, %s, %d member(s), experience at %s",
+            self.cfg.rank,
+            self.cfg.world_size,
+            device,
+            self.run_cfg.algo,
+            population,
+            self.endpoint,
+        )
         try:
-            self.trainer: Trainer = make_trainer(self.spec, self.run_cfg, assign.member_weights, self.cfg.rank,
-                                                 self.cfg.world_size, device)
+            self.trainer: Trainer = make_trainer(
+                self.spec, self.run_cfg, assign.member_weights, self.cfg.rank, self.cfg.world_size, device
+            )
             self.trainer.set_hyperparams(self.pbt.hyperparams)
-            self.checkpoints = (checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank,
-                                                       self.run_cfg.checkpoints_kept)
-                                if self.cfg.checkpoint_dir else None)
+            self.checkpoints = (
+                checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank, self.run_cfg.checkpoints_kept)
+                if self.cfg.checkpoint_dir
+                else None
+            )
             self.resume(device)
             self.heartbeat.leave()  # DDP's and the replicas' first broadcasts are behind us too
             code = self.train(device, max_updates)
@@ -264,12 +301,20 @@ class Learner:
         checkpoint.restore(self.trainer, state["trainer"], "trainer")
         saved = state["learner"]
         # A version must name one set of weights: past what the coordinator holds if it is newer.
-        self.members.versions = [v if v >= published else published + 1
-                                 for v, published in zip(saved["versions"], self.members.versions, strict=True)]
+        self.members.versions = [
+            v if v >= published else published + 1
+            for v, published in zip(saved["versions"], self.members.versions, strict=True)
+        ]
         self.pbt = PbtState.from_json(saved)
         self.trainer.set_hyperparams(self.pbt.hyperparams)
-        log.info("rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d", self.cfg.rank,
-                 found, self.checkpoints.path(found), self.members.versions, self.pbt.applied)
+        log.info(
+            "rank %d resumed from checkpoint %d (%s): versions %s, PBT decisions applied %d",
+            self.cfg.rank,
+            found,
+            self.checkpoints.path(found),
+            self.members.versions,
+            self.pbt.applied,
+        )
 
     def save_checkpoint(self, device: torch.device) -> None:
         self.checkpoint_number += 1
@@ -279,8 +324,16 @@ class Learner:
             log.info("checkpoint %d written in %.2f s", self.checkpoint_number, time.perf_counter() - started)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return checkpoint.record(self.trainer, self.members.versions, self.pbt.to_json(), self.cfg.rank,
-                                 self.cfg.world_size, self.run_cfg, self.spec, self.pbt.hyperparams)
+        return checkpoint.record(
+            self.trainer,
+            self.members.versions,
+            self.pbt.to_json(),
+            self.cfg.rank,
+            self.cfg.world_size,
+            self.run_cfg,
+            self.spec,
+            self.pbt.hyperparams,
+        )
 
     # --- training -------------------------------------------------------------------------------
 
@@ -301,8 +354,11 @@ class Learner:
             self.metrics.stale_dropped.inc(stale)
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
-            agreed = self.agree(device, self.stop.is_set() or limit_hit,
-                                self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due())
+            agreed = self.agree(
+                device,
+                self.stop.is_set() or limit_hit,
+                self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
+            )
             if agreed.stop:
                 self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
@@ -328,9 +384,19 @@ class Learner:
         """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
         rank 0's next PBT decision applied everywhere first."""
         offer = self.pbt.offer()
-        agreed = self.trainer.agree(distributed.proposal(
-            self.members.ready(), self.members.overdue(), stop, self.members.batch_samples(), len(offer),
-            checkpoint_due, max(self.members.batch_sizes() + [self.members.need]), device), self.members.peek)
+        agreed = self.trainer.agree(
+            distributed.proposal(
+                self.members.ready(),
+                self.members.overdue(),
+                stop,
+                self.members.batch_samples(),
+                len(offer),
+                checkpoint_due,
+                max(self.members.batch_sizes() + [self.members.need]),
+                device,
+            ),
+            self.members.peek,
+        )
         if agreed.decision_bytes:
             replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
             if replaced is not None:  # its queued batch, another policy's, is gone on every rank
@@ -342,8 +408,9 @@ class Learner:
         losses, the members updated)."""
         taken = self.members.take()
         if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
-            log.error("failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint,
-                      self.checkpoint_number)
+            log.error(
+                "failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint, self.checkpoint_number
+            )
             os._exit(EXIT_FAILPOINT)
         started = time.perf_counter()
         stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
@@ -376,9 +443,13 @@ class Learner:
         if new <= 0:
             return
         if self.nonfinite_seen == 0 or skipped // NONFINITE_LOG_EVERY > self.nonfinite_seen // NONFINITE_LOG_EVERY:
-            log.warning("skipped %d member step(s) whose gradient was not finite (%d so far); the weights keep "
-                        "their values. If this keeps happening, check the env's rewards and observations "
-                        "(docs/architecture.md, non-finite updates)", new, skipped)
+            log.warning(
+                "skipped %d member step(s) whose gradient was not finite (%d so far); the weights keep "
+                "their values. If this keeps happening, check the env's rewards and observations "
+                "(docs/architecture.md, non-finite updates)",
+                new,
+                skipped,
+            )
         self.nonfinite_seen = skipped
         self.metrics.nonfinite_skipped.inc(new)
         self.counts["nonfinite"] += new
@@ -403,8 +474,9 @@ class Learner:
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""
-        transport.send_frame(self.control,
-                             wire.encode(self.weights(member, final)) if final else self.weights_frame(member))
+        transport.send_frame(
+            self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member)
+        )
 
     def report(self, final: bool = False) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
@@ -414,16 +486,31 @@ class Learner:
         self.metrics.idle_requests.set(idle)
         if idle and time.monotonic() - self.idle_warned_at >= IDLE_WARNING_S:
             self.idle_warned_at = time.monotonic()
-            log.warning("%d identities hold credit requests and send no rollout (a stolen actor key, or actors "
-                        "that cannot collect): they wait behind every actor that delivers", idle)
-        transport.send(self.control, wire.LearnerReport(
-            name=self.name, rank=self.cfg.rank, policy_version=max(self.members.versions),
-            updates=self.counts.pop("updates", 0), samples=self.counts.pop("samples", 0),
-            stale_dropped=self.counts.pop("stale", 0), rejected=self.counts.pop("rejected", 0),
-            mean_policy_lag=float(np.mean(lags)) if lags else 0.0, applied_decision=self.pbt.applied,
-            nonfinite_skipped=self.counts.pop("nonfinite", 0), session=self.deliveries.session,
-            delivered_steps=steps, delivered_episodes=episodes, final=final, idle_requests=idle,
-        ))
+            log.warning(
+                "%d identities hold credit requests and send no rollout (a stolen actor key, or actors "
+                "that cannot collect): they wait behind every actor that delivers",
+                idle,
+            )
+        transport.send(
+            self.control,
+            wire.LearnerReport(
+                name=self.name,
+                rank=self.cfg.rank,
+                policy_version=max(self.members.versions),
+                updates=self.counts.pop("updates", 0),
+                samples=self.counts.pop("samples", 0),
+                stale_dropped=self.counts.pop("stale", 0),
+                rejected=self.counts.pop("rejected", 0),
+                mean_policy_lag=float(np.mean(lags)) if lags else 0.0,
+                applied_decision=self.pbt.applied,
+                nonfinite_skipped=self.counts.pop("nonfinite", 0),
+                session=self.deliveries.session,
+                delivered_steps=steps,
+                delivered_episodes=episodes,
+                final=final,
+                idle_requests=idle,
+            ),
+        )
 
     def close(self) -> None:
         self.heartbeat.close()
@@ -444,8 +531,12 @@ def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> 
         return EXIT_DISK
     except Exception as exc:
         if cfg.world_size > 1 and distributed.lost_world(exc):
-            log.error("learner rank %d lost its world; exit %d (`rlmq learner --restart` joins a new one)",
-                      cfg.rank, EXIT_WORLD_LOST, exc_info=True)
+            log.error(
+                "learner rank %d lost its world; exit %d (`rlmq learner --restart` joins a new one)",
+                cfg.rank,
+                EXIT_WORLD_LOST,
+                exc_info=True,
+            )
             return EXIT_WORLD_LOST
         log.exception("learner rank %d failed", cfg.rank)
         return EXIT_FAILED

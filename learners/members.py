@@ -26,13 +26,23 @@ class Taken(NamedTuple):
 
 
 class MemberQueues:
-    def __init__(self, population: int, budget: int, timeouts: CreditTimeouts, rollouts_per_batch: int,
-                 max_policy_lag: int, wait_s: float, rank_wait_s: float, most_per_batch: int = 0) -> None:
+    def __init__(
+        self,
+        population: int,
+        budget: int,
+        timeouts: CreditTimeouts,
+        rollouts_per_batch: int,
+        max_policy_lag: int,
+        wait_s: float,
+        rank_wait_s: float,
+        most_per_batch: int = 0,
+    ) -> None:
         self.population, self.need, self.max_lag = population, rollouts_per_batch, max_policy_lag
         self.most = max(most_per_batch, rollouts_per_batch)
         self.wait_s, self.rank_wait_s = wait_s, rank_wait_s
         self.queues: list[collections.deque[tuple[float, wire.Rollout]]] = [
-            collections.deque() for _ in range(population)]
+            collections.deque() for _ in range(population)
+        ]
         self.ledgers = [CreditLedger(budget, timeouts, most_per_batch) for _ in range(population)]
         self.versions = [0] * population
         self.oldest_allowed = [0] * population  # data from before a PBT copy is another policy's
@@ -83,8 +93,9 @@ class MemberQueues:
         dropped = 0
         for member, queue in enumerate(self.queues):
             version, oldest = self.versions[member], self.oldest_allowed[member]
-            while queue and (version - queue[0][1].policy_version > self.max_lag or
-                             queue[0][1].policy_version < oldest):
+            while queue and (
+                version - queue[0][1].policy_version > self.max_lag or queue[0][1].policy_version < oldest
+            ):
                 queue.popleft()
                 dropped += 1
         return dropped
@@ -97,8 +108,10 @@ class MemberQueues:
     def batch_samples(self) -> list[int]:
         """Valid env steps in each member's next batch (what its loss is averaged over); 0 for a
         member without one."""
-        return [sum(int(q[i][1].valid.sum()) for i in range(size))
-                for q, size in zip(self.queues, self.batch_sizes(), strict=True)]
+        return [
+            sum(int(q[i][1].valid.sum()) for i in range(size))
+            for q, size in zip(self.queues, self.batch_sizes(), strict=True)
+        ]
 
     def ready(self) -> bool:
         with_batch = sum(len(q) >= self.need for q in self.queues)

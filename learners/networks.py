@@ -40,8 +40,14 @@ class ActorCritic(nn.Module):
     convolutional encoder that both share when the run encodes images (`encoder`, resolved:
     `RunConfig.encoder_for`); Gaussian policies learn a state-free log standard deviation."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], log_std_init: float = 0.0,
-                 encoder: str = "mlp", activation: Activation = "tanh") -> None:
+    def __init__(
+        self,
+        spec: EnvSpec,
+        hidden_sizes: tuple[int, ...],
+        log_std_init: float = 0.0,
+        encoder: str = "mlp",
+        activation: Activation = "tanh",
+    ) -> None:
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
         self.image = image_encoder(spec, encoder)
@@ -156,8 +162,9 @@ class Stacked(nn.Module):
             linears.append((offset, out, inp, self.layout[bias][0]))
         return Tower(tuple(linears), activation, outputs_first)
 
-    def mlp(self, layers: list[tuple[str, str]], x: Tensor, activation: Activation, *,
-            outputs_first: bool = False) -> Tensor:
+    def mlp(
+        self, layers: list[tuple[str, str]], x: Tensor, activation: Activation, *, outputs_first: bool = False
+    ) -> Tensor:
         """[P, N, in] → [P, N, out] ([P, out, N] if `outputs_first`) through the named Linears,
         `activation` between them, as one `stacked_mlp`."""
         both = self.tensors([name for pair in zip(*layers, strict=True) for name in pair])
@@ -182,17 +189,27 @@ class Stacked(nn.Module):
 class PopulationActorCritic(Stacked):
     """P members of `ActorCritic`, stacked (see `Stacked`)."""
 
-    def __init__(self, spec: EnvSpec, hidden_sizes: tuple[int, ...], population: int, log_std_init: float = 0.0,
-                 encoder: str = "mlp", activation: Activation = "tanh") -> None:
+    def __init__(
+        self,
+        spec: EnvSpec,
+        hidden_sizes: tuple[int, ...],
+        population: int,
+        log_std_init: float = 0.0,
+        encoder: str = "mlp",
+        activation: Activation = "tanh",
+    ) -> None:
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
-        super().__init__([ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation)
-                          for _ in range(population)],
-                         image_encoder(spec, encoder))
+        super().__init__(
+            [ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation) for _ in range(population)],
+            image_encoder(spec, encoder),
+        )
         self.discrete = spec.action_kind == "discrete"
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is several
         # times slower than along the middle one (RESULTS.md §4). Gaussian means as [P, N, A].
-        self.towers = (self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
-                       self.tower(self.linear_names("value"), activation, outputs_first=True))
+        self.towers = (
+            self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
+            self.tower(self.linear_names("value"), activation, outputs_first=True),
+        )
 
     def logp_and_values(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """(log-probability [P, n] of `actions` [P, n, ...] at the first n observations, value

@@ -49,9 +49,14 @@ class RunningMoments:
         rank's alone where `across_ranks` is False: it holds every rank's data, learners/replicas.py)."""
         x64, weight = x.to(torch.float64), mask.to(torch.float64)
         weight = weight.view(*weight.shape, *([1] * (x.ndim - 2)))
-        local = torch.cat([mask.to(torch.float64).sum(1, keepdim=True),
-                           (x64 * weight).sum(1).reshape(len(x), -1),
-                           (x64 * x64 * weight).sum(1).reshape(len(x), -1)], dim=1)
+        local = torch.cat(
+            [
+                mask.to(torch.float64).sum(1, keepdim=True),
+                (x64 * weight).sum(1).reshape(len(x), -1),
+                (x64 * x64 * weight).sum(1).reshape(len(x), -1),
+            ],
+            dim=1,
+        )
         if across_ranks and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(local)
         size = self.mean[0].numel()
@@ -106,9 +111,12 @@ class ObsNormalizer(RunningMoments):
         if not self.enabled:
             return {}
         mean_key, var_key, count_key, clip_key = OBS_NORM_KEYS
-        return {mean_key: self.mean[member].float().cpu().numpy().copy(),
-                var_key: self.var[member].float().cpu().numpy().copy(),
-                count_key: np.array(float(self.count[member]), np.float32), clip_key: np.array(self.clip, np.float32)}
+        return {
+            mean_key: self.mean[member].float().cpu().numpy().copy(),
+            var_key: self.var[member].float().cpu().numpy().copy(),
+            count_key: np.array(float(self.count[member]), np.float32),
+            clip_key: np.array(self.clip, np.float32),
+        }
 
     def load_member(self, member: int, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Take the statistics published with a member's weights (a restarted world's); returns
@@ -128,8 +136,10 @@ def stacked_observations(per_member: list[list[Rollout]], spec: EnvSpec, device:
     lead = (len(per_member), steps, width)
     obs = side_by_side(per_member, np.zeros((*lead, *spec.obs_shape), spec.obs_dtype), lambda _, r: r.obs[:-1])
     valid = side_by_side(per_member, np.zeros(lead, bool), lambda _, r: r.valid)
-    return (obs_features(torch.from_numpy(obs).flatten(1, 2), spec).to(device),
-            torch.from_numpy(valid).flatten(1, 2).to(device))
+    return (
+        obs_features(torch.from_numpy(obs).flatten(1, 2), spec).to(device),
+        torch.from_numpy(valid).flatten(1, 2).to(device),
+    )
 
 
 class RewardScaler:

@@ -47,8 +47,9 @@ class Critic(nn.Module):
         self.q2 = relu_mlp([spec.obs_size + spec.action_dim, *hidden, 1])
 
 
-def q_pair(critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Tensor,
-           action: Tensor) -> tuple[Tensor, Tensor]:
+def q_pair(
+    critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Tensor, action: Tensor
+) -> tuple[Tensor, Tensor]:
     """Both twin critics' values of (obs, action), each [P, B]."""
     x = torch.cat([obs, action], dim=-1)
     q1, q2 = (critic.mlp(q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
@@ -91,8 +92,15 @@ class OffPolicy(Protocol):
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> Any: ...
 
-    def step(self, batch: Transitions, hp: Any, active: torch.Tensor, has_data: torch.Tensor, sync: Sync,
-             generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    def step(
+        self,
+        batch: Transitions,
+        hp: Any,
+        active: torch.Tensor,
+        has_data: torch.Tensor,
+        sync: Sync,
+        generator: torch.Generator | None,
+    ) -> dict[str, torch.Tensor]:
         """One gradient step of every member; per-member stats [P]."""
         ...
 
@@ -110,8 +118,16 @@ class OffPolicyTrainer:
 
     STATE = ("algorithm", "obs_norm", "replay", "stored", "due", "rng", "generator")  # learners/checkpoint.py
 
-    def __init__(self, algorithm: OffPolicy, spec: EnvSpec, run_cfg: RunConfig, weights: tuple[wire.Weights, ...],
-                 rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        algorithm: OffPolicy,
+        spec: EnvSpec,
+        run_cfg: RunConfig,
+        weights: tuple[wire.Weights, ...],
+        rank: int,
+        world_size: int,
+        device: torch.device,
+    ) -> None:
         self.algorithm, self.device, population = algorithm, device, run_cfg.population
         if run_cfg.compile_update != "off":
             algorithm.capture(run_cfg.compile_update)
@@ -153,8 +169,9 @@ class OffPolicyTrainer:
     def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
         return distributed.agreement(proposal)
 
-    def train(self, rollouts: list[list[wire.Rollout]], member_samples: list[int],
-              batch_rollouts: int) -> tuple[dict[str, float], list[int]]:
+    def train(
+        self, rollouts: list[list[wire.Rollout]], member_samples: list[int], batch_rollouts: int
+    ) -> tuple[dict[str, float], list[int]]:
         for member, member_rollouts in enumerate(rollouts):
             for rollout in member_rollouts:
                 self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))

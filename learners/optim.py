@@ -73,8 +73,9 @@ class PopulationAdam:
             return
         if grad.device.type == "cpu" and grad.shape[1] >= FUSED_ROW_MIN:
             for m in torch.nonzero(active).flatten().tolist():
-                self._fused_step(self.param[m], grad[m], self.exp_avg[m], self.exp_avg_sq[m], self.steps[m : m + 1],
-                                 float(lr[m]))
+                self._fused_step(
+                    self.param[m], grad[m], self.exp_avg[m], self.exp_avg_sq[m], self.steps[m : m + 1], float(lr[m])
+                )
             return
         beta1, beta2 = self.betas
         if bool(active.all()):
@@ -96,14 +97,28 @@ class PopulationAdam:
         numerator, denom = self._numerator_and_denominator(lr)
         self.param.sub_(torch.where(keep, numerator / denom, 0.0))
 
-    def _fused_step(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, steps: Tensor,
-                    lr: float) -> None:
+    def _fused_step(
+        self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, steps: Tensor, lr: float
+    ) -> None:
         """One member on the CPU (its row, or the whole [1, D] of a population of one) through torch's
         fused Adam kernel (torch.optim.Adam's `fused=True`): one pass over the row instead of ~10
         ops, each with its own dispatch. `steps` is a view of the member's count, moved in place."""
         steps += 1
-        torch._fused_adam_([param], [grad], [exp_avg], [exp_avg_sq], [], [steps], lr=lr, beta1=self.betas[0],
-                           beta2=self.betas[1], weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+        torch._fused_adam_(
+            [param],
+            [grad],
+            [exp_avg],
+            [exp_avg_sq],
+            [],
+            [steps],
+            lr=lr,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            weight_decay=0.0,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
 
     def _numerator_and_denominator(self, lr: Tensor) -> tuple[Tensor, Tensor]:
         """(lr / bc1 · m, √v / √bc2 + ε): the update is their quotient, taken by the caller in its
@@ -170,8 +185,15 @@ def decayed_fraction(steps: Tensor, decay_steps: int, final_fraction: float) -> 
     return 1 - (1 - final_fraction) * (steps / decay_steps).clamp(max=1.0)
 
 
-def descend(optimizer: PopulationAdam, loss: Tensor | None, lr: Tensor, active: Tensor, sync: Sync,
-            step: Step = clip_then_step, max_norm: Tensor | None = None) -> Tensor:
+def descend(
+    optimizer: PopulationAdam,
+    loss: Tensor | None,
+    lr: Tensor,
+    active: Tensor,
+    sync: Sync,
+    step: Step = clip_then_step,
+    max_norm: Tensor | None = None,
+) -> Tensor:
     """One optimizer's step on its own loss [P]: backward (None: the loss's gradient is in
     `param.grad` already, `capture.with_gradient`), the gradient averaged across ranks (each
     optimizer is synced on its own), clipped to `max_norm` (None: not), then Adam (which skips

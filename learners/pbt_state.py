@@ -30,11 +30,15 @@ class PbtState:
         hyperparameters other than the ones its members train with."""
         for role, member in (("target", decision.target), ("source", decision.source)):
             if not 0 <= member < len(self.hyperparams):
-                raise wire.WireError("unknown_member", f"decision {decision.id}'s {role}: member {member} "
-                                                       f"of {len(self.hyperparams)}")
+                raise wire.WireError(
+                    "unknown_member", f"decision {decision.id}'s {role}: member {member} of {len(self.hyperparams)}"
+                )
         if set(decision.hyperparams) != set(self.hyperparams[decision.target]):
-            raise wire.WireError("bad_value", f"decision {decision.id} sets {sorted(decision.hyperparams)}, "
-                                              f"not {sorted(self.hyperparams[decision.target])}")
+            raise wire.WireError(
+                "bad_value",
+                f"decision {decision.id} sets {sorted(decision.hyperparams)}, "
+                f"not {sorted(self.hyperparams[decision.target])}",
+            )
 
     def keep(self, decision: wire.Decision, frame: bytes) -> None:
         """Hold a checked decision until its turn; repeats are normal, and ids already applied or

@@ -65,7 +65,6 @@ class MemberHyperparams(NamedTuple):
     max_grad_norm: Tensor
 
 
-
 assert MemberHyperparams._fields == TUNABLE, "MemberHyperparams must list exactly PPO's tunables"
 
 
@@ -82,14 +81,24 @@ def _field(name: str, _member: int, rollout: Rollout) -> Any:
     return getattr(rollout, name)
 
 
-def join_rollouts(per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int,
-                  device: torch.device) -> Batch:
+def join_rollouts(
+    per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int, device: torch.device
+) -> Batch:
     """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid."""
     arrays = allocate(spec, steps, slots, lead=(len(per_member),), zeros=True)
-    t = {name: torch.from_numpy(side_by_side(per_member, array, functools.partial(_field, name))).to(device)
-         for name, array in arrays.items()}
-    return Batch(obs_features(t["obs"], spec), t["actions"], t["logprobs"], t["rewards"], t["terminated"],
-                 t["truncated"], t["valid"])
+    t = {
+        name: torch.from_numpy(side_by_side(per_member, array, functools.partial(_field, name))).to(device)
+        for name, array in arrays.items()
+    }
+    return Batch(
+        obs_features(t["obs"], spec),
+        t["actions"],
+        t["logprobs"],
+        t["rewards"],
+        t["terminated"],
+        t["truncated"],
+        t["valid"],
+    )
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
@@ -177,8 +186,9 @@ def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
     if cfg.minibatch_growth == "sqrt":
         growth = math.sqrt(rollouts / cfg.rollouts_per_batch)
         return dataclasses.replace(cfg, minibatches=max(round(cfg.minibatches * growth), cfg.minibatches))
-    return dataclasses.replace(cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch,
-                                                    cfg.minibatches))
+    return dataclasses.replace(
+        cfg, minibatches=max(cfg.minibatches * rollouts // cfg.rollouts_per_batch, cfg.minibatches)
+    )
 
 
 def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:
@@ -187,32 +197,46 @@ def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> 
     the same number of backward passes."""
     if cfg.minibatches == 1:
         return [None] * cfg.epochs
-    return [idx for _ in range(cfg.epochs)
-            for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)]
+    return [
+        idx
+        for _ in range(cfg.epochs)
+        for idx in torch.tensor_split(torch.randperm(samples, generator=generator), cfg.minibatches)
+    ]
 
 
-def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams,  # type: ignore[no-untyped-def]
-             cfg: PPOConfig):
+def _targets(
+    core: PopulationActorCritic,
+    batch: Batch,
+    hp: MemberHyperparams,
+    cfg: PPOConfig,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """π_old's log-probabilities, V-trace advantages and value targets, each [P, n], and the mean
     clipped importance weight over the valid steps."""
     population, rows, slots = batch.obs.shape[:3]
     steps = rows - 1
     with torch.no_grad():
         # Rows are time-major, so the first steps · slots are the steps that have actions.
-        old_logp, values = core.logp_and_values(batch.obs.reshape(population, rows * slots, -1),
-                                                batch.actions.reshape(population, steps * slots,
-                                                                      *batch.actions.shape[3:]))
+        old_logp, values = core.logp_and_values(
+            batch.obs.reshape(population, rows * slots, -1),
+            batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]),
+        )
         values = values.view(population, rows, slots)
 
         def time_major(x: Tensor) -> Tensor:  # [P, T, B] → [T, P·B], as vtrace takes it
             return x.transpose(0, 1).reshape(x.shape[1], population * slots)
 
         returns = vtrace(
-            time_major(batch.behaviour_logp), time_major(old_logp.view(population, steps, slots)),
-            time_major(batch.rewards), time_major(values), time_major(batch.terminated),
-            time_major(batch.truncated), time_major(batch.valid),
-            gamma=hp.gamma.repeat_interleave(slots), lam=hp.gae_lambda.repeat_interleave(slots),
-            rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+            time_major(batch.behaviour_logp),
+            time_major(old_logp.view(population, steps, slots)),
+            time_major(batch.rewards),
+            time_major(values),
+            time_major(batch.terminated),
+            time_major(batch.truncated),
+            time_major(batch.valid),
+            gamma=hp.gamma.repeat_interleave(slots),
+            lam=hp.gae_lambda.repeat_interleave(slots),
+            rho_bar=cfg.rho_bar,
+            c_bar=cfg.c_bar,
         )
 
     def member_major(x: Tensor) -> Tensor:  # [T, P·B] → [P, n]
@@ -223,21 +247,54 @@ def _targets(core: PopulationActorCritic, batch: Batch, hp: MemberHyperparams,  
     return old_logp, member_major(returns.pg_advantages), member_major(returns.vs), mean_rho
 
 
-def minibatch_loss(model: nn.Module, discrete: bool, obs: Tensor, actions: Tensor, old_logp: Tensor,
-                   advantages: Tensor, value_targets: Tensor, mask: Tensor, norm: Tensor, clip: Tensor,
-                   ent_coef: Tensor, vf_coef: Tensor, normalize: bool) -> tuple[PPOLoss, Tensor]:
+def minibatch_loss(
+    model: nn.Module,
+    discrete: bool,
+    obs: Tensor,
+    actions: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    value_targets: Tensor,
+    mask: Tensor,
+    norm: Tensor,
+    clip: Tensor,
+    ent_coef: Tensor,
+    vf_coef: Tensor,
+    normalize: bool,
+) -> tuple[PPOLoss, Tensor]:
     """A minibatch's loss terms [P] and the new log-probabilities [P, n] (for the diagnostics):
     `advantages` normalized here if `normalize`; `model` as `update` says."""
     advantages = normalize_advantages(advantages, mask, normalize)
     if discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
         logits, new_values = model(obs, None)
         total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
-            logits, new_values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef=clip,
-            ent_coef=ent_coef, vf_coef=vf_coef)
+            logits,
+            new_values,
+            actions,
+            old_logp,
+            advantages,
+            value_targets,
+            mask,
+            norm,
+            clip_coef=clip,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+        )
         return PPOLoss(total, pg_loss, v_loss, mean_entropy), new_logp
     new_logp, entropy, new_values = model(obs, actions)
-    loss = ppo_loss(new_logp, old_logp, advantages, new_values, value_targets, entropy, mask, norm, clip_coef=clip,
-                    ent_coef=ent_coef, vf_coef=vf_coef)
+    loss = ppo_loss(
+        new_logp,
+        old_logp,
+        advantages,
+        new_values,
+        value_targets,
+        entropy,
+        mask,
+        norm,
+        clip_coef=clip,
+        ent_coef=ent_coef,
+        vf_coef=vf_coef,
+    )
     return loss, new_logp
 
 
@@ -259,8 +316,12 @@ def capture(mode: str, sync: Sync, backend: str = "") -> CapturedSteps:
         out: tuple[PPOLoss, Tensor] = with_gradient(loss, lambda out: out[0].total.sum(), core.flat)(core, *args)
         return out
 
-    return CapturedSteps(captured(_targets, mode), captured(loss_and_gradient, mode), sync,
-                         captured(compiled(clip_and_step, mode, backend), mode, written_by_step))
+    return CapturedSteps(
+        captured(_targets, mode),
+        captured(loss_and_gradient, mode),
+        sync,
+        captured(compiled(clip_and_step, mode, backend), mode, written_by_step),
+    )
 
 
 def update(
@@ -297,17 +358,38 @@ def update(
         if captured is None:
             whole = idx is None
             loss, new_logp = minibatch_loss(
-                model, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx),
-                whole_batch_advantages if whole else pick(advantages, idx), pick(vs, idx), pick(mask, idx),
-                norm, clip, hp.ent_coef, hp.vf_coef, normalize and not whole,
+                model,
+                core.discrete,
+                pick(obs, idx),
+                pick(actions, idx),
+                pick(old_logp, idx),
+                whole_batch_advantages if whole else pick(advantages, idx),
+                pick(vs, idx),
+                pick(mask, idx),
+                norm,
+                clip,
+                hp.ent_coef,
+                hp.vf_coef,
+                normalize and not whole,
             )
             optimizer.zero_grad()
             loss.total.sum().backward()  # under DDP, all-reduced in backward
             clip_then_step(optimizer, hp.max_grad_norm, lr, active)
             continue
         loss, new_logp = captured.gradient(
-            core, core.discrete, pick(obs, idx), pick(actions, idx), pick(old_logp, idx), pick(advantages, idx),
-            pick(vs, idx), pick(mask, idx), norm, clip, hp.ent_coef, hp.vf_coef, normalize,
+            core,
+            core.discrete,
+            pick(obs, idx),
+            pick(actions, idx),
+            pick(old_logp, idx),
+            pick(advantages, idx),
+            pick(vs, idx),
+            pick(mask, idx),
+            norm,
+            clip,
+            hp.ent_coef,
+            hp.vf_coef,
+            normalize,
         )
         assert core.flat.grad is not None
         captured.sync(core.flat.grad)
@@ -342,9 +424,19 @@ def update_each_member(
         with torch.no_grad():
             values = net.value(net.features(obs_all)).view(rows, slots)
             old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
-            returns = vtrace(batch.behaviour_logp[m], old_logp.view(rows - 1, slots), batch.rewards[m], values,
-                             batch.terminated[m], batch.truncated[m], batch.valid[m], gamma=float(hp.gamma[m]),
-                             lam=float(hp.gae_lambda[m]), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
+            returns = vtrace(
+                batch.behaviour_logp[m],
+                old_logp.view(rows - 1, slots),
+                batch.rewards[m],
+                values,
+                batch.terminated[m],
+                batch.truncated[m],
+                batch.valid[m],
+                gamma=float(hp.gamma[m]),
+                lam=float(hp.gae_lambda[m]),
+                rho_bar=cfg.rho_bar,
+                c_bar=cfg.c_bar,
+            )
         obs = obs_all[: (rows - 1) * slots]
         advantages, vs = returns.pg_advantages.reshape(1, -1), returns.vs.reshape(1, -1)
         mask = batch.valid[m].reshape(1, -1).to(torch.float32)
@@ -354,10 +446,17 @@ def update_each_member(
             sel = slice(None) if idx is None else idx
             new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
             loss = ppo_loss(
-                new_logp, pick(old_logp.unsqueeze(0), idx),
+                new_logp,
+                pick(old_logp.unsqueeze(0), idx),
                 normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
-                new_values, pick(vs, idx), entropy, pick(mask, idx), norm[one],
-                clip_coef=hp.clip_coef[one] * anneal[one], ent_coef=hp.ent_coef[one], vf_coef=hp.vf_coef[one],
+                new_values,
+                pick(vs, idx),
+                entropy,
+                pick(mask, idx),
+                norm[one],
+                clip_coef=hp.clip_coef[one] * anneal[one],
+                ent_coef=hp.ent_coef[one],
+                vf_coef=hp.vf_coef[one],
             )
             optimizer.zero_grad(set_to_none=True)
             loss.total.sum().backward()

@@ -46,11 +46,13 @@ def ppo_loss_from_logits(
     While torch.compile traces it, the same forward in autograd ops: the compiler derives and fuses
     the backward itself."""
     if traced():
-        terms = _forward(logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef,
-                         ent_coef, vf_coef)
+        terms = _forward(
+            logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef, ent_coef, vf_coef
+        )
         return terms.total, terms.pg_loss, terms.v_loss, terms.mean_entropy, terms.logp.detach()
     out: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] = _PPOLossFromLogits.apply(
-        logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef, ent_coef, vf_coef)
+        logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef, ent_coef, vf_coef
+    )
     return out
 
 
@@ -65,9 +67,19 @@ class _Terms(NamedTuple):
     saved: tuple[Tensor, ...]
 
 
-def _forward(logits: Tensor, values: Tensor, actions: Tensor, old_logp: Tensor, advantages: Tensor,
-             value_targets: Tensor, mask: Tensor, norm: Tensor, clip_coef: Tensor, ent_coef: Tensor,
-             vf_coef: Tensor) -> _Terms:
+def _forward(
+    logits: Tensor,
+    values: Tensor,
+    actions: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    value_targets: Tensor,
+    mask: Tensor,
+    norm: Tensor,
+    clip_coef: Tensor,
+    ent_coef: Tensor,
+    vf_coef: Tensor,
+) -> _Terms:
     log_probs = torch.log_softmax(logits, dim=1)  # [P, A, n]
     probs = log_probs.exp()
     index = actions.unsqueeze(1)
@@ -90,18 +102,31 @@ def _forward(logits: Tensor, values: Tensor, actions: Tensor, old_logp: Tensor, 
 
 class _PPOLossFromLogits(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, values: Tensor, actions: Tensor, old_logp: Tensor, advantages: Tensor,
-                value_targets: Tensor, mask: Tensor, norm: Tensor, clip_coef: Tensor, ent_coef: Tensor,
-                vf_coef: Tensor) -> tuple[Tensor, ...]:
-        terms = _forward(logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef,
-                         ent_coef, vf_coef)
+    def forward(
+        ctx: Any,
+        logits: Tensor,
+        values: Tensor,
+        actions: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        value_targets: Tensor,
+        mask: Tensor,
+        norm: Tensor,
+        clip_coef: Tensor,
+        ent_coef: Tensor,
+        vf_coef: Tensor,
+    ) -> tuple[Tensor, ...]:
+        terms = _forward(
+            logits, values, actions, old_logp, advantages, value_targets, mask, norm, clip_coef, ent_coef, vf_coef
+        )
         ctx.save_for_backward(*terms.saved)
         ctx.mark_non_differentiable(terms.logp)
         return terms.total, terms.pg_loss, terms.v_loss, terms.mean_entropy, terms.logp
 
     @staticmethod
-    def backward(ctx: Any, g_total: Tensor, g_pg: Tensor, g_v: Tensor, g_entropy: Tensor,
-                 _g_logp: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(
+        ctx: Any, g_total: Tensor, g_pg: Tensor, g_v: Tensor, g_entropy: Tensor, _g_logp: Tensor
+    ) -> tuple[Tensor | None, ...]:
         refuse_second_derivative("ppo_loss_from_logits")
         log_probs, probs, entropy, index, weight, ratio, advantages, moves, error, ent_coef, vf_coef = ctx.saved_tensors
         pg_scale = (g_total + g_pg).unsqueeze(-1)  # [P, 1]: how much each member's sums count

@@ -33,17 +33,28 @@ def advertised_address(advertise_host: str, coordinator: str) -> str:
     coordinator_host = endpoint_host(coordinator)
     if advertise_host != AUTO:
         if is_loopback(advertise_host) and coordinator_host and not is_loopback(coordinator_host):
-            log.warning("--advertise-host %s is this host's loopback, but the coordinator is at %s: actors on other "
-                        "hosts cannot reach this learner (leave --advertise-host at auto, or give an address of this "
-                        "host they reach)", advertise_host, coordinator_host)
+            log.warning(
+                "--advertise-host %s is this host's loopback, but the coordinator is at %s: actors on other "
+                "hosts cannot reach this learner (leave --advertise-host at auto, or give an address of this "
+                "host they reach)",
+                advertise_host,
+                coordinator_host,
+            )
         elif _is_address(advertise_host) and interface_of(advertise_host) is None:
-            log.warning("--advertise-host %s is not an address of this host's interfaces: actors will be sent it "
-                        "(right only behind a NAT or a proxy)", advertise_host)
+            log.warning(
+                "--advertise-host %s is not an address of this host's interfaces: actors will be sent it "
+                "(right only behind a NAT or a proxy)",
+                advertise_host,
+            )
         return advertise_host
     found = source_address(coordinator_host) if coordinator_host else "127.0.0.1"
     if is_loopback(found) and coordinator_host and not is_loopback(coordinator_host):
-        log.warning("no route from this host to the coordinator's %s: advertising %s, which actors on other hosts "
-                    "cannot reach (give --advertise-host)", coordinator_host, found)
+        log.warning(
+            "no route from this host to the coordinator's %s: advertising %s, which actors on other hosts "
+            "cannot reach (give --advertise-host)",
+            coordinator_host,
+            found,
+        )
     return found
 
 
@@ -55,8 +66,13 @@ def _is_address(host: str) -> bool:
         return False
 
 
-def register(control: zmq.Socket, hello: wire.Hello, master_addr: str, stop: StopFlag,
-             on_reject: Callable[[wire.WireError], None]) -> wire.Assign | None:
+def register(
+    control: zmq.Socket,
+    hello: wire.Hello,
+    master_addr: str,
+    stop: StopFlag,
+    on_reject: Callable[[wire.WireError], None],
+) -> wire.Assign | None:
     """Hello → Assign; with `--master-addr auto` on a rank other than 0, until the coordinator
     knows where rank 0 is. None if stopped first."""
     waiting_logged = False
@@ -93,9 +109,15 @@ def await_master(host: str, port: int, stop: StopFlag) -> bool:
             now = time.monotonic()
             due = now - warned_at >= MASTER_WARN_EVERY_S if warned_at else now - started >= MASTER_PROBE_S
             if due:
-                log.warning("rank 0's rendezvous at %s:%d does not answer (%s) after %.0f s: is rank 0 running, and "
-                            "is %s the address this host reaches it at (--master-addr)?", host, port,
-                            exc.strerror or exc, now - started, host)
+                log.warning(
+                    "rank 0's rendezvous at %s:%d does not answer (%s) after %.0f s: is rank 0 running, and "
+                    "is %s the address this host reaches it at (--master-addr)?",
+                    host,
+                    port,
+                    exc.strerror or exc,
+                    now - started,
+                    host,
+                )
                 warned_at = now
             stop.wait(0.2)
     return False

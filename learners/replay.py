@@ -47,8 +47,9 @@ class Transitions(NamedTuple):
     horizon: Tensor  # [P, B] float32: env steps from obs to next_obs (1; up to n with n-step returns)
 
 
-def n_step(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
-           n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def n_step(
+    rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n-step returns of every step of a [T, N] rollout (Sutton & Barto §7.1; Ape-X, Rainbow):
     G[t] = Σ_{j<k} γ^j r[t + j] over k ≤ n steps, stopping after the step that ends the episode
     (terminated or truncated) and at the rollout's end. Returns (G, k, terminated within the k
@@ -83,8 +84,9 @@ class Replay:
         self.population, self.capacity, self.spec, self.n_step = population, capacity, spec, n_step
         self.shared = shared  # every member samples from every member's transitions (ReplayConfig.share_replay)
         # One step of the rollout layout: what a transition's observation and action look like.
-        self.layout = {name: (shape[2:], np.dtype(dtype))
-                       for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()}
+        self.layout = {
+            name: (shape[2:], np.dtype(dtype)) for name, (shape, dtype) in rollout_layout(spec, 1, 1).items()
+        }
         shape = (population, capacity)
         # np.zeros maps untouched pages lazily, yet the whole bound is reserved up front; rows
         # never written stay zero, which is what `sample` hands out for an empty member.
@@ -111,14 +113,16 @@ class Replay:
         for name in ("obs", "actions"):
             array, (shape, dtype) = getattr(rollout, name), self.layout[name]
             if (array.shape[2:], array.dtype) != (shape, dtype):
-                raise ValueError(f"rollout {name} are {array.dtype}{list(array.shape[2:])}, "
-                                 f"replay holds {dtype}{list(shape)}")
+                raise ValueError(
+                    f"rollout {name} are {array.dtype}{list(array.shape[2:])}, replay holds {dtype}{list(shape)}"
+                )
         # Next-step autoreset: obs[t + 1] is the final observation of an episode ending at t, and the
         # reset step after it is invalid, so obs[t + 1] is the right next_obs for every valid t.
         # Truncated steps keep terminated = 0 so that they bootstrap from that final observation.
         # An n-step transition never crosses an episode's end, so it never reaches an invalid step.
-        returns, horizon, terminated = n_step(rollout.rewards, rollout.terminated, rollout.truncated, gamma,
-                                              self.n_step)
+        returns, horizon, terminated = n_step(
+            rollout.rewards, rollout.terminated, rollout.truncated, gamma, self.n_step
+        )
         keys = self.frames.add(member, rollout.obs)  # [N, T + 1]
         # Everything below walks [N, T] slot by slot, oldest step first, as the frames were written:
         # the transitions' keys then grow in the order they are stored.
@@ -182,15 +186,21 @@ class Replay:
         owner, order, active = self._draw(batch_size, rng)
         index = (self._position - self._size)[owner] + order
         index %= self.capacity
-        arrays = [self.frames.gather(owner, self._obs_key[owner, index]), self._actions[owner, index],
-                  self._rewards[owner, index], self.frames.gather(owner, self._next_key[owner, index]),
-                  self._terminated[owner, index], self._horizon[owner, index]]
+        arrays = [
+            self.frames.gather(owner, self._obs_key[owner, index]),
+            self._actions[owner, index],
+            self._rewards[owner, index],
+            self.frames.gather(owner, self._next_key[owner, index]),
+            self._terminated[owner, index],
+            self._horizon[owner, index],
+        ]
         for array in arrays:
             array[~active] = 0  # advanced indexing copied: the storage is untouched
         obs, actions, rewards, next_obs, terminated, horizon = (torch.from_numpy(array).to(device) for array in arrays)
         # Observations cross to the device in their own dtype (a quarter of the bytes for uint8).
-        batch = Transitions(obs_features(obs, self.spec), actions, rewards, obs_features(next_obs, self.spec),
-                            terminated, horizon)
+        batch = Transitions(
+            obs_features(obs, self.spec), actions, rewards, obs_features(next_obs, self.spec), terminated, horizon
+        )
         return batch, torch.from_numpy(active).to(device)
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -200,8 +210,9 @@ class Replay:
         # nothing to draw from draws its own order 0, zeroed by the caller.
         uniform = rng.random((self.population, batch_size))
         if not self.shared:
-            order = np.minimum(np.floor(uniform * self._size[:, None]).astype(np.int64),
-                               np.maximum(self._size - 1, 0)[:, None])
+            order = np.minimum(
+                np.floor(uniform * self._size[:, None]).astype(np.int64), np.maximum(self._size - 1, 0)[:, None]
+            )
             owner = np.broadcast_to(np.arange(self.population)[:, None], order.shape)
             return owner, order, self._size > 0
         # All members' transitions as one list, member by member: the i-th lies with the member

@@ -50,7 +50,7 @@ class SyncCosts(NamedTuple):
 
 
 def choose(mode: str, world_size: int, gradient_steps: int, costs: Callable[[], SyncCosts]) -> str:
-    """"gradients" or "batch" for a world of `world_size` ranks. "auto" replicates when the
+    """ "gradients" or "batch" for a world of `world_size` ranks. "auto" replicates when the
     gather and G gradient steps on whole minibatches take less than G steps on a rank's share
     with their all-reduces: gather + G·replica_step < G·ddp_step."""
     if world_size == 1:
@@ -60,10 +60,18 @@ def choose(mode: str, world_size: int, gradient_steps: int, costs: Callable[[], 
     c = costs()
     replicas_s, ddp_s = c.gather_s + gradient_steps * c.replica_step_s, gradient_steps * c.ddp_step_s
     chosen = "batch" if replicas_s < ddp_s else "gradients"
-    log.info('ppo.sync "auto": "%s" (measured per update of %d gradient steps: replicas %.1f ms, a %.1f ms gather '
-             "and steps of %.2f ms on whole minibatches; DDP %.1f ms, steps of %.2f ms on a rank's share with their "
-             "all-reduces)", chosen, gradient_steps, replicas_s * 1e3, c.gather_s * 1e3, c.replica_step_s * 1e3,
-             ddp_s * 1e3, c.ddp_step_s * 1e3)
+    log.info(
+        'ppo.sync "auto": "%s" (measured per update of %d gradient steps: replicas %.1f ms, a %.1f ms gather '
+        "and steps of %.2f ms on whole minibatches; DDP %.1f ms, steps of %.2f ms on a rank's share with their "
+        "all-reduces)",
+        chosen,
+        gradient_steps,
+        replicas_s * 1e3,
+        c.gather_s * 1e3,
+        c.replica_step_s * 1e3,
+        ddp_s * 1e3,
+        c.ddp_step_s * 1e3,
+    )
     return chosen
 
 
@@ -74,9 +82,16 @@ def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, devi
     past `GATHER_SAMPLE_BYTES` timed at that size and scaled, as bandwidth then bounds it). Timed,
     not modelled: a small network's step on twice the samples costs far less than twice as much."""
     cfg, world = run_cfg.ppo, dist.get_world_size()
-    arrays = {name: torch.from_numpy(a).to(device) for name, a in
-              allocate(spec, run_cfg.rollout_length, run_cfg.num_envs * cfg.rollouts_per_batch * world,
-                       lead=(run_cfg.population,), zeros=True).items()}
+    arrays = {
+        name: torch.from_numpy(a).to(device)
+        for name, a in allocate(
+            spec,
+            run_cfg.rollout_length,
+            run_cfg.num_envs * cfg.rollouts_per_batch * world,
+            lead=(run_cfg.population,),
+            zeros=True,
+        ).items()
+    }
     share = max(arrays["rewards"][0].numel() // (world * cfg.minibatches), 1)
     obs = obs_features(arrays["obs"][:, :-1].flatten(1, 2)[:, : world * share], spec)
     actions = arrays["actions"].flatten(1, 2)
@@ -88,13 +103,17 @@ def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, devi
             if all_reduce:
                 dist.all_reduce(core.flat.grad)
             core.flat.grad = None
+
         return run
 
     total = gathered_bytes(spec, run_cfg)
     batch = torch.zeros(min(total, GATHER_SAMPLE_BYTES), dtype=torch.uint8, device=device)
     gathered = [torch.empty_like(batch) for _ in range(world)]
-    costs = [best_of(step(share, True), device), best_of(step(world * share, False), device),
-             best_of(lambda: dist.all_gather(gathered, batch), device) * total / len(batch)]
+    costs = [
+        best_of(step(share, True), device),
+        best_of(step(world * share, False), device),
+        best_of(lambda: dist.all_gather(gathered, batch), device) * total / len(batch),
+    ]
     return SyncCosts(*every_rank(torch.tensor(costs, dtype=torch.float64, device=device)).max(0).values.tolist())
 
 
@@ -119,8 +138,9 @@ def gathered_bytes(spec: EnvSpec, run_cfg: RunConfig) -> int:
     cfg = run_cfg.ppo
     steps, slots = run_cfg.rollout_length, run_cfg.num_envs * max(cfg.rollouts_per_batch, cfg.max_rollouts_per_batch)
     layout = rollout_layout(spec, steps, slots)
-    per_member = sum(math.prod(shape) * np.dtype(dtype).itemsize for name, (shape, dtype) in layout.items()
-                     if name != "obs")
+    per_member = sum(
+        math.prod(shape) * np.dtype(dtype).itemsize for name, (shape, dtype) in layout.items() if name != "obs"
+    )
     per_member += (steps + 1) * slots * spec.obs_size * 4 + (steps * slots * 8 if cfg.normalize_reward else 0)
     return per_member * run_cfg.population
 
@@ -147,27 +167,37 @@ def gather_along(tensors: Sequence[Tensor], dim: int, tags: Tensor) -> tuple[lis
     dist.all_gather(everyone, mine)
     sizes = [t.numel() * t.element_size() for t in (*tensors, tags)]
     pieces = [buffer.split(sizes) for buffer in everyone]
-    joined = [torch.cat([rank[i].clone().view(t.dtype).view(t.shape) for rank in pieces], dim=dim)
-              for i, t in enumerate(tensors)]
+    joined = [
+        torch.cat([rank[i].clone().view(t.dtype).view(t.shape) for rank in pieces], dim=dim)
+        for i, t in enumerate(tensors)
+    ]
     return joined, torch.stack([rank[-1].clone().view(torch.int64) for rank in pieces])
 
 
-def gather_checked(fields: Sequence[Tensor], state: Sequence[Tensor], generator: torch.Generator,
-                   proposal: Tensor | None) -> tuple[list[Tensor], Tensor | None, bool]:
+def gather_checked(
+    fields: Sequence[Tensor], state: Sequence[Tensor], generator: torch.Generator, proposal: Tensor | None
+) -> tuple[list[Tensor], Tensor | None, bool]:
     """`gather_along` the slot axis (2) of a PPO batch's `fields`, with the fingerprint of the
     replicas' `state` and minibatch `generator` and this rank's agreement `proposal` riding along:
     (the joined fields, every rank's proposal rows or None, whether the replicas differed). Where
     the fingerprints differ, every rank takes rank 0's `state` and `generator` (`resync`) and says so."""
     device = fields[0].device
     mine = fingerprint([*state, generator.get_state()])
-    tags = torch.cat([torch.tensor([mine], dtype=torch.int64, device=device),
-                      torch.zeros(0, dtype=torch.int64, device=device) if proposal is None else proposal])
+    tags = torch.cat(
+        [
+            torch.tensor([mine], dtype=torch.int64, device=device),
+            torch.zeros(0, dtype=torch.int64, device=device) if proposal is None else proposal,
+        ]
+    )
     joined, rows = gather_along(fields, 2, tags)
     fingerprints = rows[:, 0].tolist()
     differ = len(set(fingerprints)) > 1
     if differ:
-        log.warning("learner replicas differ (fingerprints %s): every rank takes rank 0's weights. Ranks with "
-                    'ppo.sync = "batch" need the same torch build and device kind', fingerprints)
+        log.warning(
+            "learner replicas differ (fingerprints %s): every rank takes rank 0's weights. Ranks with "
+            'ppo.sync = "batch" need the same torch build and device kind',
+            fingerprints,
+        )
         resync(state, generator)
     return joined, None if proposal is None else rows[:, 1:], differ
 

@@ -65,8 +65,9 @@ def squashed_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Ten
     return action, (gaussian - squash).sum(-1)
 
 
-def critic_target(reward: Tensor, terminated: Tensor, next_q: Tensor, next_logp: Tensor, alpha: Tensor,
-                  gamma: Tensor, horizon: Tensor) -> Tensor:
+def critic_target(
+    reward: Tensor, terminated: Tensor, next_q: Tensor, next_logp: Tensor, alpha: Tensor, gamma: Tensor, horizon: Tensor
+) -> Tensor:
     """y = r + γ^k·(1 − terminated)·(min Q'(s', a') − α·log π(a'|s')); [P, B] (n-step returns when
     k > 1), per-member α, γ [P], k [P, B]."""
     return reward + gamma[:, None] ** horizon * (1 - terminated) * (next_q - alpha[:, None] * next_logp)
@@ -101,14 +102,18 @@ class SAC:
         with torch.no_grad():
             self.target.flat.copy_(self.critic.flat)
         self.log_alpha = nn.Parameter(torch.full((population, 1), math.log(cfg.init_temperature), device=device))
-        self.optimizers = {"actor": PopulationAdam(self.actor.flat, eps=1e-8),
-                           "critic": PopulationAdam(self.critic.flat, eps=1e-8),
-                           "temperature": PopulationAdam(self.log_alpha, eps=1e-8)}
+        self.optimizers = {
+            "actor": PopulationAdam(self.actor.flat, eps=1e-8),
+            "critic": PopulationAdam(self.critic.flat, eps=1e-8),
+            "temperature": PopulationAdam(self.log_alpha, eps=1e-8),
+        }
         self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
         # The actors' mapping of [-1, 1] onto the env's bounds, so that replayed actions map back.
         self.action_scale, self.action_bias = (torch.from_numpy(a).to(device) for a in scale_and_bias(spec))
-        self.policy_layers, self.q_layers = self.actor.linear_names("policy"), {
-            q: self.critic.linear_names(q) for q in ("q1", "q2")}
+        self.policy_layers, self.q_layers = (
+            self.actor.linear_names("policy"),
+            {q: self.critic.linear_names(q) for q in ("q1", "q2")},
+        )
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
         self.temperature_loss_of = self.temperature_loss
         self.gradients_taken = False  # by the losses themselves, once captured
@@ -127,8 +132,15 @@ class SAC:
         """The critics' loss [P], `weight` [P] applied; `noise` for the next actions."""
         with torch.no_grad():
             next_action, next_logp = self.sample(batch.next_obs, noise)
-            target = critic_target(batch.rewards, batch.terminated, self.q(self.target, batch.next_obs, next_action),
-                                   next_logp, alpha, gamma, batch.horizon)
+            target = critic_target(
+                batch.rewards,
+                batch.terminated,
+                self.q(self.target, batch.next_obs, next_action),
+                next_logp,
+                alpha,
+                gamma,
+                batch.horizon,
+            )
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
         return critic_loss(q1, q2, target) * weight
 
@@ -147,14 +159,23 @@ class SAC:
         losses: list[tuple[Callable[..., Any], Tensor, Callable[[Any], Tensor]]] = [
             (self.critic_loss, self.critic.flat, lambda loss: loss.sum()),
             (self.actor_loss, self.actor.flat, lambda out: out[0].sum()),
-            (self.temperature_loss, self.log_alpha, lambda loss: loss.sum())]
+            (self.temperature_loss, self.log_alpha, lambda loss: loss.sum()),
+        ]
         self.critic_loss_of, self.actor_loss_of, self.temperature_loss_of = (
-            captured(with_gradient(compiled(loss, mode, backend), total, param), mode) for loss, param, total in losses)
+            captured(with_gradient(compiled(loss, mode, backend), total, param), mode) for loss, param, total in losses
+        )
         self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
         self.gradients_taken = True
 
-    def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
-             generator: torch.Generator | None) -> dict[str, Tensor]:
+    def step(
+        self,
+        batch: Transitions,
+        hp: ActorCriticHyperparams,
+        active: Tensor,
+        has_data: Tensor,
+        sync: Sync,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
         """One gradient step of critics, actor and temperature, then the target critics' Polyak step.
 
         `active` [P]: members that train (the same on every rank); `has_data` [P]: members this
@@ -162,8 +183,9 @@ class SAC:
         """
         weight = has_data.to(batch.rewards.dtype)
         alpha = self.log_alpha.detach()[:, 0].exp()
-        lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
-                                                 self.cfg.lr_final_fraction)
+        lr = hp.learning_rate * decayed_fraction(
+            self.optimizers["critic"].steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction
+        )
         shape = (*batch.rewards.shape, self.action_scale.numel())  # the next actions', then the fresh ones'
         next_noise, noise = (torch.randn(shape, generator=generator, device=weight.device) for _ in range(2))
         taken = self.gradients_taken
@@ -176,13 +198,17 @@ class SAC:
         self.critic.flat.requires_grad_(True)
 
         losses["temperature"] = self.temperature_loss_of(logp, weight)
-        descend(self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync,
-                self.step_of)
+        descend(
+            self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync, self.step_of
+        )
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
             tau = (hp.tau * active).unsqueeze(1)
             self.target.flat.lerp_(self.critic.flat, tau)
-        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "alpha": alpha,
-                "entropy": -logp.detach().mean(-1)}
+        return {
+            **{f"{k}_loss": v.detach() for k, v in losses.items()},
+            "alpha": alpha,
+            "entropy": -logp.detach().mean(-1),
+        }
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the policy network."""

@@ -46,8 +46,14 @@ def traced() -> bool:
     return torch.compiler.is_compiling()
 
 
-def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                *, outputs_first: bool = False) -> Tensor:
+def stacked_mlp(
+    x: Tensor,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor],
+    activation: Activation,
+    *,
+    outputs_first: bool = False,
+) -> Tensor:
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
     `activation` between them (not after the last). `outputs_first`: return [P, out, N] instead,
     the faster layout for a narrow last layer and for a softmax over its outputs."""
@@ -59,8 +65,9 @@ def stacked_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], 
     return out
 
 
-def _autograd_mlp(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool) -> Tensor:
+def _autograd_mlp(
+    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation, outputs_first: bool
+) -> Tensor:
     """The network in plain autograd ops: a small ReLU one (under `HAND_WRITTEN_MIN_ROWS`), or any
     while `traced`."""
     act = torch.relu if activation == "relu" else torch.tanh
@@ -113,8 +120,13 @@ def use_cpu_matmul(backend: CpuMatmul, min_macs: int = NUMPY_MIN_MACS) -> None:
 
 
 def _in_numpy(a: Tensor, b: Tensor) -> bool:
-    return (_cpu_matmul == "numpy" and a.device.type == "cpu" and a.dtype in _NUMPY_FLOATS and b.dtype == a.dtype
-            and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs)
+    return (
+        _cpu_matmul == "numpy"
+        and a.device.type == "cpu"
+        and a.dtype in _NUMPY_FLOATS
+        and b.dtype == a.dtype
+        and a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2] >= _numpy_min_macs
+    )
 
 
 def bmm(a: Tensor, b: Tensor) -> Tensor:
@@ -149,8 +161,10 @@ def refuse_second_derivative(name: str) -> None:
     """A hand-written backward is not itself differentiable: under `create_graph=True` (the only
     time grad mode is on in a backward) say so, rather than hand back a gradient without a graph."""
     if torch.is_grad_enabled():
-        raise RuntimeError(f"{name} has no second derivative (its backward is written by hand): "
-                           "use plain autograd ops where create_graph=True is needed")
+        raise RuntimeError(
+            f"{name} has no second derivative (its backward is written by hand): "
+            "use plain autograd ops where create_graph=True is needed"
+        )
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
@@ -162,8 +176,9 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
     return bmm(grad.transpose(1, 2), inputs)
 
 
-def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation,
-                 outputs_first: bool) -> tuple[Tensor, list[Tensor]]:
+def _mlp_forward(
+    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation, outputs_first: bool
+) -> tuple[Tensor, list[Tensor]]:
     """(output, each activation's output): tanh′ and ReLU′ come from the output, and each hidden
     output is the next weight's input."""
     hidden: list[Tensor] = []
@@ -176,9 +191,15 @@ def _mlp_forward(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor],
     return baddbmm(biases[-1].unsqueeze(1), h, weights[-1].transpose(1, 2)), hidden
 
 
-def _mlp_backward(grad: Tensor, inputs: Sequence[Tensor], weights: Sequence[Tensor], activation: Activation,
-                  outputs_first: bool, needs: Sequence[bool],
-                  needs_x: bool) -> tuple[list[Tensor | None], Tensor | None]:
+def _mlp_backward(
+    grad: Tensor,
+    inputs: Sequence[Tensor],
+    weights: Sequence[Tensor],
+    activation: Activation,
+    outputs_first: bool,
+    needs: Sequence[bool],
+    needs_x: bool,
+) -> tuple[list[Tensor | None], Tensor | None]:
     """Walk the layers in reverse from `grad` at the output: ([∂W₀, …, ∂b₀, …], ∂x), computing
     only the gradients `needs` (weights', then biases') and `needs_x` ask for."""
     layers = len(weights)
@@ -213,8 +234,15 @@ class _StackedMLP(torch.autograd.Function):
         refuse_second_derivative("stacked_mlp")
         x, *saved = ctx.saved_tensors
         layers = (len(saved) + 1) // 2
-        grads, x_grad = _mlp_backward(grad, [x, *saved[layers:]], saved[:layers], ctx.activation, ctx.outputs_first,
-                                      ctx.needs_input_grad[3:], ctx.needs_input_grad[0])
+        grads, x_grad = _mlp_backward(
+            grad,
+            [x, *saved[layers:]],
+            saved[:layers],
+            ctx.activation,
+            ctx.outputs_first,
+            ctx.needs_input_grad[3:],
+            ctx.needs_input_grad[0],
+        )
         return (x_grad, None, None, *grads)
 
 
@@ -251,8 +279,9 @@ class _StackedTowers(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, flat: Tensor, towers: tuple[Tower, ...]) -> tuple[Tensor, ...]:
         outs, hidden = [], []
         for tower in towers:
-            out, tower_hidden = _mlp_forward(x, tower.weights(flat), tower.biases(flat), tower.activation,
-                                             tower.outputs_first)
+            out, tower_hidden = _mlp_forward(
+                x, tower.weights(flat), tower.biases(flat), tower.activation, tower.outputs_first
+            )
             outs.append(out)
             hidden += tower_hidden
         ctx.towers = towers
@@ -269,8 +298,15 @@ class _StackedTowers(torch.autograd.Function):
         for tower, grad in zip(ctx.towers, grads, strict=True):
             layers = len(tower.linears)
             tower_hidden, hidden = hidden[: layers - 1], hidden[layers - 1 :]
-            tower_grads, tower_x_grad = _mlp_backward(grad, [x, *tower_hidden], tower.weights(flat), tower.activation,
-                                                      tower.outputs_first, [needs_flat] * (2 * layers), needs_x)
+            tower_grads, tower_x_grad = _mlp_backward(
+                grad,
+                [x, *tower_hidden],
+                tower.weights(flat),
+                tower.activation,
+                tower.outputs_first,
+                [needs_flat] * (2 * layers),
+                needs_x,
+            )
             if flat_grad is not None:
                 for slot, part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), tower_grads, strict=True):
                     slot.add_(part)  # added, not copied: towers may share a tensor

@@ -53,8 +53,9 @@ def smoothed_target_action(target_action: Tensor, noise: Tensor, target_noise: f
     return (target_action + (target_noise * noise).clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
 
 
-def critic_target(reward: Tensor, terminated: Tensor, next_q1: Tensor, next_q2: Tensor, gamma: Tensor,
-                  horizon: Tensor) -> Tensor:
+def critic_target(
+    reward: Tensor, terminated: Tensor, next_q1: Tensor, next_q2: Tensor, gamma: Tensor, horizon: Tensor
+) -> Tensor:
     """y = r + γ^k·(1 − terminated)·min(Q1', Q2')(s', ã); [P, B] (n-step returns when k > 1),
     per-member γ [P], k [P, B]."""
     return reward + gamma[:, None] ** horizon * (1 - terminated) * torch.min(next_q1, next_q2)
@@ -86,8 +87,10 @@ class TD3:
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
                 target.flat.requires_grad_(False)
                 target.flat.copy_(online.flat)
-        self.optimizers = {"actor": PopulationAdam(self.actor.flat, eps=1e-8),
-                           "critic": PopulationAdam(self.critic.flat, eps=1e-8)}
+        self.optimizers = {
+            "actor": PopulationAdam(self.actor.flat, eps=1e-8),
+            "critic": PopulationAdam(self.critic.flat, eps=1e-8),
+        }
         # The actors' mapping of [-1, 1] onto the env's bounds, so that replayed actions map back.
         self.action_scale, self.action_bias = (torch.from_numpy(a).to(device) for a in scale_and_bias(spec))
         self.policy_layers = self.actor.linear_names("policy")
@@ -105,8 +108,9 @@ class TD3:
     def td_target(self, batch: Transitions, gamma: Tensor, noise: Tensor) -> Tensor:
         """The critics' target [P, B] from the target networks, with the smoothing noise `noise`
         (standard normal, [P, B, A]) passed in."""
-        next_action = smoothed_target_action(self.act(self.target_actor, batch.next_obs), noise,
-                                             self.cfg.target_noise, self.cfg.noise_clip)
+        next_action = smoothed_target_action(
+            self.act(self.target_actor, batch.next_obs), noise, self.cfg.target_noise, self.cfg.noise_clip
+        )
         next_q1, next_q2 = q_pair(self.target_critic, self.q_layers, batch.next_obs, next_action)
         return critic_target(batch.rewards, batch.terminated, next_q1, next_q2, gamma, batch.horizon)
 
@@ -123,15 +127,24 @@ class TD3:
 
     def capture(self, mode: str, backend: str = "") -> None:
         """Each loss with its gradient, and the optimizers' step, in `mode` (learners/capture.py)."""
-        self.critic_loss_of = captured(with_gradient(compiled(self.critic_loss, mode, backend),
-                                                     lambda out: out[0].sum(), self.critic.flat), mode)
-        self.actor_loss_of = captured(with_gradient(compiled(self.actor_loss, mode, backend),
-                                                    lambda loss: loss.sum(), self.actor.flat), mode)
+        self.critic_loss_of = captured(
+            with_gradient(compiled(self.critic_loss, mode, backend), lambda out: out[0].sum(), self.critic.flat), mode
+        )
+        self.actor_loss_of = captured(
+            with_gradient(compiled(self.actor_loss, mode, backend), lambda loss: loss.sum(), self.actor.flat), mode
+        )
         self.step_of = captured(compiled(clip_and_step, mode, backend), mode, written_by_step)
         self.gradients_taken = True
 
-    def step(self, batch: Transitions, hp: ActorCriticHyperparams, active: Tensor, has_data: Tensor, sync: Sync,
-             generator: torch.Generator | None) -> dict[str, Tensor]:
+    def step(
+        self,
+        batch: Transitions,
+        hp: ActorCriticHyperparams,
+        active: Tensor,
+        has_data: Tensor,
+        sync: Sync,
+        generator: torch.Generator | None,
+    ) -> dict[str, Tensor]:
         """One gradient step of the critics; every `policy_delay`-th also one of the actor, then
         the Polyak step of both targets.
 
@@ -140,8 +153,9 @@ class TD3:
         """
         weight = has_data.to(batch.rewards.dtype)
         noise = torch.randn(batch.actions.shape, generator=generator, device=batch.actions.device)
-        lr = hp.learning_rate * decayed_fraction(self.optimizers["critic"].steps, self.cfg.lr_decay_steps,
-                                                 self.cfg.lr_final_fraction)
+        lr = hp.learning_rate * decayed_fraction(
+            self.optimizers["critic"].steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction
+        )
         critic, q1 = self.critic_loss_of(batch, noise, hp.gamma, weight)
         losses = {"critic": critic}
         descend(self.optimizers["critic"], None if self.gradients_taken else critic, lr, active, sync, self.step_of)
@@ -161,7 +175,6 @@ class TD3:
         # steps in between that leave the actor alone.
         losses["actor"] = self.last_actor_loss
         return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
-
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the actor network."""

@@ -53,8 +53,12 @@ class Service:
 
         self.log_path = log_path
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "rlmq.cli", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlmq.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
 
     def alive(self) -> bool:
         return self.process.poll() is None

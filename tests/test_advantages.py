@@ -80,9 +80,7 @@ def reference_vtrace(
                 if not batch.valid[t, b]:
                     break
                 next_value = 0.0 if batch.terminated[t, b] else V[t + 1]
-                delta = min(rho_bar, ratio[t, b]) * (
-                    batch.rewards[t, b] + gamma * next_value - V[t]
-                )
+                delta = min(rho_bar, ratio[t, b]) * (batch.rewards[t, b] + gamma * next_value - V[t])
                 total += weight * delta
                 if batch.terminated[t, b] or batch.truncated[t, b]:
                     break
@@ -159,9 +157,7 @@ def test_random_batches_have_every_kind_of_step() -> None:
     ("lam", "rho_bar", "c_bar"),
     [(1.0, 1.0, 1.0), (0.9, 1.0, 1.0), (0.95, 2.0, 0.8), (0.8, 1e9, 1e9)],
 )
-def test_vtrace_matches_reference(
-    seed: int, lam: float, rho_bar: float, c_bar: float, next_step_reset: bool
-) -> None:
+def test_vtrace_matches_reference(seed: int, lam: float, rho_bar: float, c_bar: float, next_step_reset: bool) -> None:
     batch = random_batch(seed, next_step_reset)
     gamma = 0.97
     vs, pg, rhos = reference_vtrace(batch, gamma, lam, rho_bar, c_bar)
@@ -196,9 +192,7 @@ def test_on_policy_vtrace_targets_are_gae_returns(seed: int, lam: float) -> None
     np.testing.assert_allclose(out.vs.numpy(), reference.returns.numpy(), atol=1e-5, rtol=0)
     np.testing.assert_array_equal(out.clipped_rhos.numpy(), 1.0)
     if lam == 1.0:  # one-step advantages on λ-returns telescope to GAE(λ = 1)
-        np.testing.assert_allclose(
-            out.pg_advantages.numpy(), reference.advantages.numpy(), atol=1e-5, rtol=0
-        )
+        np.testing.assert_allclose(out.pg_advantages.numpy(), reference.advantages.numpy(), atol=1e-5, rtol=0)
 
 
 def test_float32_in_float32_out() -> None:
@@ -264,9 +258,7 @@ def test_hand_computed(
     np.testing.assert_allclose(out.clipped_rhos.numpy()[:, 0], [1.0, 0.5], atol=1e-12)
     returns = gae(**tensors(batch, torch.float64), gamma=0.5, lam=1.0)
     np.testing.assert_allclose(returns.advantages.numpy()[:, 0], advantages, atol=1e-12)
-    np.testing.assert_allclose(
-        returns.returns.numpy()[:, 0], np.add(advantages, [1.0, 2.0]), atol=1e-12
-    )
+    np.testing.assert_allclose(returns.returns.numpy()[:, 0], np.add(advantages, [1.0, 2.0]), atol=1e-12)
     # the references agree with the hand numbers too
     ref_vs, ref_pg, _ = reference_vtrace(batch, 0.5, 1.0, 1.0, 1.0)
     np.testing.assert_allclose(ref_vs[:, 0], vs, atol=1e-12)

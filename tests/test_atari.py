@@ -48,8 +48,11 @@ def test_both_paths_describe_the_same_env_from_one_declaration() -> None:
     native, wrapped = envs.make_vector_env(PONG, 3), envs.make_vector_env(PONG, 3, native=False)
     assert atari.is_native(native) and not atari.is_native(wrapped)
     spec = envs.describe(native, PONG)
-    assert spec == envs.describe(wrapped, PONG) == EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", frame_stack=4,
-                                                          action_kind="discrete", action_dim=6)
+    assert (
+        spec
+        == envs.describe(wrapped, PONG)
+        == EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", frame_stack=4, action_kind="discrete", action_dim=6)
+    )
     obs = native.reset(seed=0)[0]
     assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8
     assert wrapped.envs[0].unwrapped.ale.getFloat("repeat_action_probability") == 0.25
@@ -77,8 +80,11 @@ def test_an_episode_truncated_by_its_frame_limit_then_a_reset_step(native: bool)
     """Both paths end an episode at the id's frame limit (here 400 frames: 100 steps of 4, less the
     no-ops) as truncated, and next-step autoreset spends one step resetting: not valid, reward 0."""
     spec = short_episodes(PONG, 400)
-    env = atari.native_env(spec, 2, threads=1) if native else gym.make_vec(
-        spec, num_envs=2, vectorization_mode="sync", frameskip=1, wrappers=atari.wrappers())
+    env = (
+        atari.native_env(spec, 2, threads=1)
+        if native
+        else gym.make_vec(spec, num_envs=2, vectorization_mode="sync", frameskip=1, wrappers=atari.wrappers())
+    )
     rollout = Collector(env, envs.describe(env, PONG), 120, seed=3).collect(ByPixels(), 0, 0, "a")
     env.close()
     for slot in range(2):
@@ -136,9 +142,12 @@ def nature_params(spec: EnvSpec, seed: int, normalize: bool = False) -> dict[str
     params = to_numpy_params(ActorCritic(spec, (32,), encoder="nature", activation="relu"))
     if normalize:  # statistics that move each feature, as a run with normalize_obs publishes them
         rng = np.random.default_rng(seed)
-        params |= {"obs_norm.mean": rng.uniform(0, 80, spec.obs_size).astype(np.float32),
-                   "obs_norm.var": rng.uniform(100, 900, spec.obs_size).astype(np.float32),
-                   "obs_norm.count": np.array(10.0, np.float32), "obs_norm.clip": np.array(5.0, np.float32)}
+        params |= {
+            "obs_norm.mean": rng.uniform(0, 80, spec.obs_size).astype(np.float32),
+            "obs_norm.var": rng.uniform(100, 900, spec.obs_size).astype(np.float32),
+            "obs_norm.count": np.array(10.0, np.float32),
+            "obs_norm.clip": np.array(5.0, np.float32),
+        }
     return params
 
 
@@ -185,7 +194,7 @@ def test_each_rollout_is_collected_by_the_version_it_names() -> None:
 
 
 def test_a_host_without_a_gpu_acts_on_the_cpu_path() -> None:
-    """"auto" falls back to today's path where torch sees no GPU (and MLPs never ask torch); a GPU
+    """ "auto" falls back to today's path where torch sees no GPU (and MLPs never ask torch); a GPU
     asked for and not there stops `rlmq up` before anything starts, naming the fix."""
     assert acting_device("cpu", "nature") is None and acting_device("auto", "minatar") is None
     if torch.cuda.is_available():
@@ -197,8 +206,10 @@ def test_a_host_without_a_gpu_acts_on_the_cpu_path() -> None:
     argv = ["up", "--env", PONG, "--algo", "ppo", "--actors", "1", "--actor-device", "cuda", "--total-steps", "1000"]
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=120)
     assert up.returncode == 2 and "torch sees 0 GPU(s) here; use auto" in up.stderr, up.stderr
-    probe = ("import sys; from rlmq.common.models import acting_device; "
-             "print(acting_device('auto', 'mlp'), 'torch' in sys.modules)")
+    probe = (
+        "import sys; from rlmq.common.models import acting_device; "
+        "print(acting_device('auto', 'mlp'), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["None", "False"]
 
@@ -209,8 +220,12 @@ def test_the_cores_given_are_those_the_cgroup_quota_allows(tmp_path: Path) -> No
     threads, of 0.5 one)."""
     cores = len(os.sched_getaffinity(0))
     quota = tmp_path / "cpu.max"
-    for text, want in (("max 100000", cores), ("250000 100000", min(cores, 2)), ("50000 100000", 1),
-                       ("garbage", cores)):
+    for text, want in (
+        ("max 100000", cores),
+        ("250000 100000", min(cores, 2)),
+        ("50000 100000", 1),
+        ("garbage", cores),
+    ):
         quota.write_text(text + "\n")
         assert cores_given(str(quota)) == want, text
     assert cores_given(str(tmp_path / "absent")) == cores

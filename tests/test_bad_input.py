@@ -29,8 +29,13 @@ HANG = 60  # seconds: these commands fail at start-up; one still running this lo
 
 
 def rlmq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmq.cli", *args], capture_output=True, text=True,
-                          timeout=HANG, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def the_one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -62,12 +67,18 @@ def test_a_non_finite_target_return_is_refused_before_the_run_starts(tmp_path: P
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, text, words", [
-    ("nested.toml", "[ppo]\nlearning_rate = nan\n", "ppo.learning_rate = nan is not a finite number"),
-    ("range.toml", "[pbt.ranges.learning_rate]\nlow = 1e-4\nhigh = inf\n",
-     "pbt.ranges.learning_rate.high = inf is not a finite number"),
-    ("target.json", '{"target_return": NaN}', "target_return = nan is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("nested.toml", "[ppo]\nlearning_rate = nan\n", "ppo.learning_rate = nan is not a finite number"),
+        (
+            "range.toml",
+            "[pbt.ranges.learning_rate]\nlow = 1e-4\nhigh = inf\n",
+            "pbt.ranges.learning_rate.high = inf is not a finite number",
+        ),
+        ("target.json", '{"target_return": NaN}', "target_return = nan is not a finite number"),
+    ],
+)
 def test_a_non_finite_number_in_a_config_file_is_refused(tmp_path: Path, name: str, text: str, words: str) -> None:
     assert words in up(tmp_path, "--config", str(write(tmp_path / name, text)))
 
@@ -78,10 +89,12 @@ BROKEN_MODULES = {
     "SyntaxError": "def broken(:\n",
     "ModuleNotFoundError": "import rlmq_no_such_dependency\n",
     "RuntimeError": "raise RuntimeError('the simulator licence has expired')\n",
-    "ValueError": ("import gymnasium as gym\n\n"
-                   "class E(gym.Env):\n"
-                   "    def __init__(self):\n"
-                   "        raise ValueError('no map\\nloaded')\n"),
+    "ValueError": (
+        "import gymnasium as gym\n\n"
+        "class E(gym.Env):\n"
+        "    def __init__(self):\n"
+        "        raise ValueError('no map\\nloaded')\n"
+    ),
 }
 
 
@@ -104,9 +117,22 @@ def test_the_coordinator_exits_2_without_a_traceback_when_the_env_module_raises(
 ) -> None:
     write(tmp_path / "raising_env.py", "raise RuntimeError('no display')\n")
     config = write(tmp_path / "run.json", json.dumps({"env_id": "raising_env:E"}))
-    result = rlmq("coordinator", "--run", run_id, "--redis-url", redis_url, "--run-config", str(config),
-                  "--control-bind", f"tcp://127.0.0.1:{free_port()}", "--metrics-port", "-1",
-                  "--broadcast-bind", f"tcp://127.0.0.1:{free_port()}", env={"PYTHONPATH": str(tmp_path)})
+    result = rlmq(
+        "coordinator",
+        "--run",
+        run_id,
+        "--redis-url",
+        redis_url,
+        "--run-config",
+        str(config),
+        "--control-bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--metrics-port",
+        "-1",
+        "--broadcast-bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output
     assert "cannot import raising_env" in output and "RuntimeError: no display" in output
@@ -125,9 +151,7 @@ WRONG_TYPES = [
 
 @pytest.mark.parametrize("command", ["up", "coordinator"])
 @pytest.mark.parametrize("text, words", WRONG_TYPES)
-def test_a_config_value_of_the_wrong_type_names_the_field(
-    tmp_path: Path, command: str, text: str, words: str
-) -> None:
+def test_a_config_value_of_the_wrong_type_names_the_field(tmp_path: Path, command: str, text: str, words: str) -> None:
     config = str(write(tmp_path / "run.toml", text))
     if command == "up":
         line = up(tmp_path, "--config", config)
@@ -187,13 +211,16 @@ def test_probing_a_run_dir_leaves_no_directory_behind(tmp_path: Path) -> None:
 # --- neighbours: other start-up mistakes, each one line --------------------------------------------
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--population", "0"], "population must be in [1, 256]"),
-    (["--algo", "a2c"], "algo 'a2c' is not one of"),
-    (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
-    (["--seed", str(2**70)], f"seed: {2**70} does not fit in 64 bits"),
-    (["--config", "/nonexistent/run.toml"], "No such file or directory"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--population", "0"], "population must be in [1, 256]"),
+        (["--algo", "a2c"], "algo 'a2c' is not one of"),
+        (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
+        (["--seed", str(2**70)], f"seed: {2**70} does not fit in 64 bits"),
+        (["--config", "/nonexistent/run.toml"], "No such file or directory"),
+    ],
+)
 def test_other_bad_flags_are_one_line(tmp_path: Path, args: list[str], words: str) -> None:
     assert words in up(tmp_path, *args)
 
@@ -207,12 +234,18 @@ def test_a_flag_below_its_minimum_is_refused_by_the_parser(tmp_path: Path, flag:
     assert f"Invalid value for '{flag}'" in result.stderr and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, text, words", [
-    ("syntax.toml", "num_envs = \n", "not valid TOML: "),
-    ("list.json", "[1, 2]", "expected a table of RunConfig fields at the top, got a list"),
-    ("flat.toml", "learning_rate = 1e-3\n",
-     "RunConfig has no field learning_rate (fields of that name: ppo.learning_rate,"),
-])
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("syntax.toml", "num_envs = \n", "not valid TOML: "),
+        ("list.json", "[1, 2]", "expected a table of RunConfig fields at the top, got a list"),
+        (
+            "flat.toml",
+            "learning_rate = 1e-3\n",
+            "RunConfig has no field learning_rate (fields of that name: ppo.learning_rate,",
+        ),
+    ],
+)
 def test_a_config_file_rlmq_cannot_read_is_one_line(tmp_path: Path, name: str, text: str, words: str) -> None:
     assert words in up(tmp_path, "--config", str(write(tmp_path / name, text)))
 
@@ -220,23 +253,30 @@ def test_a_config_file_rlmq_cannot_read_is_one_line(tmp_path: Path, name: str, t
 # --- the type checks of from_mapping, directly ---------------------------------------------------
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"num_envs": True}, "num_envs: expected int, got True"),
-    ({"seed": 2**63}, "does not fit in 64 bits"),
-    ({"algo": 1}, "algo: expected str, got 1"),
-    ({"hidden_sizes": [64, "64"]}, "hidden_sizes[1]: expected int, got '64'"),
-    ({"ppo": {"nope": 1}}, "ppo: PPOConfig has no field nope"),
-    ({"sac": {"target_entropy": "auto"}}, "sac.target_entropy: expected float or null, got 'auto'"),
-    ({"pbt": {"elitism": 1}}, "pbt.elitism: expected bool, got 1"),
-    ({"pbt": {"perturb_factors": 0.8}}, "pbt.perturb_factors: expected a list of float, got 0.8"),
-    ({"pbt": {"ranges": []}}, "pbt.ranges: expected a table of HyperRange, got []"),
-    ({"pbt": {"ranges": {"learning_rate": 1e-3}}},
-     "pbt.ranges.learning_rate: expected a table of HyperRange fields, got 0.001"),
-    ({"pbt": {"ranges": {"learning_rate": {"low": 1e-4}}}}, "pbt.ranges.learning_rate: HyperRange needs high"),
-    ({"pbt": {"ranges": {"learning_rate": {"low": "1e-4", "high": 1e-3}}}},
-     "pbt.ranges.learning_rate.low: expected float, got '1e-4'"),
-    ({"target_return": 10**400}, "target_return: "),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"num_envs": True}, "num_envs: expected int, got True"),
+        ({"seed": 2**63}, "does not fit in 64 bits"),
+        ({"algo": 1}, "algo: expected str, got 1"),
+        ({"hidden_sizes": [64, "64"]}, "hidden_sizes[1]: expected int, got '64'"),
+        ({"ppo": {"nope": 1}}, "ppo: PPOConfig has no field nope"),
+        ({"sac": {"target_entropy": "auto"}}, "sac.target_entropy: expected float or null, got 'auto'"),
+        ({"pbt": {"elitism": 1}}, "pbt.elitism: expected bool, got 1"),
+        ({"pbt": {"perturb_factors": 0.8}}, "pbt.perturb_factors: expected a list of float, got 0.8"),
+        ({"pbt": {"ranges": []}}, "pbt.ranges: expected a table of HyperRange, got []"),
+        (
+            {"pbt": {"ranges": {"learning_rate": 1e-3}}},
+            "pbt.ranges.learning_rate: expected a table of HyperRange fields, got 0.001",
+        ),
+        ({"pbt": {"ranges": {"learning_rate": {"low": 1e-4}}}}, "pbt.ranges.learning_rate: HyperRange needs high"),
+        (
+            {"pbt": {"ranges": {"learning_rate": {"low": "1e-4", "high": 1e-3}}}},
+            "pbt.ranges.learning_rate.low: expected float, got '1e-4'",
+        ),
+        ({"target_return": 10**400}, "target_return: "),
+    ],
+)
 def test_from_mapping_names_the_field_a_value_of_the_wrong_type_is_in(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as caught:
         from_mapping(RunConfig, data)
@@ -262,23 +302,33 @@ def test_a_shared_replay_of_n_step_returns_refuses_a_ranged_gamma() -> None:
     RunConfig(algo="dqn", dqn=shared, population=4)  # γ the same for every member
 
 
-@pytest.mark.parametrize("config", [
-    RunConfig(),
-    RunConfig(algo="sac", env_id="Pendulum-v1", target_return=-200.0, sac=SACConfig(target_entropy=-1.0)),
-    RunConfig(algo="dqn", dqn=DQNConfig(max_grad_norm=None), population=4,
-              pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2, log=True)})),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        RunConfig(),
+        RunConfig(algo="sac", env_id="Pendulum-v1", target_return=-200.0, sac=SACConfig(target_entropy=-1.0)),
+        RunConfig(
+            algo="dqn",
+            dqn=DQNConfig(max_grad_norm=None),
+            population=4,
+            pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2, log=True)}),
+        ),
+    ],
+)
 def test_a_config_written_as_json_reads_back_equal(config: RunConfig) -> None:
     """What `rlmq up` writes to config.json and the coordinator stores in Redis passes the checks."""
     assert from_mapping(RunConfig, json.loads(to_json(config))) == config
 
 
-@pytest.mark.parametrize("build, name", [
-    (lambda: RunConfig(batch_wait_s=math.inf), "batch_wait_s = inf"),
-    (lambda: SACConfig(tau=math.nan), "sac.tau = nan"),
-    (lambda: DQNConfig(max_grad_norm=-math.inf), "dqn.max_grad_norm = -inf"),
-    (lambda: PBTConfig(perturb_factors=(0.8, math.inf)), "pbt.perturb_factors[1] = inf"),
-])
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: RunConfig(batch_wait_s=math.inf), "batch_wait_s = inf"),
+        (lambda: SACConfig(tau=math.nan), "sac.tau = nan"),
+        (lambda: DQNConfig(max_grad_norm=-math.inf), "dqn.max_grad_norm = -inf"),
+        (lambda: PBTConfig(perturb_factors=(0.8, math.inf)), "pbt.perturb_factors[1] = inf"),
+    ],
+)
 def test_every_config_refuses_a_non_finite_float_by_its_path(build: Any, name: str) -> None:
     with pytest.raises(ValueError, match="is not a finite number") as caught:
         build()

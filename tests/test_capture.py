@@ -38,14 +38,26 @@ def fresh_compiler_caches() -> None:
 
 
 def members(device: str) -> ppo.MemberHyperparams:
-    return per_member(ppo.MemberHyperparams, [
-        {**dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.2), "learning_rate": lr, "gamma": 0.99, "gae_lambda": 0.95,
-         "ent_coef": 0.01 * m, "max_grad_norm": 0.5 + m}
-        for m, lr in enumerate((1e-3, 3e-3, 1e-2))], torch.device(device))
+    return per_member(
+        ppo.MemberHyperparams,
+        [
+            {
+                **dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.2),
+                "learning_rate": lr,
+                "gamma": 0.99,
+                "gae_lambda": 0.95,
+                "ent_coef": 0.01 * m,
+                "max_grad_norm": 0.5 + m,
+            }
+            for m, lr in enumerate((1e-3, 3e-3, 1e-2))
+        ],
+        torch.device(device),
+    )
 
 
-def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None,
-          minibatches: int = 2) -> tuple[PopulationActorCritic, PopulationAdam]:
+def train(
+    spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None, minibatches: int = 2
+) -> tuple[PopulationActorCritic, PopulationAdam]:
     """Three updates of 2 epochs × `minibatches` from the same start and data; member 2 has data in
     the first update only (then inactive, with momentum)."""
     torch.manual_seed(3)
@@ -59,8 +71,10 @@ def train(spec: EnvSpec, device: str, captured: ppo.CapturedSteps | None,
             batch.valid[2] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), cfg.minibatches, world_size=1)
-        plan = [None if i is None else i.to(device)
-                for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        plan = [
+            None if i is None else i.to(device)
+            for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+        ]
         anneal = torch.tensor([1.0, 0.5, 0.8], device=device)
         ppo.update(core, core, optimizer, batch, members(device), cfg, plan, anneal, norm, active, captured)
     return core, optimizer
@@ -74,11 +88,14 @@ def assert_same_training(spec: EnvSpec, device: str, mode: str, backend: str, mi
     # Compiled whole: the loss (forward and backward) and the step, each one graph ("cuda-graphs"
     # compiles nothing).
     graphs = 0 if capture.KERNELS[mode] is None else 2
-    assert (not counters["graph_break"]
-            and counters["stats"]["unique_graphs"] == graphs), {k: dict(v) for k, v in counters.items()}
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == graphs, {
+        k: dict(v) for k, v in counters.items()
+    }
     for (name, want), got in zip(
-            {"flat": eager[0].flat.detach(), "exp_avg": eager[1].exp_avg, "exp_avg_sq": eager[1].exp_avg_sq}.items(),
-            (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq), strict=True):
+        {"flat": eager[0].flat.detach(), "exp_avg": eager[1].exp_avg, "exp_avg_sq": eager[1].exp_avg_sq}.items(),
+        (captured[0].flat.detach(), captured[1].exp_avg, captured[1].exp_avg_sq),
+        strict=True,
+    ):
         # Fused kernels sum in other orders than eager ones: float32 roundings, which Adam's steps
         # (lr up to 1e-2) carry into the weights.
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
@@ -106,8 +123,14 @@ def test_a_trainer_with_compile_update_trains_as_an_eager_one(algo: str, monkeyp
     trained = []
     for mode in ("off", "default"):
         torch.manual_seed(0)
-        run_cfg = RunConfig(algo=algo, compile_update=mode, num_envs=SLOTS, rollout_length=STEPS, hidden_sizes=SMALL,
-                            dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32))
+        run_cfg = RunConfig(
+            algo=algo,
+            compile_update=mode,
+            num_envs=SLOTS,
+            rollout_length=STEPS,
+            hidden_sizes=SMALL,
+            dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32),
+        )
         trainer = make_trainer(SPEC, run_cfg, (), 0, 1, CPU)
         trainer.set_hyperparams([run_cfg.base_hyperparams()])
         rng = np.random.default_rng(1)
@@ -159,16 +182,19 @@ def test_a_run_config_names_a_compile_mode_that_exists() -> None:
 
 # --- the off-policy algorithms ----------------------------------------------------------------
 
-BOUNDED = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
-                  action_high=(2.0, 1.0))
+BOUNDED = EnvSpec(
+    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)
+)
 SMALL = (16, 16)
 OFF_POLICY = {  # P = 3 members, each algorithm as small as it comes, on a device
     "sac": lambda d: sac.SAC(BOUNDED, SACConfig(hidden_sizes=SMALL), POPULATION, d),
     "td3": lambda d: td3.TD3(BOUNDED, TD3Config(hidden_sizes=SMALL), POPULATION, d),
-    "dqn": lambda d: dqn.DQN(DISCRETE, DQNConfig(hidden_sizes=SMALL, max_grad_norm=1.0, target_update_interval=2),
-                             POPULATION, d),
-    "dqn-image": lambda d: dqn.DQN(IMAGE, DQNConfig(hidden_sizes=SMALL, target_update_interval=2), POPULATION, d,
-                                   "minatar"),
+    "dqn": lambda d: dqn.DQN(
+        DISCRETE, DQNConfig(hidden_sizes=SMALL, max_grad_norm=1.0, target_update_interval=2), POPULATION, d
+    ),
+    "dqn-image": lambda d: dqn.DQN(
+        IMAGE, DQNConfig(hidden_sizes=SMALL, target_update_interval=2), POPULATION, d, "minatar"
+    ),
 }
 
 
@@ -179,10 +205,14 @@ def transitions(spec: EnvSpec, seed: int) -> Transitions:
     else:
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         actions = low + (high - low) * torch.rand(*shape, spec.action_dim, generator=g)
-    return Transitions(obs=torch.randn(*shape, spec.obs_size, generator=g), actions=actions,
-                       rewards=torch.randn(shape, generator=g),
-                       next_obs=torch.randn(*shape, spec.obs_size, generator=g),
-                       terminated=(torch.rand(shape, generator=g) < 0.3).float(), horizon=torch.ones(shape))
+    return Transitions(
+        obs=torch.randn(*shape, spec.obs_size, generator=g),
+        actions=actions,
+        rewards=torch.randn(shape, generator=g),
+        next_obs=torch.randn(*shape, spec.obs_size, generator=g),
+        terminated=(torch.rand(shape, generator=g) < 0.3).float(),
+        horizon=torch.ones(shape),
+    )
 
 
 @pytest.mark.parametrize("mode", ["default", "cuda-graphs"])
@@ -211,8 +241,9 @@ def assert_same_off_policy_steps(name: str, device: torch.device, mode: str, bac
         if captured_side:
             algorithm.capture(mode, backend)
         spec = IMAGE if name == "dqn-image" else BOUNDED if name in ("sac", "td3") else DISCRETE
-        hp = algorithm.hyperparams([{"learning_rate": 1e-2 * (m + 1), "gamma": 0.9, "tau": 0.1}
-                                    for m in range(POPULATION)], device)
+        hp = algorithm.hyperparams(
+            [{"learning_rate": 1e-2 * (m + 1), "gamma": 0.9, "tau": 0.1} for m in range(POPULATION)], device
+        )
         generator = torch.Generator(device).manual_seed(7)
         for i in range(4):
             has_data = torch.tensor([True, True, i == 0], device=device)
@@ -229,5 +260,8 @@ def assert_same_off_policy_steps(name: str, device: torch.device, mode: str, bac
     for key, optimizer in eager.optimizers.items():
         other = captured.optimizers[key]
         torch.testing.assert_close(other.exp_avg_sq, optimizer.exp_avg_sq, rtol=1e-4, atol=1e-8)
-        assert torch.equal(other.steps, optimizer.steps) and other.steps.tolist() == [other.steps[0].item()] * 2 + [
-            other.steps[2].item()] and other.steps[2] < other.steps[0], f"{key}: member 2 stepped while inactive"
+        assert (
+            torch.equal(other.steps, optimizer.steps)
+            and other.steps.tolist() == [other.steps[0].item()] * 2 + [other.steps[2].item()]
+            and other.steps[2] < other.steps[0]
+        ), f"{key}: member 2 stepped while inactive"

@@ -28,8 +28,14 @@ CARTPOLE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 
 
 def probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmq.cli", "check", *args], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -42,12 +48,23 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_passes_against_a_running_coordinator(start_service: Any, redis_url: str, run_id: str) -> None:
     metrics = free_port()
     coordinator = start_service(
-        "coordinator", "coordinator", "--run", run_id, "--redis-url", redis_url, "--metrics-port", str(metrics),
-        "--control-bind", f"tcp://127.0.0.1:{free_port()}", "--broadcast-bind", f"tcp://127.0.0.1:{free_port()}",
+        "coordinator",
+        "coordinator",
+        "--run",
+        run_id,
+        "--redis-url",
+        redis_url,
+        "--metrics-port",
+        str(metrics),
+        "--control-bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--broadcast-bind",
+        f"tcp://127.0.0.1:{free_port()}",
     )
     deadline = time.monotonic() + 60
-    while (result := probe("--max-age", "10", "--redis-url", redis_url,
-                           env={"RLMQ_METRICS_PORT": str(metrics)})).returncode != 0:
+    while (
+        result := probe("--max-age", "10", "--redis-url", redis_url, env={"RLMQ_METRICS_PORT": str(metrics)})
+    ).returncode != 0:
         assert coordinator.alive(), coordinator.log()
         assert time.monotonic() < deadline, result.stderr
         time.sleep(0.2)
@@ -74,15 +91,31 @@ def test_passes_against_a_running_actor(start_service: Any) -> None:
     control_port, learner_port = (s.bind_to_random_port("tcp://127.0.0.1") for s in (control, learner))
     metrics = free_port()
     try:
-        actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{control_port}",
-                              "--broadcast", f"tcp://127.0.0.1:{free_port()}", "--metrics-port", str(metrics))
+        actor = start_service(
+            "actor",
+            "actor",
+            "--name",
+            "actor-0",
+            "--coordinator",
+            f"tcp://127.0.0.1:{control_port}",
+            "--broadcast",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--metrics-port",
+            str(metrics),
+        )
         assert control.poll(30_000), actor.log()
         identity, _hello = control.recv_multipart()
         assert "has not started yet" in one_error_line(probe("--metrics-port", str(metrics), "--max-age", "30"))
         weights = wire.Weights(member=0, version=1, params=to_numpy_params(ActorCritic(CARTPOLE, (8,))))
-        assign = wire.Assign(run="t", member=0, actor_index=0, config=RunConfig(num_envs=2, rollout_length=8),
-                             env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{learner_port}",),
-                             weights=weights)
+        assign = wire.Assign(
+            run="t",
+            member=0,
+            actor_index=0,
+            config=RunConfig(num_envs=2, rollout_length=8),
+            env_spec=CARTPOLE,
+            learner_endpoints=(f"tcp://127.0.0.1:{learner_port}",),
+            weights=weights,
+        )
         control.send_multipart([identity, wire.encode(assign)])
         assert learner.poll(30_000), actor.log()
         who, _frame = learner.recv_multipart()

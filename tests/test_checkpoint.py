@@ -22,12 +22,25 @@ from rlmq.learners.trainers import Trainer, make_trainer
 CPU = torch.device("cpu")
 STEPS, SLOTS, POPULATION = 6, 3, 2
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
-CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-1.0, -1.0),
-                     action_high=(1.0, 1.0))
+CONTINUOUS = EnvSpec(
+    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0)
+)
 CONFIGS = {
     "ppo": (DISCRETE, {"ppo": PPOConfig(epochs=2, minibatches=2, normalize_reward=True)}),
-    "dqn": (DISCRETE, {"dqn": DQNConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0,
-                                        target_update_interval=2, n_step=2, lr_decay_steps=10)}),
+    "dqn": (
+        DISCRETE,
+        {
+            "dqn": DQNConfig(
+                hidden_sizes=(8,),
+                batch_size=4,
+                learning_starts=1,
+                replay_ratio=1.0,
+                target_update_interval=2,
+                n_step=2,
+                lr_decay_steps=10,
+            )
+        },
+    ),
     "sac": (CONTINUOUS, {"sac": SACConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
     "td3": (CONTINUOUS, {"td3": TD3Config(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
 }
@@ -50,8 +63,15 @@ def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int)
 
 def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
     spec, sections = CONFIGS[algo]
-    run_cfg = RunConfig(algo=algo, num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, normalize_obs=True,
-                        hidden_sizes=(8,), **sections)
+    run_cfg = RunConfig(
+        algo=algo,
+        num_envs=SLOTS,
+        rollout_length=STEPS,
+        population=POPULATION,
+        normalize_obs=True,
+        hidden_sizes=(8,),
+        **sections,
+    )
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * POPULATION)
     return trainer, run_cfg, spec
@@ -94,10 +114,26 @@ def test_a_restored_trainer_carries_on_exactly_as_the_one_that_never_stopped(alg
 def test_a_checkpoint_of_another_config_is_refused_naming_the_field(tmp_path: Path) -> None:
     small, _, _ = trainer_for("sac")
     spec, _ = CONFIGS["sac"]
-    wider = make_trainer(spec, RunConfig(algo="sac", num_envs=SLOTS, rollout_length=STEPS, population=POPULATION,
-                                         normalize_obs=True, sac=SACConfig(hidden_sizes=(16,))), (), 0, 1, CPU)
-    with pytest.raises(ValueError, match=r"trainer\.algorithm\.actor\.flat: the checkpoint holds float32\[2, \d+\], "
-                                         r"this run float32\[2, \d+\]"):
+    wider = make_trainer(
+        spec,
+        RunConfig(
+            algo="sac",
+            num_envs=SLOTS,
+            rollout_length=STEPS,
+            population=POPULATION,
+            normalize_obs=True,
+            sac=SACConfig(hidden_sizes=(16,)),
+        ),
+        (),
+        0,
+        1,
+        CPU,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"trainer\.algorithm\.actor\.flat: the checkpoint holds float32\[2, \d+\], "
+        r"this run float32\[2, \d+\]",
+    ):
         checkpoint.restore(wider, checkpoint.capture(small), "trainer")
 
 
@@ -142,5 +178,7 @@ def test_a_disk_that_refuses_checkpoints_says_where_and_why_and_leaves_no_half_f
     shutil.rmtree(files.dir)
     files.dir.write_text("")  # every write under it fails now
     assert not files.write(2, {"w": torch.zeros(3)})
-    assert files.refused.startswith(f"cannot write checkpoint {files.dir / '00000002.pt'}: ") and "MiB free" in \
-        files.refused, files.refused
+    assert (
+        files.refused.startswith(f"cannot write checkpoint {files.dir / '00000002.pt'}: ")
+        and "MiB free" in files.refused
+    ), files.refused

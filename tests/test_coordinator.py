@@ -21,8 +21,14 @@ from rlmq.coordinator.store import RunStore
 
 def started(redis_url: str, run_id: str, **fields: Any) -> Coordinator:
     run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000, **fields)
-    cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
-                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")
+    cfg = CoordinatorConfig(
+        run=run_id,
+        redis_url=redis_url,
+        run_config=run_config,
+        metrics_port=-1,
+        control_bind="tcp://127.0.0.1:0",
+        broadcast_bind="tcp://127.0.0.1:0",
+    )
     return Coordinator(cfg, RunStore.connect(redis_url, run_id), StopFlag())
 
 
@@ -46,9 +52,15 @@ def judging(redis_url: str, run_id: str) -> Iterator[Coordinator]:
 
 
 def report(returns: list[float], env_steps: int = 1_000, member: int = 0) -> bytes:
-    return wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=env_steps,
-                                        episode_returns=np.asarray(returns, np.float64),
-                                        episode_lengths=np.full(len(returns), 500, np.int64)))
+    return wire.encode(
+        wire.ActorReport(
+            name=f"actor-{member}",
+            member=member,
+            env_steps=env_steps,
+            episode_returns=np.asarray(returns, np.float64),
+            episode_lengths=np.full(len(returns), 500, np.int64),
+        )
+    )
 
 
 def weights(member: int, version: int, balances: bool) -> bytes:
@@ -58,8 +70,12 @@ def weights(member: int, version: int, balances: bool) -> bytes:
     hidden[0] = [0.1, 0.5, 1.0, 1.0]
     out = np.zeros((2, 4), np.float32)
     out[1, 0] = 100.0 if balances else 0.0
-    params = {"policy.0.weight": hidden, "policy.0.bias": np.zeros(4, np.float32), "policy.2.weight": out,
-              "policy.2.bias": np.zeros(2, np.float32)}
+    params = {
+        "policy.0.weight": hidden,
+        "policy.0.bias": np.zeros(4, np.float32),
+        "policy.2.weight": out,
+        "policy.2.bias": np.zeros(2, np.float32),
+    }
     return wire.encode(wire.Weights(member=member, version=version, params=params))
 
 
@@ -97,12 +113,14 @@ def test_reports_that_reach_the_target_only_ask_the_runs_own_evaluation_which_de
 
 
 def test_pbt_copies_the_member_the_evaluations_rank_first_whatever_its_actors_claim(
-    redis_url: str, run_id: str,
+    redis_url: str,
+    run_id: str,
 ) -> None:
     """Member 0's actor claims 500s for weights that fall over, member 1's claims 10s for weights
     that balance: when both are due, each is evaluated, and truncation has member 0 copy member 1."""
-    coordinator = started(redis_url, run_id, hidden_sizes=(4,), population=2,
-                          pbt=PBTConfig(interval=1_000, fraction=0.5))
+    coordinator = started(
+        redis_url, run_id, hidden_sizes=(4,), population=2, pbt=PBTConfig(interval=1_000, fraction=0.5)
+    )
     coordinator.publisher = b"learner-0"
     try:
         for member, balances in ((0, False), (1, True)):
@@ -152,8 +170,14 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
     of the new world has registered, an actor that says Hello waits, rather than being handed the
     endpoints of learners that are gone."""
     run_config = RunConfig(env_id="CartPole-v1", num_learners=2)
-    cfg = CoordinatorConfig(run=run_id, redis_url=redis_url, run_config=run_config, metrics_port=-1,
-                            control_bind="tcp://127.0.0.1:0", broadcast_bind="tcp://127.0.0.1:0")
+    cfg = CoordinatorConfig(
+        run=run_id,
+        redis_url=redis_url,
+        run_config=run_config,
+        metrics_port=-1,
+        control_bind="tcp://127.0.0.1:0",
+        broadcast_bind="tcp://127.0.0.1:0",
+    )
     coordinator = Coordinator(cfg, RunStore.connect(redis_url, run_id), StopFlag())
     ctx = zmq.Context.instance()
     sockets: list[zmq.Socket] = []
@@ -169,8 +193,12 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
         return sock
 
     def learner(rank: int, world: str) -> None:
-        say(f"learner-{rank}-{world}".encode(), wire.Hello(role="learner", name=f"learner-{rank}", pid=1, rank=rank,
-                                                          experience_endpoint=f"tcp://{world}:{rank}"))
+        say(
+            f"learner-{rank}-{world}".encode(),
+            wire.Hello(
+                role="learner", name=f"learner-{rank}", pid=1, rank=rank, experience_endpoint=f"tcp://{world}:{rank}"
+            ),
+        )
 
     def assigned(actor: zmq.Socket) -> tuple[str, ...] | None:
         if not actor.poll(200, zmq.POLLIN):

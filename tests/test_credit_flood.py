@@ -25,8 +25,9 @@ def time_to_target(root: Path, crowd: bool) -> tuple[float, RunStatus, str]:
     seconds from the actor's start to the end, the final status and, with the crowd, what `rlmq
     status` says of the run (each silent identity is found out when its probation credit is taken
     back unused)."""
-    run = FleetRun(root, dataclasses.replace(CONFIG, target_return=475.0, total_steps=1_000_000), actors=1,
-                   start_actors=False)
+    run = FleetRun(
+        root, dataclasses.replace(CONFIG, target_return=475.0, total_steps=1_000_000), actors=1, start_actors=False
+    )
     shown = ""
     try:
         with Flood(run.keys, run.experience, identities=200) if crowd else contextlib.nullcontext():
@@ -35,8 +36,12 @@ def time_to_target(root: Path, crowd: bool) -> tuple[float, RunStatus, str]:
             end = run.wait(lambda s: s.state in ("stopping", "done"), 120, "the target")
         assert end.ended_at is not None
         if crowd:  # asked after the end: a Python process started meanwhile would take a core from the run
-            shown = subprocess.run([sys.executable, "-m", "rlmq.cli", "status", "--redis-url", run.redis.url,
-                                    "--run", "flood"], capture_output=True, text=True, timeout=60).stdout
+            shown = subprocess.run(
+                [sys.executable, "-m", "rlmq.cli", "status", "--redis-url", run.redis.url, "--run", "flood"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
         return end.ended_at - run.actors_started_at, end, shown
     finally:
         run.close()
@@ -54,8 +59,10 @@ def test_a_crowd_of_identities_that_never_deliver_slows_a_run_to_475_by_less_tha
     more seeds, two actors, and the crowd arriving later too.)"""
     alone, alone_end, _ = time_to_target(tmp_path / "alone", crowd=False)
     crowded, crowded_end, shown = time_to_target(tmp_path / "crowd", crowd=True)
-    print(f"to 475: alone {alone:.1f} s ({alone_end.env_steps_at_end:,} env steps), with the crowd {crowded:.1f} s "
-          f"({crowded_end.env_steps_at_end:,} env steps)")
+    print(
+        f"to 475: alone {alone:.1f} s ({alone_end.env_steps_at_end:,} env steps), with the crowd {crowded:.1f} s "
+        f"({crowded_end.env_steps_at_end:,} env steps)"
+    )
     assert alone_end.success and crowded_end.success, (alone_end, crowded_end)
     assert crowded <= 2 * alone, (alone, crowded)
     assert "identities hold credit requests at the learners and send no rollout" in shown, shown

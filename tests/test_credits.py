@@ -34,9 +34,7 @@ def test_grants_go_to_waiting_actors_up_to_the_budget() -> None:
     assert ledger.grant(now=1.0, queued=0) == []  # C waits: the budget is spent
 
 
-@pytest.mark.parametrize(
-    ("budget", "queued", "granted"), [(3, 0, 3), (3, 1, 2), (3, 3, 0), (3, 5, 0)]
-)
+@pytest.mark.parametrize(("budget", "queued", "granted"), [(3, 0, 3), (3, 1, 2), (3, 3, 0), (3, 5, 0)])
 def test_queued_rollouts_count_against_the_budget(budget: int, queued: int, granted: int) -> None:
     ledger = ledger_of(budget, 10.0)
     proven(ledger, A, B, C, D)
@@ -243,6 +241,7 @@ def test_actors_cut_off_together_raise_the_timeout_no_more_than_one_does() -> No
         ledger.delivered(actor, 26.0, queued=1)
     assert ledger.grant_timeout_s() == pytest.approx(1.0)
 
+
 def test_a_flood_of_stray_hellos_never_delays_a_live_actor() -> None:
     """500 identities ask once and never again (a script, or actors that died); a live actor asks
     every CREDIT_REQUEST_RENEW_S. It has delivered before, so its next credit comes at the next
@@ -326,6 +325,7 @@ def test_identities_that_never_deliver_cost_the_proven_fleet_nothing_and_are_cou
     never send a rollout; A, a proven actor, delivers 10 ms after each credit and the learner trains
     on it at once. A gets as many credits as it would alone; each stray gets one probation credit,
     taken back unused after the grant timeout, and then waits behind any newcomer; all are counted."""
+
     def run(strays: int) -> tuple[int, CreditLedger]:
         ledger = CreditLedger(1, CreditTimeouts(request_ttl_s=1.0, min_s=0.5, max_s=10.0))
         proven(ledger, A)
@@ -374,5 +374,5 @@ def test_a_fleet_of_newcomers_joins_in_one_round_up_to_the_probation_slots() -> 
     for actor in fleet:
         ledger.hello(actor, 0.0)
     # beside the budget, and in the budget's own room while no proven actor uses it
-    assert ledger.grant(now=0.0, queued=0) == fleet[:PROBATION_SLOTS + 1] and ledger.in_budget == 0
+    assert ledger.grant(now=0.0, queued=0) == fleet[: PROBATION_SLOTS + 1] and ledger.in_budget == 0
     assert ledger.grant(now=0.1, queued=1) == []  # one rollout queued: no room left

@@ -24,8 +24,12 @@ def train_world(tmp_path: Path, encoder: str, backend: str = "") -> tuple[dict[s
     port, world, updates = free_port(), 2, 4
     outs = [tmp_path / f"{backend or 'eager'}-rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]),
-                          encoder, backend], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(HELPER), str(r), str(world), str(port), str(updates), str(outs[r]), encoder, backend],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(world)
     ]
     for r, p in enumerate(procs):
@@ -80,7 +84,10 @@ def test_each_rank_gets_a_gpu_of_its_own_or_every_rank_trains_on_the_cpu() -> No
     # Two ranks on a 2-GPU host and one on a 1-GPU host: the n-th rank on a host takes its n-th GPU.
     world = [two_gpus, one_gpu, two_gpus]
     assert [str(choose_device(req, r, world)) for req in ("auto", "cuda") for r in range(3)] == [
-        "cuda:0", "cuda:0", "cuda:1"] * 2
+        "cuda:0",
+        "cuda:0",
+        "cuda:1",
+    ] * 2
     # One host short of GPUs: "auto" puts every rank on the CPU (one backend for the world) ...
     for world in ([one_gpu, one_gpu], [two_gpus, cpu_only]):
         assert {str(choose_device("auto", r, world)) for r in range(2)} == {"cpu"}

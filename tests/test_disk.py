@@ -33,8 +33,9 @@ def test_a_run_whose_disk_fills_ends_with_one_error_line_and_resumes_once_space_
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], check=True)
     try:
         run_dir = disk / "run"
-        up = start_up(run_dir, "--actors", "2", "--learners", "1", "--checkpoint-every", "1", "--total-steps",
-                      "100000000")
+        up = start_up(
+            run_dir, "--actors", "2", "--learners", "1", "--checkpoint-every", "1", "--total-steps", "100000000"
+        )
         try:
             wait_until_stepping(run_dir, up)
             checkpoints = run_dir / "checkpoints" / "rank0"
@@ -58,8 +59,23 @@ def test_a_run_whose_disk_fills_ends_with_one_error_line_and_resumes_once_space_
             torch.load(file, weights_only=True)
         (disk / "filler").unlink()
         steps = int(re.findall(r"env steps\s+([\d,]+)", out)[-1].replace(",", ""))
-        resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--resume", str(run_dir), "--actors", "2",
-                                  "--total-steps", str(steps + 5_000)], capture_output=True, text=True, timeout=180)
+        resumed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlmq.cli",
+                "up",
+                "--resume",
+                str(run_dir),
+                "--actors",
+                "2",
+                "--total-steps",
+                str(steps + 5_000),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         assert "resumed from checkpoint" in (run_dir / "logs" / "learner-0.log").read_text()
         assert (run_dir / "summary.json").is_file()

@@ -28,6 +28,8 @@ IMAGE_RESNET = EnvSpec(obs_shape=(2, 6, 5), obs_dtype="bool", action_kind="discr
 
 def encoder_of(spec: EnvSpec) -> str:
     return "impala" if spec is IMAGE_RESNET else "minatar" if spec is IMAGE else "mlp"
+
+
 CPU = torch.device("cpu")
 
 
@@ -87,9 +89,13 @@ def test_epsilon_schedule() -> None:
     assert linear_epsilon(10**9, 1000, 1.0, 0.05) == pytest.approx(0.05)
     assert linear_epsilon(0, 0, 1.0, 0.05) == pytest.approx(0.05)  # exploration_fraction 0
     # Through make_policy: the horizon is fraction × total_steps / population env steps of the member.
-    run = RunConfig(algo="dqn", total_steps=100_000, population=2,
-                    dqn=DQNConfig(exploration_fraction=0.1, exploration_initial_eps=0.9, exploration_final_eps=0.1),
-                    pbt=PBTConfig(ranges={}))
+    run = RunConfig(
+        algo="dqn",
+        total_steps=100_000,
+        population=2,
+        dqn=DQNConfig(exploration_fraction=0.1, exploration_initial_eps=0.9, exploration_final_eps=0.1),
+        pbt=PBTConfig(ranges={}),
+    )
     params = dqn.DQN(SPEC, run.dqn, 1, CPU).member_params(0)
     for steps, want in ((0, 0.9), (2_500, 0.5), (5_000, 0.1), (50_000, 0.1)):
         policy = make_policy(run, params, SPEC, trained_steps=steps)
@@ -175,8 +181,9 @@ def test_vectorized_steps_equal_the_loop_over_members(spec: EnvSpec) -> None:
                 np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=atol, err_msg=f"member {m} {key}")
         moments = torch.cat([adams[m].state[p]["exp_avg"].reshape(-1) for p in q.parameters()])
         # (behind an encoder, gradients summed in another order than a member's own: float32 roundings)
-        torch.testing.assert_close(algo.optimizers["q"].exp_avg[m], moments, rtol=1e-4,
-                                   atol=1e-7 if algo.q.image else 1e-8)
+        torch.testing.assert_close(
+            algo.optimizers["q"].exp_avg[m], moments, rtol=1e-4, atol=1e-7 if algo.q.image else 1e-8
+        )
         assert int(algo.optimizers["q"].steps[m]) == steps
     for old, new in zip(before, algo.replicated(), strict=True):
         assert torch.equal(old[2], new[2]), "the inactive member moved"
@@ -236,8 +243,14 @@ def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:
     batch = transitions(2, 8, seed=0)
     batch = Transitions(*(torch.stack([t[0], torch.zeros_like(t[1])]) for t in batch))
     grads: list[torch.Tensor] = []
-    algo.step(batch, hyperparams([1e-3, 1e-3]), torch.tensor([True, True]), torch.tensor([True, False]),
-              lambda grad: grads.append(grad.clone()), None)
+    algo.step(
+        batch,
+        hyperparams([1e-3, 1e-3]),
+        torch.tensor([True, True]),
+        torch.tensor([True, False]),
+        lambda grad: grads.append(grad.clone()),
+        None,
+    )
     (grad,) = grads
     assert grad[0].abs().sum() > 0 and not grad[1].any()
 
@@ -257,8 +270,6 @@ def test_copy_member_copies_both_networks_and_the_optimizer_state() -> None:
     assert all(torch.equal(t[1], was) for t, was in zip(states, member_1, strict=True))
 
 
-
-
 # --- end to end -----------------------------------------------------------------------------------
 
 
@@ -268,9 +279,27 @@ CONFIG = Path(__file__).parents[1] / "configs" / "dqn-cartpole.toml"  # n-step r
 @pytest.mark.slow
 def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                           "--learners", "1", "--config", str(CONFIG), "--total-steps", "3000"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--config",
+            str(CONFIG),
+            "--total-steps",
+            "3000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -278,7 +307,11 @@ def test_rlmq_up_trains_dqn_on_cartpole(tmp_path: Path) -> None:
     assert summary["policy_version"] > 0, "the learner never trained"
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     run = from_mapping(RunConfig, checkpoint["run_config"])
-    policy = make_policy(run, {k: v.numpy() for k, v in checkpoint["params"].items()},
-                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=3000)
+    policy = make_policy(
+        run,
+        {k: v.numpy() for k, v in checkpoint["params"].items()},
+        from_mapping(EnvSpec, checkpoint["env_spec"]),
+        trained_steps=3000,
+    )
     assert isinstance(policy, EpsilonGreedyPolicy) and policy.epsilon == pytest.approx(run.dqn.exploration_final_eps)
     assert run.dqn.n_step == 3, "the shipped config's n-step returns went through the run"

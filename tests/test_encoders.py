@@ -44,14 +44,18 @@ def test_auto_picks_the_cnn_that_fits_the_images_and_none_for_vectors() -> None:
     assert layout is not None and (layout.channels, layout.channels_last, layout.scale) == (4, True, 1.0)
 
 
-@pytest.mark.parametrize("choice,spec,takes_images,says", [
-    ("nature", MINATAR, True, "does not fit 10×10"),
-    ("minatar", FLAT, True, "needs a 3-D Box"),
-    ("minatar", MINATAR, False, "take flat observations"),  # SAC, TD3
-    ("resnet", MINATAR, True, "is not one of auto, mlp, nature, minatar, impala"),
-])
-def test_an_encoder_that_cannot_run_is_refused_with_the_fix(choice: str, spec: EnvSpec, takes_images: bool,
-                                                            says: str) -> None:
+@pytest.mark.parametrize(
+    "choice,spec,takes_images,says",
+    [
+        ("nature", MINATAR, True, "does not fit 10×10"),
+        ("minatar", FLAT, True, "needs a 3-D Box"),
+        ("minatar", MINATAR, False, "take flat observations"),  # SAC, TD3
+        ("resnet", MINATAR, True, "is not one of auto, mlp, nature, minatar, impala"),
+    ],
+)
+def test_an_encoder_that_cannot_run_is_refused_with_the_fix(
+    choice: str, spec: EnvSpec, takes_images: bool, says: str
+) -> None:
     with pytest.raises(ValueError, match=says):
         resolve_encoder(choice, spec, takes_images)
 
@@ -70,9 +74,11 @@ def random_observations(spec: EnvSpec, count: int, seed: int) -> np.ndarray:
     return rng.random((count, *spec.obs_shape)) < 0.3
 
 
-@pytest.mark.parametrize("spec,encoder", [(ATARI, "nature"), (MINATAR, "minatar"), (SMALL, "minatar"),
-                                          (ATARI, "impala"), (MINATAR, "impala")],
-                         ids=["atari-nature", "minatar", "small-channels-last-bytes", "atari-impala", "minatar-impala"])
+@pytest.mark.parametrize(
+    "spec,encoder",
+    [(ATARI, "nature"), (MINATAR, "minatar"), (SMALL, "minatar"), (ATARI, "impala"), (MINATAR, "impala")],
+    ids=["atari-nature", "minatar", "small-channels-last-bytes", "atari-impala", "minatar-impala"],
+)
 def test_the_actors_numpy_encoder_equals_torchs(spec: EnvSpec, encoder: str) -> None:
     torch.manual_seed(0)
     net = ActorCritic(spec, (32,), encoder=encoder)
@@ -112,8 +118,11 @@ print("torch" in sys.modules, type(atari._encode).__name__)
     assert out.stdout.split() == ["False", "NumpyEncoder", "True", "TorchEncoder"], out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("spec,encoder", [(MINATAR, "auto"), (SMALL, "auto"), (MINATAR, "impala")],
-                         ids=["minatar", "small", "minatar-impala"])
+@pytest.mark.parametrize(
+    "spec,encoder",
+    [(MINATAR, "auto"), (SMALL, "auto"), (MINATAR, "impala")],
+    ids=["minatar", "small", "minatar-impala"],
+)
 def test_actors_and_the_exported_policy_act_as_the_learners_network(spec: EnvSpec, encoder: str) -> None:
     torch.manual_seed(2)
     run = RunConfig(env_id="x", algo="ppo", encoder=encoder)
@@ -152,8 +161,9 @@ def test_atari_is_gymnasiums_preprocessing_step_for_step() -> None:
     env_id, steps = "ALE/Pong-v5", 300
     ours = envs.make_vector_env(env_id, 1, native=False)
     theirs = gym.wrappers.FrameStackObservation(
-        gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30,
-                                        frame_skip=4, screen_size=84, terminal_on_life_loss=False),
+        gym.wrappers.AtariPreprocessing(
+            gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False
+        ),
         stack_size=4,
     )
     ours_obs, _ = ours.reset(seed=5)
@@ -176,9 +186,15 @@ def test_atari_is_gymnasiums_preprocessing_step_for_step() -> None:
     assert RunConfig(env_id=env_id).signs_rewards and not RunConfig(env_id=env_id, sign_rewards=False).signs_rewards
 
 
-@pytest.mark.parametrize("spec,encoder", [(SMALL, "minatar"), (EnvSpec(obs_shape=(2, 40, 36), action_kind="discrete",
-                                                                       action_dim=2), "nature"), (SMALL, "impala")],
-                         ids=["minatar", "nature", "impala"])
+@pytest.mark.parametrize(
+    "spec,encoder",
+    [
+        (SMALL, "minatar"),
+        (EnvSpec(obs_shape=(2, 40, 36), action_kind="discrete", action_dim=2), "nature"),
+        (SMALL, "impala"),
+    ],
+    ids=["minatar", "nature", "impala"],
+)
 def test_grouped_convolutions_equal_each_members_own(spec: EnvSpec, encoder: str) -> None:
     """The GPU's way (one grouped convolution per layer for the population) against the CPU's (each
     member's convolutions in turn) and a member's own `nn.Sequential`: outputs and gradients."""
@@ -215,12 +231,34 @@ def test_a_short_minatar_run_learns_above_random(tmp_path: Path) -> None:
     uniformly random policy scores 0.38 on MinAtar Breakout (14,673 episodes); the run stops once
     the last 100 episodes average 2 and the run's own evaluation of its policy does too."""
     run_dir, config = tmp_path / "run", tmp_path / "ppo-minatar-cnn.toml"
-    config.write_text('env_id = "MinAtar/Breakout-v1"\nalgo = "ppo"\nencoder = "minatar"\nnum_envs = 16\n'
-                      'rollout_length = 128\nrollouts_in_flight = 4\nhidden_sizes = [256]\n'
-                      '[ppo]\nlearning_rate = 5e-4\nepochs = 4\nminibatches = 8\nrollouts_per_batch = 4\n')
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                         "--learners", "1", "--config", str(config), "--total-steps", "300000",
-                         "--target-return", "2"], capture_output=True, text=True, timeout=240)
+    config.write_text(
+        'env_id = "MinAtar/Breakout-v1"\nalgo = "ppo"\nencoder = "minatar"\nnum_envs = 16\n'
+        "rollout_length = 128\nrollouts_in_flight = 4\nhidden_sizes = [256]\n"
+        "[ppo]\nlearning_rate = 5e-4\nepochs = 4\nminibatches = 8\nrollouts_per_batch = 4\n"
+    )
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--config",
+            str(config),
+            "--total-steps",
+            "300000",
+            "--target-return",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     output = up.stdout + up.stderr
     assert up.returncode == 0, output
     run_config = json.loads((run_dir / "summary.json").read_text())["run_config"]

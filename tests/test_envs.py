@@ -64,11 +64,14 @@ def test_continuous_spec_carries_bounds() -> None:
     assert spec.action_low == (-2.0,) and spec.action_high == (2.0,)
 
 
-@pytest.mark.parametrize("env_id, words", [
-    ("NoSuchEnv-v9", "unknown env"),
-    ("no_such_module_xyz:Env", "cannot import"),
-    ("Blackjack-v1", "not a Box"),
-])
+@pytest.mark.parametrize(
+    "env_id, words",
+    [
+        ("NoSuchEnv-v9", "unknown env"),
+        ("no_such_module_xyz:Env", "cannot import"),
+        ("Blackjack-v1", "not a Box"),
+    ],
+)
 def test_unsupported_envs_fail_clearly(env_id: str, words: str) -> None:
     with pytest.raises(envs.EnvError, match=words):
         envs.probe(env_id)

@@ -21,8 +21,9 @@ from rlmq.learners.networks import ActorCritic, to_numpy_params
 from rlmq.learners.sac import Actor as SACActor
 from rlmq.learners.td3 import Actor as TD3Actor
 
-CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
-                     action_high=(2.0, 1.0))
+CONTINUOUS = EnvSpec(
+    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)
+)
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3)
 IMAGE = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)
 ONE_HOT = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=7, action_kind="discrete", action_dim=4)
@@ -41,32 +42,50 @@ print(json.dumps(actions.tolist()))
 
 def run_plain_torch(model: Path, obs: np.ndarray, tmp_path: Path) -> np.ndarray:
     np.save(tmp_path / "obs.npy", obs)
-    out = subprocess.run([sys.executable, "-I", "-c", PLAIN_TORCH, str(model), str(tmp_path / "obs.npy")],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", PLAIN_TORCH, str(model), str(tmp_path / "obs.npy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     return np.asarray(json.loads(out.stdout))
 
 
 def checkpoint(algo: str, spec: EnvSpec, params: dict[str, np.ndarray], **stats: np.ndarray) -> Checkpoint:
-    return Checkpoint(run_config=RunConfig(algo=algo, normalize_obs=bool(stats)), spec=spec, member=0,
-                      params={**params, **stats}, version=1, trained_steps=0)
+    return Checkpoint(
+        run_config=RunConfig(algo=algo, normalize_obs=bool(stats)),
+        spec=spec,
+        member=0,
+        params={**params, **stats},
+        version=1,
+        trained_steps=0,
+    )
 
 
-STATS = {"obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32),
-         "obs_norm.var": np.array([4.0, 0.25, 9.0], np.float32),
-         "obs_norm.count": np.array(100.0, np.float32), "obs_norm.clip": np.array(1.5, np.float32)}
+STATS = {
+    "obs_norm.mean": np.array([0.5, -1.0, 2.0], np.float32),
+    "obs_norm.var": np.array([4.0, 0.25, 9.0], np.float32),
+    "obs_norm.count": np.array(100.0, np.float32),
+    "obs_norm.clip": np.array(1.5, np.float32),
+}
 
 
-@pytest.mark.parametrize(("algo", "spec", "params", "stats"), [
-    ("ppo", DISCRETE, lambda: to_numpy_params(ActorCritic(DISCRETE, (16,))), {}),
-    ("ppo", CONTINUOUS, lambda: to_numpy_params(ActorCritic(CONTINUOUS, (16,))), STATS),
-    ("sac", CONTINUOUS, lambda: to_numpy_params(SACActor(CONTINUOUS, (16, 16))), STATS),
-    ("td3", CONTINUOUS, lambda: to_numpy_params(TD3Actor(CONTINUOUS, (16,))), {}),
-    ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
-    ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
-])
+@pytest.mark.parametrize(
+    ("algo", "spec", "params", "stats"),
+    [
+        ("ppo", DISCRETE, lambda: to_numpy_params(ActorCritic(DISCRETE, (16,))), {}),
+        ("ppo", CONTINUOUS, lambda: to_numpy_params(ActorCritic(CONTINUOUS, (16,))), STATS),
+        ("sac", CONTINUOUS, lambda: to_numpy_params(SACActor(CONTINUOUS, (16, 16))), STATS),
+        ("td3", CONTINUOUS, lambda: to_numpy_params(TD3Actor(CONTINUOUS, (16,))), {}),
+        ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
+        ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
+    ],
+)
 def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(
-        tmp_path: Path, algo: str, spec: EnvSpec, params: object, stats: dict[str, np.ndarray]) -> None:
+    tmp_path: Path, algo: str, spec: EnvSpec, params: object, stats: dict[str, np.ndarray]
+) -> None:
     rng = np.random.default_rng(1)
     if spec.obs_categories:
         obs = np.arange(spec.obs_categories).repeat(4)
@@ -91,8 +110,9 @@ def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(
 
 def test_eval_of_a_file_that_is_no_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    out = subprocess.run([sys.executable, "-m", "rlmq.cli", "eval", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "eval", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "is not a checkpoint of rlmq up" in out.stderr and "Traceback" not in out.stderr
     with pytest.raises(ValueError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "elsewhere")
@@ -103,22 +123,46 @@ def test_eval_and_export_run_on_a_checkpoint_a_short_run_wrote(tmp_path: Path) -
     config = tmp_path / "run.toml"
     config.write_text('env_id = "CartPole-v1"\nalgo = "ppo"\nnormalize_obs = true\n')
     run_dir = tmp_path / "run"
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                         "--config", str(config), "--total-steps", "4000"], capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--config",
+            str(config),
+            "--total-steps",
+            "4000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert up.returncode == 0, up.stdout + up.stderr  # no target: the budget ends it
     point = load_checkpoint(run_dir)
     assert {"obs_norm.mean", "obs_norm.var", "obs_norm.clip"} <= set(point.params)
     assert point.params["obs_norm.var"].min() > 0 and np.abs(point.params["obs_norm.mean"]).max() > 0
     assert point.trained_steps > 0
 
-    evaluated = subprocess.run([sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--episodes", "5"],
-                               capture_output=True, text=True, timeout=120)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--episodes", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     assert "over 5 episodes" in evaluated.stdout and f"trained on {point.trained_steps:,} env steps" in evaluated.stdout
 
-    exported = subprocess.run([sys.executable, "-m", "rlmq.cli", "export", str(run_dir), "--out",
-                               str(tmp_path / "p.pt")],
-                              capture_output=True, text=True, timeout=120)
+    exported = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "export", str(run_dir), "--out", str(tmp_path / "p.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert exported.returncode == 0, exported.stderr
     obs = np.random.default_rng(0).uniform(-0.2, 0.2, (32, 4)).astype(np.float32)
     assert run_plain_torch(tmp_path / "p.pt", obs, tmp_path).tolist() == policy_of(point).mode(obs).tolist()

@@ -46,24 +46,36 @@ def stacked_rollout(steps: int, slots: int, ends: dict[tuple[int, int], bool], s
                 terminated[t, n], truncated[t, n] = real, not real
                 if t + 1 < steps:
                     valid[t + 1, n] = False
-    return wire.Rollout(member=0, policy_version=1, actor="a0", obs=obs,
-                        actions=(np.arange(steps)[:, None] * slots + np.arange(slots)).astype(np.int64),
-                        logprobs=np.zeros((steps, slots), np.float32), rewards=rng.random((steps, slots), np.float32),
-                        terminated=terminated, truncated=truncated, valid=valid)
+    return wire.Rollout(
+        member=0,
+        policy_version=1,
+        actor="a0",
+        obs=obs,
+        actions=(np.arange(steps)[:, None] * slots + np.arange(slots)).astype(np.int64),
+        logprobs=np.zeros((steps, slots), np.float32),
+        rewards=rng.random((steps, slots), np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+    )
 
 
 def assert_sampled_as_stored(replay: Replay, rollouts: list[wire.Rollout], draws: int = 3000) -> None:
     """Every sampled transition's observations equal the rollout's own (t, and t + horizon)."""
     batch, active = replay.sample(draws, np.random.default_rng(1), torch.device("cpu"))
     assert active.all()
-    by_action = {int(rollout.actions[t, n]): (rollout, int(t), int(n))
-                 for rollout in rollouts for t, n in zip(*np.nonzero(rollout.valid), strict=True)}
+    by_action = {
+        int(rollout.actions[t, n]): (rollout, int(t), int(n))
+        for rollout in rollouts
+        for t, n in zip(*np.nonzero(rollout.valid), strict=True)
+    }
     for i in range(draws):
         rollout, t, n = by_action[int(batch.actions[0, i])]
         horizon = int(batch.horizon[0, i])
         torch.testing.assert_close(batch.obs[0, i], obs_features(torch.from_numpy(rollout.obs[t, n]), SPEC))
-        torch.testing.assert_close(batch.next_obs[0, i],
-                                   obs_features(torch.from_numpy(rollout.obs[t + horizon, n]), SPEC))
+        torch.testing.assert_close(
+            batch.next_obs[0, i], obs_features(torch.from_numpy(rollout.obs[t + horizon, n]), SPEC)
+        )
 
 
 @pytest.mark.parametrize("n_step", [1, 3])
@@ -86,8 +98,10 @@ def test_a_frame_ring_that_wraps_drops_the_transitions_it_no_longer_holds() -> N
     replay = Replay(1, 30, SPEC)
     replay.frames = FrameRing(1, 40, SPEC)
     # Rollout r's action codes start at 1000·r, so that a sample says which rollout it came from.
-    rollouts = [dataclasses.replace(rollout, actions=rollout.actions + 1000 * r)
-                for r, rollout in enumerate(stacked_rollout(8, 3, {}, seed=s) for s in range(3))]
+    rollouts = [
+        dataclasses.replace(rollout, actions=rollout.actions + 1000 * r)
+        for r, rollout in enumerate(stacked_rollout(8, 3, {}, seed=s) for s in range(3))
+    ]
     for rollout in rollouts:
         replay.add_rollout(0, rollout)
         assert replay.size(0) == (24 if rollout is rollouts[0] else 28)
@@ -144,13 +158,16 @@ def test_frame_keys_that_name_rows_not_sent_or_too_many_bytes_are_wire_errors() 
     rows = fields["obs"][1][0]
     keys = np.frombuffer(fields["frame_keys"][2], np.int32).reshape(fields["frame_keys"][1])
     cases = {
-        "bad_value": [hostile(rollout, frame_keys=["int32", [2, 7], (keys + rows).astype(np.int32).tobytes()]),
-                      hostile(rollout, frame_keys=["int32", [2, 7], np.zeros((2, 7), np.int32).tobytes()]),
-                      hostile(rollout, frame_stack=True)],
+        "bad_value": [
+            hostile(rollout, frame_keys=["int32", [2, 7], (keys + rows).astype(np.int32).tobytes()]),
+            hostile(rollout, frame_keys=["int32", [2, 7], np.zeros((2, 7), np.int32).tobytes()]),
+            hostile(rollout, frame_stack=True),
+        ],
         "bad_shape": [hostile(rollout, frame_keys=["float32", [2, 7], keys.astype(np.float32).tobytes()])],
         # 4 M keys that all name the last stack: 16 MB to send, 72 MB of stacks to rebuild.
-        "too_large": [hostile(rollout, frame_keys=["int32", [4, 10**6],
-                                                   np.full((4, 10**6), rows - 1, np.int32).tobytes()])],
+        "too_large": [
+            hostile(rollout, frame_keys=["int32", [4, 10**6], np.full((4, 10**6), rows - 1, np.int32).tobytes()])
+        ],
     }
     for reason, frames in cases.items():
         for frame in frames:

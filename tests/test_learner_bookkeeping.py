@@ -50,13 +50,15 @@ def test_applied_or_far_future_decisions_are_not_kept() -> None:
     assert list(state.pending) == [5 + MAX_PENDING]
 
 
-@pytest.mark.parametrize(("bad", "reason"), [
-    (decision(1, target=2), "unknown_member"),
-    (decision(1, source=3), "unknown_member"),
-    (wire.Decision(id=1, target=1, source=0, hyperparams={"learning_rate": 1e-3}), "bad_value"),
-])
-def test_a_decision_the_population_cannot_take_is_refused_and_nothing_is_kept(bad: wire.Decision,
-                                                                               reason: str) -> None:
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (decision(1, target=2), "unknown_member"),
+        (decision(1, source=3), "unknown_member"),
+        (wire.Decision(id=1, target=1, source=0, hyperparams={"learning_rate": 1e-3}), "bad_value"),
+    ],
+)
+def test_a_decision_the_population_cannot_take_is_refused_and_nothing_is_kept(bad: wire.Decision, reason: str) -> None:
     state = PbtState([hyperparams(0.2), hyperparams(0.2)])
     with pytest.raises(wire.WireError) as refused:
         kept(state, bad)
@@ -75,8 +77,14 @@ def test_applying_anything_but_the_next_decision_is_a_bug_not_bad_input() -> Non
 
 def test_the_pbt_state_reads_the_learner_record_of_checkpoints_already_written() -> None:
     """A checkpoint's "learner" record, as checkpoints written before PbtState hold it."""
-    written = {"versions": [4, 9], "applied": 3, "hyperparams": [hyperparams(0.2), hyperparams(0.3)], "rank": 0,
-               "world_size": 2, "time": 1.7e9}
+    written = {
+        "versions": [4, 9],
+        "applied": 3,
+        "hyperparams": [hyperparams(0.2), hyperparams(0.3)],
+        "rank": 0,
+        "world_size": 2,
+        "time": 1.7e9,
+    }
     state = PbtState.from_json(written)
     assert (state.applied, state.hyperparams) == (3, [hyperparams(0.2), hyperparams(0.3)])
     assert set(state.to_json()) == {"applied", "hyperparams"}  # the keys it writes into that record
@@ -100,8 +108,13 @@ class Encoder:
 
     def __call__(self, member: int) -> bytes:
         self.encoded += 1
-        return wire.encode(wire.Weights(member=member, version=self.versions[member],
-                                        params={"w": np.full(2, self.versions[member], np.float32)}))
+        return wire.encode(
+            wire.Weights(
+                member=member,
+                version=self.versions[member],
+                params={"w": np.full(2, self.versions[member], np.float32)},
+            )
+        )
 
 
 def sent(frames: list[bytes]) -> list[tuple[str, int]]:

@@ -20,15 +20,37 @@ from rlmq.learners import checkpoint
 from rlmq.learners.learner import EXIT_FAILPOINT, FAILPOINT_IN_UPDATE
 
 
-def start_world(start_service: Any, coord: dict[str, Any], run_id: str, root: Path, tag: str,
-                failpoint: str = "", *more: str) -> list[Any]:
+def start_world(
+    start_service: Any, coord: dict[str, Any], run_id: str, root: Path, tag: str, failpoint: str = "", *more: str
+) -> list[Any]:
     master, experience = free_port(), [free_port(), free_port()]  # fixed, as a restarted rank needs
-    return [start_service(
-        f"learner-{rank}-{tag}", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
-        "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--rank", str(rank), "--world-size", "2",
-        "--master-port", str(master), "--metrics-port", "-1", "--experience-port", str(experience[rank]),
-        "--checkpoint-dir", str(root), *(["--failpoint", failpoint] if rank == 1 and failpoint else []), *more,
-    ) for rank in range(2)]
+    return [
+        start_service(
+            f"learner-{rank}-{tag}",
+            "learner",
+            "--run",
+            run_id,
+            "--coordinator",
+            f"tcp://127.0.0.1:{coord['control']}",
+            "--broadcast",
+            f"tcp://127.0.0.1:{coord['broadcast']}",
+            "--rank",
+            str(rank),
+            "--world-size",
+            "2",
+            "--master-port",
+            str(master),
+            "--metrics-port",
+            "-1",
+            "--experience-port",
+            str(experience[rank]),
+            "--checkpoint-dir",
+            str(root),
+            *(["--failpoint", failpoint] if rank == 1 and failpoint else []),
+            *more,
+        )
+        for rank in range(2)
+    ]
 
 
 @pytest.mark.parametrize("sync", ["gradients", "batch"])
@@ -41,11 +63,22 @@ def test_a_rank_lost_in_the_update_and_the_world_resumes_its_checkpoint_exactly(
     to feed it, the checkpoint it writes when stopped holds exactly the state it resumed (every
     member's parameters, Adam's moments and step counts)."""
     root = tmp_path / "checkpoints"
-    coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0,
-                              ppo={"sync": sync})
+    coord = start_coordinator(
+        start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0, ppo={"sync": sync}
+    )
     first = start_world(start_service, coord, run_id, root, "first", FAILPOINT_IN_UPDATE)
-    actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
-                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")
+    actor = start_service(
+        "actor",
+        "actor",
+        "--name",
+        "actor-0",
+        "--coordinator",
+        f"tcp://127.0.0.1:{coord['control']}",
+        "--broadcast",
+        f"tcp://127.0.0.1:{coord['broadcast']}",
+        "--metrics-port",
+        "-1",
+    )
     wait_for(lambda: not first[1].alive(), 120, "rank 1 to exit at its failpoint")
     assert first[1].process.returncode == EXIT_FAILPOINT, first[1].log()
     wait_for(lambda: not first[0].alive(), 60, "rank 0 to fail in the all-reduce")
@@ -85,8 +118,18 @@ def test_ranks_started_with_restart_come_back_into_a_new_world_on_their_own(
     root = tmp_path / "checkpoints"
     coord = start_coordinator(start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0)
     world = start_world(start_service, coord, run_id, root, "restarting", "", "--restart")
-    actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
-                          "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--metrics-port", "-1")
+    actor = start_service(
+        "actor",
+        "actor",
+        "--name",
+        "actor-0",
+        "--coordinator",
+        f"tcp://127.0.0.1:{coord['control']}",
+        "--broadcast",
+        f"tcp://127.0.0.1:{coord['broadcast']}",
+        "--metrics-port",
+        "-1",
+    )
     files = [checkpoint.Checkpoints(root, rank, kept=3) for rank in range(2)]
     wait_for(lambda: all((f.latest() or 0) >= 1 for f in files), 120, "a checkpoint of each rank")
     store = RunStore.connect(redis_url, run_id)
@@ -94,8 +137,11 @@ def test_ranks_started_with_restart_come_back_into_a_new_world_on_their_own(
     os.kill(rank_1, signal.SIGKILL)
     killed_at = store.weights(0).version
     for rank, (service, why) in enumerate(zip(world, ("world was lost", "rank was killed (signal 9)"), strict=True)):
-        wait_for(lambda s=service, w=why: w in s.log() and "resumed from checkpoint" in s.log(), 120,
-                 f"rank {rank} to come back")
+        wait_for(
+            lambda s=service, w=why: w in s.log() and "resumed from checkpoint" in s.log(),
+            120,
+            f"rank {rank} to come back",
+        )
     wait_for(lambda: store.weights(0).version > killed_at + 5, 120, "the new world to train past the old one")
     assert world[0].alive() and world[1].alive() and actor.alive()
     ranks = [pid for service in world for pid in descendants(service.process.pid)]

@@ -25,8 +25,9 @@ SPECS = {
 }
 
 
-def trained_looking_model(spec: EnvSpec, hidden_sizes: tuple[int, ...], seed: int,
-                          activation: Activation = "tanh") -> ActorCritic:
+def trained_looking_model(
+    spec: EnvSpec, hidden_sizes: tuple[int, ...], seed: int, activation: Activation = "tanh"
+) -> ActorCritic:
     """A network whose outputs are far from the near-zero ones of a fresh init (out_gain 0.01),
     so that a wrong layer order, a missing bias or a missing activation shows."""
     torch.manual_seed(seed)

@@ -85,8 +85,9 @@ def test_bad_noise_colors_are_refused() -> None:
 def test_the_sac_policy_acts_with_the_noise_it_is_given_not_the_rngs() -> None:
     spec = envs.probe("Pendulum-v1")
     algo = sac.SAC(spec, SACConfig(hidden_sizes=(16,)), 1, torch.device("cpu"))
-    policy = make_policy(RunConfig(env_id="Pendulum-v1", algo="sac", sac=SACConfig(noise_color=1.0)),
-                         algo.member_params(0), spec)
+    policy = make_policy(
+        RunConfig(env_id="Pendulum-v1", algo="sac", sac=SACConfig(noise_color=1.0)), algo.member_params(0), spec
+    )
     assert isinstance(policy, SquashedGaussianPolicy) and policy.noise_color == 1.0
     obs = np.random.default_rng(3).standard_normal((8, 3)).astype(np.float32)
     noise = np.random.default_rng(4).standard_normal((8, 1)).astype(np.float32)
@@ -103,8 +104,9 @@ def silent_td3(beta: float) -> tuple[EnvSpec, dict[str, np.ndarray], RunConfig]:
     params = td3.TD3(spec, TD3Config(hidden_sizes=(16, 16)), 1, torch.device("cpu")).member_params(0)
     params["policy.4.weight"][:] = 0
     params["policy.4.bias"][:] = 0
-    run = RunConfig(env_id="Pendulum-v1", algo="td3", td3=TD3Config(exploration_noise=0.2, noise_color=beta,
-                                                                     learning_starts=0))
+    run = RunConfig(
+        env_id="Pendulum-v1", algo="td3", td3=TD3Config(exploration_noise=0.2, noise_color=beta, learning_starts=0)
+    )
     return spec, params, run
 
 

@@ -27,16 +27,22 @@ CPU = torch.device("cpu")
 
 
 def all_valid_observations(member: int, ranks: int) -> np.ndarray:
-    rows = [r.obs[:-1][r.valid].reshape(-1, norm_rank.SPEC.obs_size) for rank in range(ranks)
-            for update in range(norm_rank.UPDATES) for r in norm_rank.per_member(rank, update)[member]]
+    rows = [
+        r.obs[:-1][r.valid].reshape(-1, norm_rank.SPEC.obs_size)
+        for rank in range(ranks)
+        for update in range(norm_rank.UPDATES)
+        for r in norm_rank.per_member(rank, update)[member]
+    ]
     return np.concatenate(rows).astype(np.float64)
 
 
 def test_statistics_merged_over_two_ranks_equal_numpy_over_all_actors_data(tmp_path: Path) -> None:
     port, world = free_port(), 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(outs[r])])
-             for r in range(world)]
+    procs = [
+        subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(outs[r])])
+        for r in range(world)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     a, b = (torch.load(o, weights_only=True) for o in outs)
@@ -53,8 +59,14 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     """A trainer publishes its statistics with the weights; a fresh trainer (a restarted world, or
     a checkpoint) takes them back; the actors' NumPy policy normalizes exactly as the learner."""
     spec = norm_rank.SPEC
-    run_cfg = RunConfig(num_envs=norm_rank.SLOTS, rollout_length=norm_rank.STEPS, population=2, normalize_obs=True,
-                        obs_clip=3.0, hidden_sizes=(8,))
+    run_cfg = RunConfig(
+        num_envs=norm_rank.SLOTS,
+        rollout_length=norm_rank.STEPS,
+        population=2,
+        normalize_obs=True,
+        obs_clip=3.0,
+        hidden_sizes=(8,),
+    )
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
@@ -75,14 +87,16 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
 
     obs = rollouts[0][0].obs[0] * 3  # [N, 2, 3], some features beyond the clip
     learner_view = trainer.obs_norm(  # type: ignore[attr-defined]
-        torch.from_numpy(obs.reshape(1, len(obs), -1)).expand(2, -1, -1))[0]
+        torch.from_numpy(obs.reshape(1, len(obs), -1)).expand(2, -1, -1)
+    )[0]
     normalized = NumpyPolicy(params, spec).norm(obs.reshape(len(obs), -1))  # type: ignore[misc]
     np.testing.assert_array_equal(learner_view.numpy(), normalized)  # bit for bit: actors act as the learner trained
     assert np.abs(normalized).max() == 3.0
     net = trainer.core  # type: ignore[attr-defined]
     with torch.no_grad():
-        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1),
-                           "tanh")[0].numpy()
+        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1), "tanh")[
+            0
+        ].numpy()
     np.testing.assert_allclose(NumpyPolicy(params, spec).forward(obs), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -115,8 +129,14 @@ def test_off_policy_statistics_move_the_version_before_the_member_trains() -> No
     """Replay keeps raw observations; the statistics still follow every rollout, and a member whose
     statistics moved counts as updated (a new version), though it has not reached learning_starts."""
     spec = norm_rank.SPEC
-    run_cfg = RunConfig(algo="dqn", num_envs=norm_rank.SLOTS, rollout_length=norm_rank.STEPS, population=2,
-                        normalize_obs=True, dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000))
+    run_cfg = RunConfig(
+        algo="dqn",
+        num_envs=norm_rank.SLOTS,
+        rollout_length=norm_rank.STEPS,
+        population=2,
+        normalize_obs=True,
+        dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000),
+    )
     trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
     trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
@@ -145,10 +165,19 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
         terminated = np.zeros(r.shape, bool)
         if done_at is not None:
             terminated[done_at] = True
-        return Rollout(member=0, policy_version=0, actor=actor, obs=np.zeros((steps + 1, r.shape[1], 1), np.float32),
-                       actions=np.zeros(r.shape, np.int64), logprobs=np.zeros(r.shape, np.float32), rewards=r,
-                       terminated=terminated, truncated=np.zeros(r.shape, bool), valid=np.ones(r.shape, bool),
-                       sequence=sequence)
+        return Rollout(
+            member=0,
+            policy_version=0,
+            actor=actor,
+            obs=np.zeros((steps + 1, r.shape[1], 1), np.float32),
+            actions=np.zeros(r.shape, np.int64),
+            logprobs=np.zeros(r.shape, np.float32),
+            rewards=r,
+            terminated=terminated,
+            truncated=np.zeros(r.shape, bool),
+            valid=np.ones(r.shape, bool),
+            sequence=sequence,
+        )
 
     first = rollout("a", [[1.0], [2.0], [3.0], [4.0]], sequence=1, done_at=1)
     second = rollout("a", [[1.0], [1.0], [1.0], [1.0]], sequence=2)
@@ -164,8 +193,9 @@ def test_reward_scale_follows_each_actor_slots_discounted_return_across_rollouts
         rewards = torch.from_numpy(r.rewards)[None]
         running_returns = scaler.running_returns([[r]], rewards.shape, [gamma])
         scaled = scaler.scale(running_returns, torch.from_numpy(r.valid)[None], rewards)
-        np.testing.assert_allclose(scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(
+            scaled[0, :, 0].numpy(), r.rewards[:, 0] / np.sqrt(np.var(returns) + 1e-8), rtol=1e-5
+        )
     assert returns[:4] == pytest.approx([1.0, 2.9, 3.0, 6.7]) and returns[4] == pytest.approx(6.7 * 0.9 + 1)
     assert returns[8] == 2.0
 

@@ -57,8 +57,10 @@ fitness_episodes = 5
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found: these tests need Debian's prometheus package (promtool, "
-                    "prometheus). scripts/install installs it as root; else: sudo apt-get install prometheus")
+        pytest.fail(
+            f"{name} not found: these tests need Debian's prometheus package (promtool, "
+            "prometheus). scripts/install installs it as root; else: sudo apt-get install prometheus"
+        )
     return path
 
 
@@ -146,11 +148,20 @@ def metric_names(expr: str) -> set[str]:
 
 def test_every_dashboard_query_parses() -> None:
     promtool = tool("promtool")
-    rules = {"groups": [{"name": "dashboards", "rules": [
-        {"record": f"rlmq:dashboard_query:{i}", "expr": substitute(expr)}
-        for i, (_, expr, _) in enumerate(dashboard_queries())]}]}
-    check = subprocess.run([promtool, "check", "rules", "/dev/stdin"], input=json.dumps(rules),
-                           capture_output=True, text=True, timeout=60)
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [
+                    {"record": f"rlmq:dashboard_query:{i}", "expr": substitute(expr)}
+                    for i, (_, expr, _) in enumerate(dashboard_queries())
+                ],
+            }
+        ]
+    }
+    check = subprocess.run(
+        [promtool, "check", "rules", "/dev/stdin"], input=json.dumps(rules), capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -158,7 +169,7 @@ def test_every_panel_query_filters_by_run() -> None:
     for where, expr, is_panel in dashboard_queries():
         if is_panel:
             for name in re.findall(r"\b(rlmq_\w+)", expr):
-                assert re.search(rf'{name}\{{run=~"\$run"', expr), f"{where}: {name} without {{run=~\"$run\"}}"
+                assert re.search(rf'{name}\{{run=~"\$run"', expr), f'{where}: {name} without {{run=~"$run"}}'
 
 
 # --- the metrics themselves -----------------------------------------------------------------------
@@ -219,15 +230,23 @@ def start_prometheus(workdir: Path, targets_file: Path) -> tuple[subprocess.Pope
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "rlmq",
-                            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]}],
+        "scrape_configs": [
+            {"job_name": "rlmq", "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]}
+        ],
     }
     (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     with open(workdir / "prometheus.log", "wb") as log:
         process = subprocess.Popen(
-            [prometheus, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                prometheus,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     url = f"http://127.0.0.1:{port}"
 
@@ -259,9 +278,23 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     run_dir = workdir / "run"
     with open(workdir / "up.log", "wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--config", str(workdir / "run.toml"),
-             "--actors", "2", "--learners", "1"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "rlmq.cli",
+                "up",
+                "--run-dir",
+                str(run_dir),
+                "--config",
+                str(workdir / "run.toml"),
+                "--actors",
+                "2",
+                "--learners",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     prometheus = None
     try:
@@ -274,8 +307,11 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         found = wait_for(targets, 60, "rlmq up to write prometheus_targets.json")
         prometheus, url = start_prometheus(workdir, targets_file)
         coordinator = found["coordinator"][0]
-        wait_for(lambda: up.poll() is None and sample(scrape(coordinator), "rlmq_env_steps_total") > 0,
-                 90, "the run to take env steps")
+        wait_for(
+            lambda: up.poll() is None and sample(scrape(coordinator), "rlmq_env_steps_total") > 0,
+            90,
+            "the run to take env steps",
+        )
         yield LiveRun(run_dir, found, url)
     finally:
         stop(up, signal.SIGINT)
@@ -314,8 +350,9 @@ def test_prometheus_scrapes_the_run_through_file_sd(live_run: LiveRun) -> None:
         return up if ok else []
 
     up = wait_for(all_up, 30, "every target up", period=1)
-    assert ({series["metric"]["run"] for series in up}
-            == {json.loads((live_run.run_dir / "run.json").read_text())["run"]})
+    assert {series["metric"]["run"] for series in up} == {
+        json.loads((live_run.run_dir / "run.json").read_text())["run"]
+    }
 
 
 @pytest.mark.slow
@@ -352,9 +389,14 @@ def test_batch_histogram_buckets_as_prometheus_does() -> None:
     ours.observe_many(values[3:])
     for value in values:
         theirs.observe(value)
+
     def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
-        return [(s.name, s.labels, s.value) for family in registry.collect() for s in family.samples
-                if not s.name.endswith("_created")]
+        return [
+            (s.name, s.labels, s.value)
+            for family in registry.collect()
+            for s in family.samples
+            if not s.name.endswith("_created")
+        ]
 
     assert samples(ours_registry) == samples(theirs_registry)
     assert ("rlmq_x_bucket", {"le": "10.0"}, 5.0) in samples(ours_registry)

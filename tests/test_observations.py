@@ -26,12 +26,16 @@ PIXELS = "pixel_bandit:PixelBandit"  # tests/helpers is on the path (conftest.py
 STEPS, SLOTS = 12, 3
 
 
-@pytest.mark.parametrize(("env_id", "shape", "dtype", "categories"), [
-    (PIXELS, (6, 6, 2), "uint8", 0),
-    ("FrozenLake-v1", (), "int64", 16),
-])
-def test_observations_keep_their_dtype_through_collector_wire_and_replay(env_id: str, shape: tuple[int, ...],
-                                                                         dtype: str, categories: int) -> None:
+@pytest.mark.parametrize(
+    ("env_id", "shape", "dtype", "categories"),
+    [
+        (PIXELS, (6, 6, 2), "uint8", 0),
+        ("FrozenLake-v1", (), "int64", 16),
+    ],
+)
+def test_observations_keep_their_dtype_through_collector_wire_and_replay(
+    env_id: str, shape: tuple[int, ...], dtype: str, categories: int
+) -> None:
     env = envs.make_vector_env(env_id, SLOTS)
     spec = envs.describe(env, env_id)
     assert (spec.obs_shape, spec.obs_dtype, spec.obs_categories) == (shape, dtype, categories)
@@ -64,21 +68,26 @@ def test_discrete_observations_are_one_hot_and_images_flattened_alike_in_numpy_a
     discrete = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=5, action_kind="discrete", action_dim=3)
     index = np.array([0, 4, 2])
     np.testing.assert_array_equal(obs_features(index, discrete), np.eye(5, dtype=np.float32)[[0, 4, 2]])
-    np.testing.assert_array_equal(torch_obs_features(torch.from_numpy(index), discrete).numpy(),
-                                  obs_features(index, discrete))
+    np.testing.assert_array_equal(
+        torch_obs_features(torch.from_numpy(index), discrete).numpy(), obs_features(index, discrete)
+    )
     image = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)
     pixels = np.random.default_rng(0).integers(0, 256, (4, 6, 6, 2), dtype=np.uint8)
     expected = pixels.reshape(4, 72).astype(np.float32)
     np.testing.assert_array_equal(obs_features(pixels, image), expected)
     # With leading [P, T] dimensions, as PPO's batch has them.
-    np.testing.assert_array_equal(torch_obs_features(torch.from_numpy(pixels).view(2, 2, 6, 6, 2), image).numpy(),
-                                  expected.reshape(2, 2, 72))
+    np.testing.assert_array_equal(
+        torch_obs_features(torch.from_numpy(pixels).view(2, 2, 6, 6, 2), image).numpy(), expected.reshape(2, 2, 72)
+    )
 
 
-@pytest.mark.parametrize("spec", [
-    EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=5, action_kind="discrete", action_dim=3),
-    EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=5, action_kind="discrete", action_dim=3),
+        EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
+    ],
+)
 def test_actor_policy_and_learner_network_agree_on_any_observation(spec: EnvSpec) -> None:
     net = ActorCritic(spec, (16,))
     rng = np.random.default_rng(3)
@@ -98,12 +107,15 @@ def test_the_learner_refuses_observations_that_do_not_fit_its_env() -> None:
     assert reason == "bad_shape" and "obs is float32" in detail
 
 
-@pytest.mark.parametrize(("name", "value", "detail"), [
-    ("obs", -1, "a Discrete observation out of range"),  # read unsigned, -1 is the largest index
-    ("obs", -(2**63), "a Discrete observation out of range"),
-    ("actions", -1, "an action index out of range"),
-    ("actions", 2, "an action index out of range"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "detail"),
+    [
+        ("obs", -1, "a Discrete observation out of range"),  # read unsigned, -1 is the largest index
+        ("obs", -(2**63), "a Discrete observation out of range"),
+        ("actions", -1, "an action index out of range"),
+        ("actions", 2, "an action index out of range"),
+    ],
+)
 def test_the_learner_refuses_an_index_below_zero_or_past_the_last(name: str, value: int, detail: str) -> None:
     spec = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=4, action_kind="discrete", action_dim=2)
     arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in rollout_layout(spec, STEPS, SLOTS).items()}
@@ -114,24 +126,53 @@ def test_the_learner_refuses_an_index_below_zero_or_past_the_last(name: str, val
     assert layout_problem(arrays, spec, STEPS, SLOTS) == ("bad_value", detail)
 
 
-@pytest.mark.parametrize("fields", [
-    {"obs_shape": (0,)}, {"obs_shape": (1, 1, 1, 1, 1)}, {"obs_dtype": "float64"},
-    {"obs_shape": (4,), "obs_categories": 3}, {"obs_shape": ()},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"obs_shape": (0,)},
+        {"obs_shape": (1, 1, 1, 1, 1)},
+        {"obs_dtype": "float64"},
+        {"obs_shape": (4,), "obs_categories": 3},
+        {"obs_shape": ()},
+    ],
+)
 def test_env_specs_that_no_network_could_take_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         EnvSpec(**{"obs_shape": (4,), "action_kind": "discrete", "action_dim": 2, **fields})  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
-def test_a_third_party_env_with_uint8_image_observations_trains(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_third_party_env_with_uint8_image_observations_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`rlmq up --env package.module:EnvClass` with a (6, 6, 2) uint8 Box: the policy learns to read
     the image (a random one earns 8 of 16)."""
     monkeypatch.setenv("PYTHONPATH", str(Path(pixel_bandit.__file__).parent))
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(tmp_path), "--env", PIXELS,
-                         "--algo", "ppo", "--actors", "2", "--learners", "1", "--target-return", "14",
-                         "--total-steps", "60000"], capture_output=True, text=True, timeout=240)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--run-dir",
+            str(tmp_path),
+            "--env",
+            PIXELS,
+            "--algo",
+            "ppo",
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--target-return",
+            "14",
+            "--total-steps",
+            "60000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["success"] and summary["mean_return_last_100"] >= 14

@@ -19,8 +19,10 @@ HELPER = Path(__file__).parent / "helpers" / "offpolicy_rank.py"
 def test_two_ranks_stay_bit_identical(tmp_path: Path, algo: str, networks: int) -> None:
     port, world = free_port(), 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(HELPER), algo, str(r), str(world), str(port), "3", str(outs[r])])
-             for r in range(world)]
+    procs = [
+        subprocess.Popen([sys.executable, str(HELPER), algo, str(r), str(world), str(port), "3", str(outs[r])])
+        for r in range(world)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     a, b = (torch.load(o, weights_only=True) for o in outs)

@@ -15,8 +15,22 @@ PACKAGES = ("common", "actors", "learners", "coordinator", "cli")
 
 
 def test_wheel_contains_every_module(tmp_path: Path, repo_root: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(repo_root)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(repo_root),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("rlmq-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for package in PACKAGES:
@@ -26,8 +40,9 @@ def test_wheel_contains_every_module(tmp_path: Path, repo_root: Path) -> None:
         assert f"rlmq/{package}/py.typed" in names
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parent.parent.joinpath("common").glob("*.py")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).resolve().parent.parent.joinpath("common").glob("*.py")), ids=lambda p: p.name
+)
 def test_common_is_a_leaf(path: Path) -> None:
     services = tuple(f"rlmq.{p}" for p in PACKAGES[1:])
     for node in ast.walk(ast.parse(path.read_text())):

@@ -83,13 +83,22 @@ def test_decide_is_reproducible_from_its_seed() -> None:
     lr = first.hyperparams["learning_rate"]
     assert 1e-4 <= lr <= 1e-2 and lr != members[0]["learning_rate"]
     assert {k: v for k, v in first.hyperparams.items() if k != "learning_rate"} == {
-        k: v for k, v in members[1].items() if k != "learning_rate"}
+        k: v for k, v in members[1].items() if k != "learning_rate"
+    }
     assert pbt.decide(cfg, returns, 1, members, pbt.decision_rng(0, 8)) is None  # the best carries on
     assert pbt.decide(cfg, {1: [200.0], 2: [50.0]}, 0, members, pbt.decision_rng(0, 9)) is None  # no fitness yet
 
 
-@pytest.mark.parametrize(("p", "df", "table"), [  # Student's t table (e.g. Abramowitz & Stegun, table 26.10)
-    (0.95, 5, 2.015), (0.95, 10, 1.812), (0.975, 20, 2.086), (0.99, 30, 2.457), (0.95, 1e9, 1.645)])
+@pytest.mark.parametrize(
+    ("p", "df", "table"),
+    [  # Student's t table (e.g. Abramowitz & Stegun, table 26.10)
+        (0.95, 5, 2.015),
+        (0.95, 10, 1.812),
+        (0.975, 20, 2.086),
+        (0.99, 30, 2.457),
+        (0.95, 1e9, 1.645),
+    ],
+)
 def test_t_quantile_matches_the_table(p: float, df: float, table: float) -> None:
     assert pbt.t_quantile(p, df) == pytest.approx(table, abs=1.5e-3)
 

@@ -26,6 +26,7 @@ from rlmq.learners.trainers import copy_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
+
 def encoder_of(spec: EnvSpec) -> str:
     if spec is IMAGE_RESNET:
         return "impala"
@@ -40,8 +41,9 @@ def stacked_from(nets: list[ActorCritic], spec: EnvSpec, activation: Activation 
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS, IMAGE, IMAGE_CONTINUOUS],
-                         ids=["discrete", "continuous", "image", "image-continuous"])
+@pytest.mark.parametrize(
+    "spec", [DISCRETE, CONTINUOUS, IMAGE, IMAGE_CONTINUOUS], ids=["discrete", "continuous", "image", "image-continuous"]
+)
 def test_stacked_forward_is_each_members_forward(spec: EnvSpec, activation: Activation) -> None:
     torch.manual_seed(0)
     nets = [ActorCritic(spec, (16, 16), encoder=encoder_of(spec), activation=activation) for _ in range(3)]
@@ -97,16 +99,34 @@ def cpu_matmul(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.mark.parametrize("spec,minibatches,device,normalize", [
-    (DISCRETE, 2, "cpu", True), (CONTINUOUS, 1, "cpu", True), (CONTINUOUS, 2, "cpu", False), (IMAGE, 2, "cpu", True),
-    (IMAGE_CONTINUOUS, 1, "cpu", True), (IMAGE_RESNET, 2, "cpu", True),
-    pytest.param(DISCRETE, 2, "cuda", True, marks=CUDA), pytest.param(CONTINUOUS, 1, "cuda", True, marks=CUDA),
-    pytest.param(IMAGE, 2, "cuda", True, marks=CUDA),
-], ids=["discrete-2mb", "continuous", "continuous-raw-advantages", "image-2mb", "image-continuous", "resnet-2mb",
+@pytest.mark.parametrize(
+    "spec,minibatches,device,normalize",
+    [
+        (DISCRETE, 2, "cpu", True),
+        (CONTINUOUS, 1, "cpu", True),
+        (CONTINUOUS, 2, "cpu", False),
+        (IMAGE, 2, "cpu", True),
+        (IMAGE_CONTINUOUS, 1, "cpu", True),
+        (IMAGE_RESNET, 2, "cpu", True),
+        pytest.param(DISCRETE, 2, "cuda", True, marks=CUDA),
+        pytest.param(CONTINUOUS, 1, "cuda", True, marks=CUDA),
+        pytest.param(IMAGE, 2, "cuda", True, marks=CUDA),
+    ],
+    ids=[
+        "discrete-2mb",
+        "continuous",
+        "continuous-raw-advantages",
+        "image-2mb",
+        "image-continuous",
+        "resnet-2mb",
         "discrete-2mb-cuda",
-        "continuous-cuda", "image-2mb-cuda"])
-def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatches: int, device: str, normalize: bool,
-                                                        cpu_matmul: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        "continuous-cuda",
+        "image-2mb-cuda",
+    ],
+)
+def test_vectorized_update_equals_the_loop_over_members(
+    spec: EnvSpec, minibatches: int, device: str, normalize: bool, cpu_matmul: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four members with different learning rates, clip ranges, discounts and anneal fractions;
     one of them inactive after its first update (no data): after several updates each member's
     weights and Adam moments equal those of its own ActorCritic + torch.optim.Adam +
@@ -124,9 +144,18 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
         nets.append(net.to(device))
     adams = [torch.optim.Adam(net.parameters(), lr=1.0, eps=1e-5) for net in nets]
     optimizer = PopulationAdam(pop.flat)
-    members = [{"learning_rate": lr, "ent_coef": 0.01 * m, "clip_coef": 0.1 + 0.05 * m, "vf_coef": 0.5,
-                "gamma": 0.9 + 0.03 * m, "gae_lambda": 0.95 - 0.1 * m, "max_grad_norm": 0.5 + m}
-               for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))]
+    members = [
+        {
+            "learning_rate": lr,
+            "ent_coef": 0.01 * m,
+            "clip_coef": 0.1 + 0.05 * m,
+            "vf_coef": 0.5,
+            "gamma": 0.9 + 0.03 * m,
+            "gae_lambda": 0.95 - 0.1 * m,
+            "max_grad_norm": 0.5 + m,
+        }
+        for m, lr in enumerate((1e-3, 3e-3, 1e-2, 3e-4))
+    ]
     hp = per_member(ppo.MemberHyperparams, members, torch.device(device))
     # Through IMPALA's max-pools one update of one epoch: which input of a window is the largest can
     # flip with a float32 rounding, and then that window's gradient goes elsewhere, so each further
@@ -140,8 +169,10 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
             batch.valid[3] = False
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
-        plan = [None if i is None else i.to(device)
-                for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))]
+        plan = [
+            None if i is None else i.to(device)
+            for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+        ]
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         ppo.update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())
@@ -154,8 +185,9 @@ def test_vectorized_update_equals_the_loop_over_members(spec: EnvSpec, minibatch
     for m, (net, adam) in enumerate(zip(nets, adams, strict=True)):
         got = pop.member_params(m)
         for name, want in net.state_dict().items():
-            np.testing.assert_allclose(got[name], want.cpu().numpy(), rtol=2e-4, atol=atol[0],
-                                       err_msg=f"member {m} {name}")
+            np.testing.assert_allclose(
+                got[name], want.cpu().numpy(), rtol=2e-4, atol=atol[0], err_msg=f"member {m} {name}"
+            )
         moments = torch.cat([adam.state[p]["exp_avg"].reshape(-1) for p in net.parameters()])
         # parameters() and state_dict() share an order here (no buffers)
         torch.testing.assert_close(optimizer.exp_avg[m], moments, rtol=2e-4, atol=atol[1])
@@ -224,12 +256,25 @@ def test_a_ppo_update_on_absurd_rewards_leaves_the_weights_finite() -> None:
     batch = random_batch(DISCRETE, 2, 8, 4, seed=1)
     batch = batch._replace(rewards=batch.rewards.index_fill(0, torch.tensor([0]), 3e38))  # member 0 only
     cfg = PPOConfig(epochs=2)
-    hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.2), "learning_rate": 1e-3,
-                                             "gamma": 0.99, "gae_lambda": 0.95}] * 2, torch.device("cpu"))
+    hp = per_member(
+        ppo.MemberHyperparams,
+        [{**dict.fromkeys(TUNABLE, 0.2), "learning_rate": 1e-3, "gamma": 0.99, "gae_lambda": 0.95}] * 2,
+        torch.device("cpu"),
+    )
     before = pop.flat.detach().clone()
     active = torch.ones(2, dtype=torch.bool)
-    ppo.update(pop, pop, optimizer, batch, hp, cfg, ppo.minibatch_plan(8 * 4, cfg, torch.Generator()), torch.ones(2),
-               ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1), active)
+    ppo.update(
+        pop,
+        pop,
+        optimizer,
+        batch,
+        hp,
+        cfg,
+        ppo.minibatch_plan(8 * 4, cfg, torch.Generator()),
+        torch.ones(2),
+        ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1),
+        active,
+    )
     assert torch.equal(pop.flat.detach()[0], before[0]) and int(optimizer.nonfinite) == cfg.epochs
     assert not torch.equal(pop.flat.detach()[1], before[1]), "the healthy member must still learn"
     assert bool(torch.isfinite(pop.flat).all())
@@ -244,8 +289,9 @@ def test_a_pbt_copy_moves_weights_and_optimizer_state() -> None:
     optimizer.steps[2] = 7  # a history of its own
 
     def state(member: int) -> list[torch.Tensor]:
-        return [t[member].detach().clone() for t in (pop.flat, optimizer.exp_avg, optimizer.exp_avg_sq,
-                                                     optimizer.steps)]
+        return [
+            t[member].detach().clone() for t in (pop.flat, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps)
+        ]
 
     assert not any(torch.equal(a, b) for a, b in zip(state(2), state(0), strict=True))
     bystander = state(1)

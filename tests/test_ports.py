@@ -25,9 +25,22 @@ def test_a_process_whose_metrics_port_is_taken_comes_up_on_another_and_is_scrape
     control = coordinator.bind_to_random_port("tcp://127.0.0.1")
     announced = tmp_path / "actor-0.json"
     try:
-        actor = start_service("actor", "actor", "--name", "actor-0", "--coordinator", f"tcp://127.0.0.1:{control}",
-                              "--broadcast", "tcp://127.0.0.1:1", "--metrics-port", str(taken), "--bind-host",
-                              "127.0.0.1", "--announce", str(announced))
+        actor = start_service(
+            "actor",
+            "actor",
+            "--name",
+            "actor-0",
+            "--coordinator",
+            f"tcp://127.0.0.1:{control}",
+            "--broadcast",
+            "tcp://127.0.0.1:1",
+            "--metrics-port",
+            str(taken),
+            "--bind-host",
+            "127.0.0.1",
+            "--announce",
+            str(announced),
+        )
         deadline = time.monotonic() + 30
         while not announced.exists() and time.monotonic() < deadline:
             assert actor.alive(), actor.log()
@@ -43,8 +56,9 @@ def test_a_process_whose_metrics_port_is_taken_comes_up_on_another_and_is_scrape
 
 
 def test_the_scrape_targets_follow_the_ports_children_announce(tmp_path: Path) -> None:
-    cfg = UpConfig.build(actors=2, learners=1, config_file=None, overrides={}, redis_url=None,
-                         run_dir=tmp_path, torch_threads=1)
+    cfg = UpConfig.build(
+        actors=2, learners=1, config_file=None, overrides={}, redis_url=None, run_dir=tmp_path, torch_threads=1
+    )
     supervisor = Supervisor(cfg, "redis://127.0.0.1:1/0", None)
     supervisor.plan()
     planned = {c.name: c.metrics_port for c in supervisor.children}

@@ -22,9 +22,13 @@ def inputs(old_from_logits: bool) -> dict[str, Tensor]:
     old = logp.clone() if old_from_logits else logp + 0.5 * torch.randn(P, N, generator=g, dtype=torch.float64)
     mask = (torch.rand(P, N, generator=g) < 0.8).to(torch.float64)
     return {
-        "logits": logits, "values": torch.randn(P, N, generator=g, dtype=torch.float64), "actions": actions,
-        "old_logp": old, "advantages": torch.randn(P, N, generator=g, dtype=torch.float64),
-        "value_targets": torch.randn(P, N, generator=g, dtype=torch.float64), "mask": mask,
+        "logits": logits,
+        "values": torch.randn(P, N, generator=g, dtype=torch.float64),
+        "actions": actions,
+        "old_logp": old,
+        "advantages": torch.randn(P, N, generator=g, dtype=torch.float64),
+        "value_targets": torch.randn(P, N, generator=g, dtype=torch.float64),
+        "mask": mask,
         "norm": mask.sum(-1) + torch.tensor([0.0, 3.0, 10.0], dtype=torch.float64),
         "clip_coef": torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
         "ent_coef": torch.tensor([0.0, 0.01, 0.5], dtype=torch.float64),
@@ -37,8 +41,19 @@ def reference(x: dict[str, Tensor], logits: Tensor, values: Tensor) -> tuple[ppo
     log_probs = torch.log_softmax(logits, 1)
     logp = log_probs.gather(1, x["actions"].unsqueeze(1)).squeeze(1)
     entropy = -(log_probs.exp() * log_probs).sum(1)
-    loss = ppo.ppo_loss(logp, x["old_logp"], x["advantages"], values, x["value_targets"], entropy, x["mask"],
-                        x["norm"], clip_coef=x["clip_coef"], ent_coef=x["ent_coef"], vf_coef=x["vf_coef"])
+    loss = ppo.ppo_loss(
+        logp,
+        x["old_logp"],
+        x["advantages"],
+        values,
+        x["value_targets"],
+        entropy,
+        x["mask"],
+        x["norm"],
+        clip_coef=x["clip_coef"],
+        ent_coef=x["ent_coef"],
+        vf_coef=x["vf_coef"],
+    )
     return loss, logp
 
 
@@ -47,9 +62,18 @@ def test_loss_and_gradient_match_ppo_loss_through_autograd(first_epoch: bool) ->
     x = inputs(first_epoch)
     ours_in = [x["logits"].clone().requires_grad_(), x["values"].clone().requires_grad_()]
     want_in = [x["logits"].clone().requires_grad_(), x["values"].clone().requires_grad_()]
-    *ours, logp = ppo_loss_from_logits(*ours_in, x["actions"], x["old_logp"], x["advantages"], x["value_targets"],
-                                       x["mask"], x["norm"], clip_coef=x["clip_coef"], ent_coef=x["ent_coef"],
-                                       vf_coef=x["vf_coef"])
+    *ours, logp = ppo_loss_from_logits(
+        *ours_in,
+        x["actions"],
+        x["old_logp"],
+        x["advantages"],
+        x["value_targets"],
+        x["mask"],
+        x["norm"],
+        clip_coef=x["clip_coef"],
+        ent_coef=x["ent_coef"],
+        vf_coef=x["vf_coef"],
+    )
     want, want_logp = reference(x, *want_in)
     for name, got, expected in zip(ppo.PPOLoss._fields, ours, want, strict=True):
         torch.testing.assert_close(got, expected, msg=lambda m, name=name: f"{name}: {m}")

@@ -46,8 +46,19 @@ PG_GRAD = [[0.0, 0.0, 0.0], [-1.05 / 3, -0.7 / 3, 3.0 / 3]]
 
 def test_ppo_loss_by_hand() -> None:
     new_logp = t([[math.log(r) for r in row] for row in RATIOS]).requires_grad_(True)
-    loss = ppo_loss(new_logp, torch.zeros_like(new_logp), ADVANTAGES, VALUES, TARGETS, ENTROPY, MASK, NORM,
-                    clip_coef=CLIP, ent_coef=ENT, vf_coef=VF)
+    loss = ppo_loss(
+        new_logp,
+        torch.zeros_like(new_logp),
+        ADVANTAGES,
+        VALUES,
+        TARGETS,
+        ENTROPY,
+        MASK,
+        NORM,
+        clip_coef=CLIP,
+        ent_coef=ENT,
+        vf_coef=VF,
+    )
     torch.testing.assert_close(loss.pg_loss, torch.tensor(PG, dtype=F64))
     torch.testing.assert_close(loss.v_loss, torch.tensor(V, dtype=F64))
     torch.testing.assert_close(loss.entropy, torch.tensor(H, dtype=F64))
@@ -67,14 +78,19 @@ def test_advantages_are_normalized_per_member_over_valid_samples_as_numpy_does()
         x = adv[member, valid]
         np.testing.assert_allclose(out[member, valid], (x - x.mean()) / (x.std(ddof=1) + 1e-8), rtol=1e-12)
     np.testing.assert_array_equal(out[2], adv[2])
-    np.testing.assert_array_equal(normalize_advantages(torch.from_numpy(adv), torch.from_numpy(mask),
-                                                       enabled=False).numpy(), adv)
+    np.testing.assert_array_equal(
+        normalize_advantages(torch.from_numpy(adv), torch.from_numpy(mask), enabled=False).numpy(), adv
+    )
 
 
-@pytest.mark.parametrize(("counts", "minibatches", "world", "expected"), [
-    ([10, 0], 4, 2, [10 / 8, 1 / 8]),  # a member with no samples divides by 1, not 0
-    ([6, 6], 1, 1, [6.0, 6.0]),
-])
+@pytest.mark.parametrize(
+    ("counts", "minibatches", "world", "expected"),
+    [
+        ([10, 0], 4, 2, [10 / 8, 1 / 8]),  # a member with no samples divides by 1, not 0
+        ([6, 6], 1, 1, [6.0, 6.0]),
+    ],
+)
 def test_loss_normalizers(counts: list[int], minibatches: int, world: int, expected: list[float]) -> None:
-    torch.testing.assert_close(loss_normalizers(torch.tensor(counts), minibatches, world),
-                               torch.tensor(expected, dtype=torch.float32))
+    torch.testing.assert_close(
+        loss_normalizers(torch.tensor(counts), minibatches, world), torch.tensor(expected, dtype=torch.float32)
+    )

@@ -44,7 +44,8 @@ def test_a_loopback_advertised_to_a_coordinator_elsewhere_is_called_out(caplog: 
 
 
 def test_a_rendezvous_that_does_not_answer_is_said_within_seconds_and_a_stop_ends_the_wait(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     port, stop = free_port(), StopFlag()
     threading.Timer(3.0, stop.set).start()
     started = time.monotonic()
@@ -94,19 +95,29 @@ def test_an_actor_logs_losing_and_regaining_contact_with_a_peer(caplog: pytest.L
 
 def test_rlmq_keys_writes_each_process_its_own_bundle_and_a_wrong_one_is_one_error_line(tmp_path: Path) -> None:
     rlmq = [sys.executable, "-m", "rlmq.cli"]
-    subprocess.run([*rlmq, "keys", str(tmp_path / "keys"), "--learners", "2", "--actors", "3"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*rlmq, "keys", str(tmp_path / "keys"), "--learners", "2", "--actors", "3"], check=True, capture_output=True
+    )
     bundles = tmp_path / "keys" / "bundles"
-    expected = {"coordinator": key_files(None, True),
-                **{f"learner-{r}": key_files(f"learner-{r}", True) for r in (0, 1)},
-                **{f"actor-{i}": key_files(f"actor-{i}", False) for i in range(3)}}
-    assert {p.name: sorted(f.name for f in p.iterdir()) for p in bundles.iterdir()} == \
-        {name: sorted(files) for name, files in expected.items()}
-    assert all((bundles / "actor-2" / f).read_bytes() == (tmp_path / "keys" / f).read_bytes()
-               for f in key_files("actor-2", False))
+    expected = {
+        "coordinator": key_files(None, True),
+        **{f"learner-{r}": key_files(f"learner-{r}", True) for r in (0, 1)},
+        **{f"actor-{i}": key_files(f"actor-{i}", False) for i in range(3)},
+    }
+    assert {p.name: sorted(f.name for f in p.iterdir()) for p in bundles.iterdir()} == {
+        name: sorted(files) for name, files in expected.items()
+    }
+    assert all(
+        (bundles / "actor-2" / f).read_bytes() == (tmp_path / "keys" / f).read_bytes()
+        for f in key_files("actor-2", False)
+    )
     assert {oct(p.stat().st_mode & 0o777) for p in bundles.rglob("*")} == {"0o700", "0o600"}
-    wrong = subprocess.run([*rlmq, "actor", "--name", "actor-1", "--keys", str(bundles / "actor-0")],
-                           capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [*rlmq, "actor", "--name", "actor-1", "--keys", str(bundles / "actor-0")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert wrong.stderr.count("\n") == 1 and wrong.stderr.startswith("error: --keys ")
     assert "actor-1.key_secret is missing" in wrong.stderr and "bundles/actor-1/" in wrong.stderr
@@ -115,13 +126,15 @@ def test_rlmq_keys_writes_each_process_its_own_bundle_and_a_wrong_one_is_one_err
 def test_a_learner_waiting_for_its_world_ends_on_sigterm_at_once(tmp_path: Path) -> None:
     """Rank 0 of a world of two whose rank 1 never comes: torch waits in C++ for minutes, where no
     Python signal handler runs; a SIGTERM ends it at once."""
-    script = ("from rlmq.common.service import StopFlag, install_signal_handlers, signals_end_at_once\n"
-              "import logging, sys\n"
-              "from rlmq.learners import distributed\n"
-              "install_signal_handlers(StopFlag(), logging.getLogger())\n"
-              "with signals_end_at_once():\n"
-              "    print('waiting', flush=True)\n"
-              f"    distributed.init_world(0, 2, '127.0.0.1', {free_port()}, 'cpu', '127.0.0.1')\n")
+    script = (
+        "from rlmq.common.service import StopFlag, install_signal_handlers, signals_end_at_once\n"
+        "import logging, sys\n"
+        "from rlmq.learners import distributed\n"
+        "install_signal_handlers(StopFlag(), logging.getLogger())\n"
+        "with signals_end_at_once():\n"
+        "    print('waiting', flush=True)\n"
+        f"    distributed.init_world(0, 2, '127.0.0.1', {free_port()}, 'cpu', '127.0.0.1')\n"
+    )
     rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert rank0.stdout is not None and rank0.stdout.readline() == "waiting\n"

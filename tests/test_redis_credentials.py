@@ -85,16 +85,18 @@ def tls_redis(redis_url: str) -> Iterator[int]:
 
 
 def rlmq(command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmq.cli", command, *args], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", command, *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:
     return rlmq("status", *args)
 
 
-def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, redis_url: str, run_id: str,
-                                                    tls_redis: int, tmp_path: Path) -> None:
+def test_status_reads_a_run_as_an_acl_user_over_tls(
+    redis_client: redis.Redis, redis_url: str, run_id: str, tls_redis: int, tmp_path: Path
+) -> None:
     """A read-only ACL user (the issue's `rlmq status` user) whose password comes from a file:
     `rlmq status` reads the run, and `rlmq check` (the coordinator's readiness probe) pings
     Redis, over plain TCP and over TLS with the server's CA; the same user's URL without TLS on
@@ -102,8 +104,9 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
     password), not a traceback."""
     RunStore(redis_client, run_id).set_status(state="running", env_steps=1234)
     user, password = f"status-{run_id}", "a-read-only-secret"
-    redis_client.execute_command("ACL", "SETUSER", user, "on", f">{password}", f"~rlmq:{run_id}:*", "+@read",
-                                 "+ping", "+info", "+client")
+    redis_client.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", f"~rlmq:{run_id}:*", "+@read", "+ping", "+info", "+client"
+    )
     password_file = tmp_path / "password"
     password_file.write_text(password + "\n")
     port = urllib.parse.urlsplit(redis_url).port
@@ -114,13 +117,16 @@ def test_status_reads_a_run_as_an_acl_user_over_tls(redis_client: redis.Redis, r
         for url in (f"redis://{user}@127.0.0.1:{port}/0", f"rediss://{user}@127.0.0.1:{tls_redis}/0?ssl_ca_certs={ca}"):
             shown = status("--redis-url", url, "--redis-password-file", str(password_file), "--run", run_id)
             assert shown.returncode == 0 and "state running" in shown.stdout and "1,234" in shown.stdout, shown
-            probed = rlmq("check", "--metrics-port", str(metrics), "--redis-url", url,
-                          "--redis-password-file", str(password_file))
+            probed = rlmq(
+                "check", "--metrics-port", str(metrics), "--redis-url", url, "--redis-password-file", str(password_file)
+            )
             assert probed.returncode == 0 and probed.stdout.rstrip().endswith("Redis answers"), probed
         with pytest.raises(redis.exceptions.NoPermissionError):  # read-only indeed
             redis.Redis.from_url(f"redis://{user}:{password}@127.0.0.1:{port}/0").set(f"rlmq:{run_id}:x", 1)
-        for url, file, fix in ((f"redis://{user}@127.0.0.1:{tls_redis}/0", str(password_file), "rediss://"),
-                               (f"redis://{user}@127.0.0.1:{port}/0", "", "--redis-password-file")):
+        for url, file, fix in (
+            (f"redis://{user}@127.0.0.1:{tls_redis}/0", str(password_file), "rediss://"),
+            (f"redis://{user}@127.0.0.1:{port}/0", "", "--redis-password-file"),
+        ):
             failed = status("--redis-url", url, "--redis-password-file", file, "--run", run_id)
             (line,) = failed.stderr.splitlines()
             assert failed.returncode != 0 and line.startswith("error: ") and fix in line and password not in line, line

@@ -103,17 +103,28 @@ def test_messages_never_show_a_password() -> None:
 # --- the coordinator -------------------------------------------------------------------------
 
 
-def start_coordinator(
-    start_service: Any, tmp_path: Path, url: str, run_id: str, outage_s: float
-) -> tuple[Any, str]:
+def start_coordinator(start_service: Any, tmp_path: Path, url: str, run_id: str, outage_s: float) -> tuple[Any, str]:
     """The coordinator as its own process, and its control endpoint."""
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"num_learners": 1, "num_envs": 4, "rollout_length": 8}))
     control = free_port()
     service = start_service(
-        "coordinator", "coordinator", "--run", run_id, "--redis-url", url, "--run-config", str(config),
-        "--metrics-port", "-1", "--control-bind", f"tcp://127.0.0.1:{control}",
-        "--broadcast-bind", f"tcp://127.0.0.1:{free_port()}", "--redis-outage-s", str(outage_s),
+        "coordinator",
+        "coordinator",
+        "--run",
+        run_id,
+        "--redis-url",
+        url,
+        "--run-config",
+        str(config),
+        "--metrics-port",
+        "-1",
+        "--control-bind",
+        f"tcp://127.0.0.1:{control}",
+        "--broadcast-bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--redis-outage-s",
+        str(outage_s),
     )
     return service, f"tcp://127.0.0.1:{control}"
 
@@ -143,8 +154,9 @@ def test_the_coordinator_rides_out_an_outage_and_answers_what_came_during_it(
     sock.close()
 
 
-def coordinator_at_work(start_service: Any, tmp_path: Path, own_redis: RedisServer, run_id: str,
-                        outage_s: float) -> Any:
+def coordinator_at_work(
+    start_service: Any, tmp_path: Path, own_redis: RedisServer, run_id: str, outage_s: float
+) -> Any:
     """A coordinator service that has written its first status."""
     coordinator, _ = start_coordinator(start_service, tmp_path, own_redis.url, run_id, outage_s=outage_s)
     store = RunStore.connect(own_redis.url, run_id)
@@ -195,8 +207,21 @@ def private_redis_pid(up: subprocess.Popen[str]) -> int:
 @pytest.mark.slow
 def test_up_rides_out_a_redis_outage_and_writes_its_results(tmp_path: Path, own_redis: RedisServer) -> None:
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--redis-url", own_redis.url, "--actors", "2", "--learners", "1",
-                  "--env", "CartPole-v1", "--target-return", "475", "--seed", "1")
+    up = start_up(
+        run_dir,
+        "--redis-url",
+        own_redis.url,
+        "--actors",
+        "2",
+        "--learners",
+        "1",
+        "--env",
+        "CartPole-v1",
+        "--target-return",
+        "475",
+        "--seed",
+        "1",
+    )
     wait_until_stepping(run_dir, up)
     own_redis.stop()
     time.sleep(10)  # the issue's outage
@@ -243,8 +268,19 @@ def test_up_with_redis_gone_for_good_writes_what_it_saw_and_fails_without_a_trac
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--redis-url", own_redis.url, "--actors", "2", "--learners", "1",
-                  "--total-steps", "100000000", "--redis-outage-s", "2")
+    up = start_up(
+        run_dir,
+        "--redis-url",
+        own_redis.url,
+        "--actors",
+        "2",
+        "--learners",
+        "1",
+        "--total-steps",
+        "100000000",
+        "--redis-outage-s",
+        "2",
+    )
     wait_until_stepping(run_dir, up)
     time.sleep(4.5)  # the supervisor reads every 2 s: let it read the run at least twice
     own_redis.stop()
@@ -266,8 +302,9 @@ def test_up_with_redis_gone_for_good_writes_what_it_saw_and_fails_without_a_trac
 @pytest.mark.slow
 def test_up_restarts_its_private_redis_when_it_dies(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "2", "--learners", "1", "--env", "CartPole-v1",
-                  "--target-return", "475", "--seed", "1")
+    up = start_up(
+        run_dir, "--actors", "2", "--learners", "1", "--env", "CartPole-v1", "--target-return", "475", "--seed", "1"
+    )
     wait_until_stepping(run_dir, up)
     assert (run_dir / "redis" / "appendonlydir").is_dir(), "the private Redis keeps an AOF"
     os.kill(private_redis_pid(up), signal.SIGKILL)
@@ -286,7 +323,11 @@ def test_up_names_an_unreachable_redis_in_one_line(tmp_path: Path) -> None:
     assert up.returncode == 1, output
     assert output.strip().count("\n") == 0 and "Traceback" not in output, output
     assert f"cannot reach Redis at {closed}" in output and "drop --redis-url" in output, output
-    status = subprocess.run([sys.executable, "-m", "rlmq.cli", "status", "--redis-url", closed, "--run", "x"],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "status", "--redis-url", closed, "--run", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 1 and "Traceback" not in status.stderr, status.stderr
     assert f"cannot reach Redis at {closed}" in status.stderr

@@ -16,8 +16,11 @@ from rlmq.learners.trainers import TRAINERS
 
 def test_every_registry_names_the_same_algorithms() -> None:
     hints = typing.get_type_hints(RunConfig)
-    sections = {name for name, hint in hints.items()
-                if dataclasses.is_dataclass(hint) and hint not in (PBTConfig, EvaluationConfig)}
+    sections = {
+        name
+        for name, hint in hints.items()
+        if dataclasses.is_dataclass(hint) and hint not in (PBTConfig, EvaluationConfig)
+    }
     assert set(ALGORITHMS) == set(POLICIES) == set(TRAINERS) == sections == {"ppo", "sac", "td3", "dqn"}
 
 

@@ -194,9 +194,7 @@ def test_copy_member_gives_the_target_an_independent_copy() -> None:
     assert replay.sizes == [6, 8]
     assert stored_keys(replay, 0) == source_before
     # The two oldest of the source's, stored slot by slot: steps 0 and 1 of slot 0.
-    assert stored_keys(replay, 1) == (source_before - {(1, 0, 0), (1, 1, 0)}) | {
-        (3, t, 0) for t in range(4)
-    }
+    assert stored_keys(replay, 1) == (source_before - {(1, 0, 0), (1, 1, 0)}) | {(3, t, 0) for t in range(4)}
 
     # Copying an empty member empties the target: inactive, zero rows.
     empty = Replay(3, 8, spec())
@@ -245,8 +243,9 @@ def test_bad_arguments_raise() -> None:
         Replay(1, 4, spec(action_dim=2)).add_rollout(0, rollout)
 
 
-def n_step_reference(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float,
-                     n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def n_step_reference(
+    rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step by step, as the textbook defines it: add γ^j r[t + j] until n rewards, the episode's
     end (that step included) or the rollout's end."""
     steps, slots = rewards.shape
@@ -281,16 +280,22 @@ def test_n_step_transitions_bootstrap_from_obs_k_steps_on_and_stop_at_an_episode
     """Slot 0 terminates at t = 1 (reset at t = 2), slot 1 is truncated at t = 2; three steps each
     at most, discounted by 0.5. make_rollout's obs hold their own t, its rewards 10·t + n + 0.5."""
     steps, slots = 5, 2
-    valid, terminated, truncated = (np.ones((steps, slots), bool), np.zeros((steps, slots), bool),
-                                    np.zeros((steps, slots), bool))
+    valid, terminated, truncated = (
+        np.ones((steps, slots), bool),
+        np.zeros((steps, slots), bool),
+        np.zeros((steps, slots), bool),
+    )
     terminated[1, 0], valid[2, 0] = True, False
     truncated[2, 1], valid[3, 1] = True, False
     replay = Replay(1, 100, spec(), n_step=3)
     assert replay.add_rollout(0, make_rollout(valid, terminated=terminated, truncated=truncated), gamma=0.5) == 8
     batch, _ = replay.sample(2000, np.random.default_rng(0), torch.device("cpu"))
-    got = {(int(o[1]), int(o[2])): (float(r), int(nxt[1]), float(k), float(d))
-           for o, r, nxt, k, d in zip(batch.obs[0], batch.rewards[0], batch.next_obs[0], batch.horizon[0],
-                                      batch.terminated[0], strict=True)}
+    got = {
+        (int(o[1]), int(o[2])): (float(r), int(nxt[1]), float(k), float(d))
+        for o, r, nxt, k, d in zip(
+            batch.obs[0], batch.rewards[0], batch.next_obs[0], batch.horizon[0], batch.terminated[0], strict=True
+        )
+    }
     r = lambda t, n: 10 * t + n + 0.5  # noqa: E731
     assert got == {
         # (t, slot): (return, t of next_obs, k, terminated)

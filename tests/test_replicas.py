@@ -25,8 +25,15 @@ HELPER = Path(replica_rank.__file__)
 def test_two_replicas_train_as_one_process_on_both_ranks_data_with_one_collective_an_update(tmp_path: Path) -> None:
     port, world = free_port(), 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(HELPER), str(r), str(world), str(port), str(outs[r])],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HELPER), str(r), str(world), str(port), str(outs[r])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     for r, p in enumerate(procs):
         output, _ = p.communicate(timeout=120)
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{output}"
@@ -44,13 +51,20 @@ def test_two_replicas_train_as_one_process_on_both_ranks_data_with_one_collectiv
     alone = make_trainer(replica_rank.SPEC, replica_rank.RUN_CFG, (), 0, 1, torch.device("cpu"))
     alone.set_hyperparams([replica_rank.RUN_CFG.base_hyperparams()] * replica_rank.POPULATION)
     for update in range(replica_rank.UPDATES):
-        both = [replica_rank.per_member(0, update)[m] + replica_rank.per_member(1, update)[m]
-                for m in range(replica_rank.POPULATION)]
+        both = [
+            replica_rank.per_member(0, update)[m] + replica_rank.per_member(1, update)[m]
+            for m in range(replica_rank.POPULATION)
+        ]
         alone.train(both, [sum(r.num_steps for r in rs) for rs in both], 2)
     moved = (a["flat"] - alone.core.flat.detach()).abs().max()
     assert float((alone.core.flat.detach() - a["final"]).abs().max()) > 0  # it trained
-    torch.testing.assert_close(a["flat"], alone.core.flat.detach(), rtol=1e-5, atol=1e-6,
-                               msg=f"replicas differ from one process by up to {float(moved)}")
+    torch.testing.assert_close(
+        a["flat"],
+        alone.core.flat.detach(),
+        rtol=1e-5,
+        atol=1e-6,
+        msg=f"replicas differ from one process by up to {float(moved)}",
+    )
     torch.testing.assert_close(a["obs_mean"], alone.obs_norm.mean, rtol=1e-9, atol=1e-9)
 
     # The learner's iterations without the reward scale: the agreement rides in the gather of the
@@ -93,6 +107,7 @@ def test_auto_times_the_gather_of_the_batch_as_the_update_holds_it_at_its_widest
     pixels = EnvSpec(obs_shape=(84, 84, 4), obs_dtype="uint8", action_kind="discrete", action_dim=6)
     assert replicas.gathered_bytes(pixels, run_cfg) == 2 * (33 * 8 * 84 * 84 * 4 * 4 + 32 * 8 * per_step)
     # Learner batching's widest batch, and the reward scale's float64 running returns.
-    wide = RunConfig(num_envs=8, rollout_length=32, population=1,
-                     ppo=PPOConfig(max_rollouts_per_batch=4, normalize_reward=True))
+    wide = RunConfig(
+        num_envs=8, rollout_length=32, population=1, ppo=PPOConfig(max_rollouts_per_batch=4, normalize_reward=True)
+    )
     assert replicas.gathered_bytes(replica_rank.SPEC, wide) == 4 * (one_rollout + 32 * 8 * 8)

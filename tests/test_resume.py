@@ -66,8 +66,23 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     curve_rows = len((run_dir / "metrics.csv").read_text().splitlines())
 
     budget = before.env_steps + 2_000
-    resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--resume", str(run_dir), "--actors", "2",
-                              "--total-steps", str(budget)], capture_output=True, text=True, timeout=180)
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--resume",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--total-steps",
+            str(budget),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"rlmq up: run {json.loads((run_dir / 'run.json').read_text())['run']} in {run_dir}" in resumed.stdout
     assert f"rlmq up: config: the run's own, {run_dir / 'config.json'}" in resumed.stdout

@@ -96,10 +96,16 @@ def poisoned_rollout(version: int, steps: int = 32, slots: int = 8) -> wire.Roll
     """Finite in float32, so the wire lets it through; its returns are not. Sent with actor-0's
     key, so in actor-0's name: a key speaks for its own name only."""
     return wire.Rollout(
-        member=0, policy_version=version, actor="actor-0", obs=np.zeros((steps + 1, slots, 4), np.float32),
-        actions=np.zeros((steps, slots), np.int64), logprobs=np.full((steps, slots), np.log(0.5), np.float32),
-        rewards=np.full((steps, slots), 3e38, np.float32), terminated=np.zeros((steps, slots), bool),
-        truncated=np.zeros((steps, slots), bool), valid=np.ones((steps, slots), bool),
+        member=0,
+        policy_version=version,
+        actor="actor-0",
+        obs=np.zeros((steps + 1, slots, 4), np.float32),
+        actions=np.zeros((steps, slots), np.int64),
+        logprobs=np.full((steps, slots), np.log(0.5), np.float32),
+        rewards=np.full((steps, slots), 3e38, np.float32),
+        terminated=np.zeros((steps, slots), bool),
+        truncated=np.zeros((steps, slots), bool),
+        valid=np.ones((steps, slots), bool),
     )
 
 
@@ -177,8 +183,21 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
     (the collective timeout, 60 s, is never reached), its first update comes within 10 s of the
     stop, and the run still reaches its target."""
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "2", "--learners", "2", "--collective-timeout", "60", "--target-return", "475",
-                  "--checkpoint-every", "1", "--total-steps", "2000000")
+    up = start_up(
+        run_dir,
+        "--actors",
+        "2",
+        "--learners",
+        "2",
+        "--collective-timeout",
+        "60",
+        "--target-return",
+        "475",
+        "--checkpoint-every",
+        "1",
+        "--total-steps",
+        "2000000",
+    )
     stopped = None
 
     def rank1() -> int:
@@ -219,8 +238,10 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
         assert isinstance(behind, str) and behind.startswith("learner-1 (rank 1): no heartbeat"), behind
         wait_for(lambda: store.status().policy_version > version, 30, "an update of the restarted world", up)
         first_update = time.monotonic() - since
-        print(f"both paused {SILENT_S + 1:g} s: an update {paused_update:.2f} s after the resume; rank 1 stopped: "
-              f"named, restarted, and the new world's first update {first_update:.1f} s later")
+        print(
+            f"both paused {SILENT_S + 1:g} s: an update {paused_update:.2f} s after the resume; rank 1 stopped: "
+            f"named, restarted, and the new world's first update {first_update:.1f} s later"
+        )
         out, _ = up.communicate(timeout=150)
     finally:
         if up.poll() is None:
@@ -232,8 +253,10 @@ def test_a_killed_a_paused_and_a_hung_learner_world_comes_back_each_time_and_rea
     assert back_after < 30, f"the world trained again {back_after:.1f} s after the kill"
     assert up.returncode == 0, out
     assert "learner-1 exited with -9; restarting the learner world from its newest checkpoint (1)" in out, out
-    assert "the coordinator saw learner-1 silent while the world waits for it (stopped or hung); restarting the " \
-        "learner world from its newest checkpoint (2)" in out, out
+    assert (
+        "the coordinator saw learner-1 silent while the world waits for it (stopped or hung); restarting the "
+        "learner world from its newest checkpoint (2)" in out
+    ), out
     assert first_update <= 10, f"the first update of the restarted world came {first_update:.1f} s after the stop"
     assert paused_update <= 2, f"the paused world updated {paused_update:.1f} s after it resumed"
     assert "checkpoint (3)" not in out, out

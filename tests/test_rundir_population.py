@@ -31,9 +31,7 @@ BASE = {name: float(getattr(PPOConfig(), name)) for name in TUNABLE}
 T0 = 1_700_000_000.0  # progress samples every second from here; decisions fall between them
 # A member's row in the population table: marker, member, generation, parent, env steps, fitness,
 # mean of the last 100, hyperparameters.
-MEMBER_ROW = re.compile(
-    r"^  ([* ]) +(\d+) +(\d+) +(-|\d+) +([\d,]+) +(\S+) +(\S+)  (.*)$", re.MULTILINE
-)
+MEMBER_ROW = re.compile(r"^  ([* ]) +(\d+) +(\d+) +(-|\d+) +([\d,]+) +(\S+) +(\S+)  (.*)$", re.MULTILINE)
 
 
 def hyperparams(lr: float, ent: float) -> dict[str, float]:
@@ -58,8 +56,11 @@ def population_run(store: RunStore) -> dict[str, Any]:
     ranges = {"learning_rate": HyperRange(5e-4, 5e-3, log=True), "ent_coef": HyperRange(0.0, 0.01)}
     run_config = RunConfig(population=3, target_return=475.0, pbt=PBTConfig(ranges=ranges))
     store.save_config(run_config, SPEC)
-    records = {0: MemberRecord(hyperparams(3.0e-3, 0.004)), 1: MemberRecord(hyperparams(1.2e-3, 0.002)),
-               2: MemberRecord(hyperparams(4.5e-3, 0.009))}
+    records = {
+        0: MemberRecord(hyperparams(3.0e-3, 0.004)),
+        1: MemberRecord(hyperparams(1.2e-3, 0.002)),
+        2: MemberRecord(hyperparams(4.5e-3, 0.009)),
+    }
     store.put_members(records)
     for member, steps in {0: 41_000, 1: 43_000, 2: 36_000}.items():
         store.add_actor_report(f"actor-{member}", member, steps, [])
@@ -68,12 +69,32 @@ def population_run(store: RunStore) -> dict[str, Any]:
     store.add_actor_report("actor-1", 1, 0, [450.0 + i for i in range(30)])
     store.add_actor_report("actor-2", 2, 0, [10.0] * 40)  # dropped by the copy below
     decisions = [
-        LoggedDecision(id=1, time=T0 + 3.5, target=2, source=1, kind="exploit", hyperparams=hyperparams(1.5e-3, 0.002),
-                       previous=records[2].hyperparams, generation=1, env_steps=20_000, run_env_steps=35_000,
-                       fitness={"2": 10.0, "1": 460.0}),
-        LoggedDecision(id=2, time=T0 + 6.0, target=0, source=0, kind="explore", hyperparams=hyperparams(3.0e-3, 0.005),
-                       previous=records[0].hyperparams, generation=1, env_steps=21_000, run_env_steps=60_000,
-                       fitness={"0": 115.0}),
+        LoggedDecision(
+            id=1,
+            time=T0 + 3.5,
+            target=2,
+            source=1,
+            kind="exploit",
+            hyperparams=hyperparams(1.5e-3, 0.002),
+            previous=records[2].hyperparams,
+            generation=1,
+            env_steps=20_000,
+            run_env_steps=35_000,
+            fitness={"2": 10.0, "1": 460.0},
+        ),
+        LoggedDecision(
+            id=2,
+            time=T0 + 6.0,
+            target=0,
+            source=0,
+            kind="explore",
+            hyperparams=hyperparams(3.0e-3, 0.005),
+            previous=records[0].hyperparams,
+            generation=1,
+            env_steps=21_000,
+            run_env_steps=60_000,
+            fitness={"0": 115.0},
+        ),
     ]
     for entry in decisions:
         assert store.append_decision(entry)
@@ -87,10 +108,18 @@ def population_run(store: RunStore) -> dict[str, Any]:
             "1": 400.0 + 5 * second,
             "2": None if 4 <= second <= 5 else 50.0 + 20 * second,
         }
-        store.append_progress(ProgressSample(T0 + second, 10_000 * second, 10 * second, members["1"], 10_000.0, 0.5,
-                                             members))
-    store.set_status(state="running", env_steps=120_000, mean_return=464.5, best_member=1,
-                     pbt_decisions=2, policy_version=12, updated_at=time.time())
+        store.append_progress(
+            ProgressSample(T0 + second, 10_000 * second, 10 * second, members["1"], 10_000.0, 0.5, members)
+        )
+    store.set_status(
+        state="running",
+        env_steps=120_000,
+        mean_return=464.5,
+        best_member=1,
+        pbt_decisions=2,
+        policy_version=12,
+        updated_at=time.time(),
+    )
     params = {m: member_params(m) for m in range(3)}
     for member in range(3):
         weights = wire.Weights(member=member, version=10 + member, params=params[member])
@@ -99,7 +128,10 @@ def population_run(store: RunStore) -> dict[str, Any]:
 
 
 def test_status_lists_every_member_marks_the_best_and_shows_the_decisions(
-    store: RunStore, population_run: dict[str, Any], redis_url: str, tmp_path: Path,
+    store: RunStore,
+    population_run: dict[str, Any],
+    redis_url: str,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert show_status(tmp_path, redis_url, store.run) == 0
@@ -127,8 +159,9 @@ def test_status_of_a_single_agent_has_no_population_table(
     store.save_config(RunConfig(), SPEC)
     store.put_members({0: MemberRecord(BASE)})
     store.add_actor_report("actor-0", 0, 0, [20.0, 30.0])
-    store.set_status(state="running", env_steps=5_000, mean_return=25.0, best_member=0,
-                     pbt_decisions=0, updated_at=time.time())
+    store.set_status(
+        state="running", env_steps=5_000, mean_return=25.0, best_member=0, pbt_decisions=0, updated_at=time.time()
+    )
     assert show_status(tmp_path, redis_url, store.run) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5, lines  # run, config, steps, policy, updated: as before populations
@@ -136,13 +169,9 @@ def test_status_of_a_single_agent_has_no_population_table(
     assert not any("population" in line or "PBT" in line or "member" in line for line in lines)
 
 
-def test_results_of_a_population_run(
-    store: RunStore, population_run: dict[str, Any], tmp_path: Path
-) -> None:
+def test_results_of_a_population_run(store: RunStore, population_run: dict[str, Any], tmp_path: Path) -> None:
     run_config, params = population_run["run_config"], population_run["params"]
-    summary = rundir.write_results(
-        tmp_path, store, SPEC, run_config, launched=T0 - 5, outcome="stopped"
-    )
+    summary = rundir.write_results(tmp_path, store, SPEC, run_config, launched=T0 - 5, outcome="stopped")
 
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert state["best_member"] == 1 and state["version"] == 11
@@ -168,10 +197,7 @@ def test_results_of_a_population_run(
     ]
     # as the coordinator logged them: the run's env steps when each decision was taken
     assert [d["run_env_steps"] for d in lineage] == [35_000, 60_000]
-    assert (
-        lineage[0]["previous"]["learning_rate"] == 4.5e-3
-        and lineage[0]["hyperparams"]["learning_rate"] == 1.5e-3
-    )
+    assert lineage[0]["previous"]["learning_rate"] == 4.5e-3 and lineage[0]["hyperparams"]["learning_rate"] == 1.5e-3
 
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
     assert header.startswith("time,env_steps") and header.endswith("member_0,member_1,member_2")
@@ -209,21 +235,15 @@ def test_learning_curve_has_a_line_per_member_and_lineage_an_arrow_per_copy(
 
     decisions = store.decisions()
     fig = figures.lineage_figure(decisions, 3, 100_000, "lineage")
-    arrows = [
-        a for a in fig.axes[0].texts if isinstance(a, Annotation) and a.arrow_patch is not None
-    ]
+    arrows = [a for a in fig.axes[0].texts if isinstance(a, Annotation) and a.arrow_patch is not None]
     # one arrow, from the source's row (member 1) to the target's (member 2)
     assert [(a.xyann, a.xy) for a in arrows] == [((35_000, 1), (35_000, 2))]
     dots = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
-    assert [
-        (np.asarray(d.get_xdata()).tolist(), np.asarray(d.get_ydata()).tolist()) for d in dots
-    ] == [([60_000], [0])]
+    assert [(np.asarray(d.get_xdata()).tolist(), np.asarray(d.get_ydata()).tolist()) for d in dots] == [([60_000], [0])]
     plt.close(fig)
 
 
-def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(
-    store: RunStore, tmp_path: Path
-) -> None:
+def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(store: RunStore, tmp_path: Path) -> None:
     run_config = RunConfig()
     store.save_config(run_config, SPEC)
     store.put_members({0: MemberRecord(BASE)})
@@ -232,9 +252,7 @@ def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(
     store.set_status(state="done", env_steps=1_000, mean_return=25.0, best_member=0)
     params = member_params(0)
     store.put_weights_frame(0, wire.encode(wire.Weights(member=0, version=4, params=params)))
-    summary = rundir.write_results(
-        tmp_path, store, SPEC, run_config, launched=T0 - 5, outcome="done"
-    )
+    summary = rundir.write_results(tmp_path, store, SPEC, run_config, launched=T0 - 5, outcome="done")
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert (state["version"], state["best_member"], sorted(state["members"])) == (4, 0, [0])
     assert all(torch.equal(state["params"][k], torch.from_numpy(v)) for k, v in params.items())

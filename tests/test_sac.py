@@ -63,18 +63,22 @@ def test_losses_by_hand() -> None:
 
 def batch_of(population: int, size: int, seed: int) -> Transitions:
     g = torch.Generator().manual_seed(seed)
-    return Transitions(obs=torch.randn(population, size, 3, generator=g),
-                       actions=torch.rand(population, size, 1, generator=g) * 4 - 2,
-                       rewards=-torch.rand(population, size, generator=g) * 10,
-                       next_obs=torch.randn(population, size, 3, generator=g),
-                       terminated=torch.zeros(population, size), horizon=torch.ones(population, size))
+    return Transitions(
+        obs=torch.randn(population, size, 3, generator=g),
+        actions=torch.rand(population, size, 1, generator=g) * 4 - 2,
+        rewards=-torch.rand(population, size, generator=g) * 10,
+        next_obs=torch.randn(population, size, 3, generator=g),
+        terminated=torch.zeros(population, size),
+        horizon=torch.ones(population, size),
+    )
 
 
 def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:
     torch.manual_seed(0)
     algo = sac.SAC(PENDULUM, SACConfig(hidden_sizes=(16, 16)), population=3, device=torch.device("cpu"))
-    hp = algo.hyperparams([{"learning_rate": lr, "gamma": 0.99, "tau": 0.01} for lr in (1e-3, 3e-3, 1e-2)],
-                          torch.device("cpu"))
+    hp = algo.hyperparams(
+        [{"learning_rate": lr, "gamma": 0.99, "tau": 0.01} for lr in (1e-3, 3e-3, 1e-2)], torch.device("cpu")
+    )
     before = [t.detach().clone() for t in algo.replicated()]
     active, has_data = torch.tensor([True, True, False]), torch.tensor([True, True, False])
     for step in range(5):
@@ -113,15 +117,44 @@ def test_two_ranks_keep_every_network_and_optimizer_identical(tmp_path: Path) ->
 @pytest.mark.slow
 def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
     config = tmp_path / "sac-pbt.json"
-    config.write_text(json.dumps({
-        "env_id": "Pendulum-v1", "algo": "sac", "population": 2, "total_steps": 8000, "num_envs": 4,
-        "rollout_length": 16, "sac": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64},
-        "pbt": {"interval": 1200, "fitness_episodes": 4,
-                "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "env_id": "Pendulum-v1",
+                "algo": "sac",
+                "population": 2,
+                "total_steps": 8000,
+                "num_envs": 4,
+                "rollout_length": 16,
+                "sac": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64},
+                "pbt": {
+                    "interval": 1200,
+                    "fitness_episodes": 4,
+                    "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}},
+                },
+            }
+        )
+    )
     run_dir = tmp_path / "run"
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--actors", "2", "--learners", "1", "--config",
-                         str(config), "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=240)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["pbt_decisions"] >= 1, summary

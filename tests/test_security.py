@@ -63,8 +63,19 @@ def client(ctx: zmq.Context, endpoint: str, keys: security.Keys | None) -> zmq.S
 def test_the_keys_are_readable_by_this_user_alone(keys: Path) -> None:
     assert stat.S_IMODE(keys.stat().st_mode) == 0o700
     files = sorted(p.name for p in keys.iterdir())
-    assert files == sorted(["allowed.json", "server.key", "server.key_secret", "learner-0.key", "learner-0.key_secret",
-                            "actor-0.key", "actor-0.key_secret", "actor-1.key", "actor-1.key_secret"])
+    assert files == sorted(
+        [
+            "allowed.json",
+            "server.key",
+            "server.key_secret",
+            "learner-0.key",
+            "learner-0.key_secret",
+            "actor-0.key",
+            "actor-0.key_secret",
+            "actor-1.key",
+            "actor-1.key_secret",
+        ]
+    )
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.iterdir())
     actor = security.load_keys(keys, "actor-1", serves=False)
     assert actor.server_secret is None and not actor.allowed, "a client holds neither the servers' secret nor the list"
@@ -86,16 +97,18 @@ def test_a_listed_key_gets_in_as_its_role_and_name(keys: Path, server: tuple[zmq
         ctx.term()
 
 
-def test_an_unlisted_key_and_a_plain_peer_never_reach_the_server(tmp_path: Path, keys: Path,
-                                                                 server: tuple[zmq.Socket, str, list]) -> None:
+def test_an_unlisted_key_and_a_plain_peer_never_reach_the_server(
+    tmp_path: Path, keys: Path, server: tuple[zmq.Socket, str, list]
+) -> None:
     """A key pair of another run (its own servers' key known: the worst case) is refused at the
     handshake however often it retries, and reported once as the first time; a peer without
     CURVE gets nowhere and is reported too (key ""). A listed key still gets in beside them."""
     router, endpoint, refused = server
     security.create_keys(tmp_path / "other", learners=0, actors=1)
     stranger = security.load_keys(tmp_path / "other", "actor-0", serves=False)
-    stranger = security.Keys(security.load_keys(keys, None, serves=True).server_public, stranger.public,
-                             stranger.secret, None, {})
+    stranger = security.Keys(
+        security.load_keys(keys, None, serves=True).server_public, stranger.public, stranger.secret, None, {}
+    )
     ctx = zmq.Context()
     try:
         socks = [client(ctx, endpoint, stranger) for _ in range(3)] + [client(ctx, endpoint, None)]
@@ -120,17 +133,30 @@ def test_rlmq_keys_makes_a_runs_keys_once_and_names_the_fix_for_a_used_directory
     made = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     allowed = security.load_keys(tmp_path / "keys", None, serves=True).allowed
-    assert sorted(p.user_id for p in allowed.values()) == ["actor:actor-0", "actor:actor-1", "actor:actor-2",
-                                                            "learner:learner-0", "learner:learner-1"]
+    assert sorted(p.user_id for p in allowed.values()) == [
+        "actor:actor-0",
+        "actor:actor-1",
+        "actor:actor-2",
+        "learner:learner-0",
+        "learner:learner-1",
+    ]
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "is not empty" in again.stderr and "choose another directory" in again.stderr
     assert security.load_keys(tmp_path / "keys", None, serves=True).allowed == allowed, "the keys were overwritten"
 
 
-ROLLOUT = wire.Rollout(member=0, policy_version=10**6, actor="actor-0", obs=np.zeros((9, 4, 4), np.float32),
-                       actions=np.zeros((8, 4), np.int64), logprobs=np.zeros((8, 4), np.float32),
-                       rewards=np.full((8, 4), 1e6, np.float32), terminated=np.zeros((8, 4), bool),
-                       truncated=np.zeros((8, 4), bool), valid=np.ones((8, 4), bool))
+ROLLOUT = wire.Rollout(
+    member=0,
+    policy_version=10**6,
+    actor="actor-0",
+    obs=np.zeros((9, 4, 4), np.float32),
+    actions=np.zeros((8, 4), np.int64),
+    logprobs=np.zeros((8, 4), np.float32),
+    rewards=np.full((8, 4), 1e6, np.float32),
+    terminated=np.zeros((8, 4), bool),
+    truncated=np.zeros((8, 4), bool),
+    valid=np.ones((8, 4), bool),
+)
 
 
 def option(command: str, flag: str) -> str:
@@ -140,8 +166,12 @@ def option(command: str, flag: str) -> str:
 def scrape(run_dir: Path, role: str) -> list[str]:
     """The /metrics of each `role` process of a run."""
     groups = json.loads((run_dir / "prometheus_targets.json").read_text())
-    return [urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
-            for g in groups if g["labels"]["role"] == role for target in g["targets"]]
+    return [
+        urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
+        for g in groups
+        if g["labels"]["role"] == role
+        for target in g["targets"]
+    ]
 
 
 def count(metrics: str, reason: str) -> float:
@@ -191,31 +221,49 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
         assert not [cmd for cmd in descendants(up.pid).values() if secret in cmd], "a secret on a command line"
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(info["redis_url"], socket_timeout=5).ping()
-    for command in (["status", "--run-dir", str(run_dir)],
-                    ["status", "--redis-url", info["redis_url"], "--run", info["run"],
-                     "--redis-password-file", info["redis_password_file"]]):
+    for command in (
+        ["status", "--run-dir", str(run_dir)],
+        [
+            "status",
+            "--redis-url",
+            info["redis_url"],
+            "--run",
+            info["run"],
+            "--redis-password-file",
+            info["redis_password_file"],
+        ],
+    ):
         shown = subprocess.run([sys.executable, "-m", "rlmq.cli", *command], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "state running" in shown.stdout, shown.stdout + shown.stderr
     security.create_keys(tmp_path / "other", learners=0, actors=1)
     theirs = security.load_keys(tmp_path / "other", "actor-0", serves=False)
     ours = security.load_keys(run_dir / "keys", "actor-1", serves=False)
-    intruders = {"no keys": None,
-                 "another run's key": security.Keys(ours.server_public, theirs.public, theirs.secret, None, {})}
+    intruders = {
+        "no keys": None,
+        "another run's key": security.Keys(ours.server_public, theirs.public, theirs.secret, None, {}),
+    }
     to_coordinator = [
         wire.Hello(role="actor", name="actor-0", pid=1),
         wire.Weights(member=0, version=10**6, params={"w": np.zeros(1, np.float32)}, final=True),
-        wire.ActorReport(name="actor-0", member=0, env_steps=10**6, episode_returns=np.full(100, 500.0),
-                         episode_lengths=np.full(100, 500, np.int64)),
-        wire.LearnerReport(name="learner-0", rank=0, policy_version=10**6, updates=1, samples=1, stale_dropped=0,
-                           mean_policy_lag=0.0),
+        wire.ActorReport(
+            name="actor-0",
+            member=0,
+            env_steps=10**6,
+            episode_returns=np.full(100, 500.0),
+            episode_lengths=np.full(100, 500, np.int64),
+        ),
+        wire.LearnerReport(
+            name="learner-0", rank=0, policy_version=10**6, updates=1, samples=1, stale_dropped=0, mean_policy_lag=0.0
+        ),
         wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1.0}),
     ]
     ctx = zmq.Context()
     try:
         for what, keys in intruders.items():
-            for endpoint, messages in [(control, to_coordinator),
-                                       *[(e, [wire.Hello(role="actor", name="actor-0", pid=1, member=0), ROLLOUT])
-                                         for e in experience]]:
+            for endpoint, messages in [
+                (control, to_coordinator),
+                *[(e, [wire.Hello(role="actor", name="actor-0", pid=1, member=0), ROLLOUT]) for e in experience],
+            ]:
                 sock = client(ctx, endpoint, keys)
                 for message in messages:
                     sock.send(wire.encode(message))
@@ -223,21 +271,37 @@ def test_a_secure_run_learns_while_clients_without_a_listed_key_get_nothing(tmp_
                 sock.close(0)
             assert not listens(ctx, broadcast, keys, 2000), f"the broadcast reached a client with {what}"
         assert listens(ctx, broadcast, ours, 30_000), (
-            "the run's own actor key hears no broadcast: the test proves nothing")
+            "the run's own actor key hears no broadcast: the test proves nothing"
+        )
         sock = client(ctx, control, ours)
-        sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0,
-                                         experience_endpoint="tcp://127.0.0.1:9")))
+        sock.send(
+            wire.encode(
+                wire.Hello(role="learner", name="learner-0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9")
+            )
+        )
         assert not sock.poll(2000), "the coordinator answered an actor's key registering as learner 0"
         # The issue's forgery, now with a listed key: it is heard (acknowledged), and counted only
         # as far as the learners took actor-1's rollouts, so it neither ends the run nor adds steps.
-        sock.send(wire.encode(wire.ActorReport(
-            name="actor-1", member=0, env_steps=10**7, episode_returns=np.full(100, 500.0),
-            episode_lengths=np.full(100, 500, np.int64), session=999, steps_total=10**7, episodes_total=100)))
+        sock.send(
+            wire.encode(
+                wire.ActorReport(
+                    name="actor-1",
+                    member=0,
+                    env_steps=10**7,
+                    episode_returns=np.full(100, 500.0),
+                    episode_lengths=np.full(100, 500, np.int64),
+                    session=999,
+                    steps_total=10**7,
+                    episodes_total=100,
+                )
+            )
+        )
         assert sock.poll(5000) and isinstance(wire.decode(sock.recv()), wire.ReportAck)
         assert store.status().env_steps < 10**6
         sock.close(0)
     finally:
         ctx.term()
+
     def refusals() -> list[float]:  # the coordinator's, then each learner's
         return [count(m, "auth") for m in scrape(run_dir, "coordinator") + scrape(run_dir, "learner")]
 
@@ -258,33 +322,42 @@ WEIGHTS = wire.Weights(member=0, version=1, params={"w": np.zeros(1, np.float32)
 FLEET = Peer("actor", security.ANY_ACTOR)
 
 
-@pytest.mark.parametrize("peer,message,allowed", [
-    (ACTOR, wire.Hello(role="actor", name="actor-3", pid=1), True),
-    (ACTOR, wire.Hello(role="actor", name="actor-4", pid=1), False),  # another actor's name
-    (ACTOR, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # an actor as a learner
-    (ACTOR, wire.ActorReport(name="actor-3", member=0, env_steps=10), True),
-    (ACTOR, wire.ActorReport(name="actor-4", member=0, env_steps=10), False),
-    (ACTOR, wire.LearnerReport(name="learner-0", rank=0, updates=1, samples=1, policy_version=1, stale_dropped=0,
-                               mean_policy_lag=0.0), False),
-    (ACTOR, WEIGHTS, False),
-    (LEARNER_1, wire.Hello(role="learner", name="learner-1", pid=1, rank=1), True),
-    (LEARNER_1, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # another rank
-    (LEARNER_1, wire.LearnerHeartbeat(name="learner-1", rank=1, iteration=0, waiting_s=0.0), True),
-    (LEARNER_1, WEIGHTS, False),  # only rank 0 publishes
-    (LEARNER_0, WEIGHTS, True),
-    (LEARNER_0, wire.ActorReport(name="actor-3", member=0, env_steps=10), False),
-    # the coordinator's
-    (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),
-    (None, WEIGHTS, True),  # a run without keys trusts its network
-    (FLEET, wire.Hello(role="actor", name="rlmq-actor-7d9f-x2k4q", pid=1), True),  # the fleet's key: any actor
-    (FLEET, wire.ActorReport(name="rlmq-actor-7d9f-x2k4q", member=0, env_steps=10), True),
-    (FLEET, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # but no learner
-    (FLEET, WEIGHTS, False),
-    (ACTOR, dataclasses.replace(ROLLOUT, actor="actor-3"), True),
-    (ACTOR, ROLLOUT, False),  # another actor's rollout
-])
-def test_each_key_speaks_for_its_own_role_and_name_only(peer: Peer | None, message: wire.Message,
-                                                        allowed: bool) -> None:
+@pytest.mark.parametrize(
+    "peer,message,allowed",
+    [
+        (ACTOR, wire.Hello(role="actor", name="actor-3", pid=1), True),
+        (ACTOR, wire.Hello(role="actor", name="actor-4", pid=1), False),  # another actor's name
+        (ACTOR, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # an actor as a learner
+        (ACTOR, wire.ActorReport(name="actor-3", member=0, env_steps=10), True),
+        (ACTOR, wire.ActorReport(name="actor-4", member=0, env_steps=10), False),
+        (
+            ACTOR,
+            wire.LearnerReport(
+                name="learner-0", rank=0, updates=1, samples=1, policy_version=1, stale_dropped=0, mean_policy_lag=0.0
+            ),
+            False,
+        ),
+        (ACTOR, WEIGHTS, False),
+        (LEARNER_1, wire.Hello(role="learner", name="learner-1", pid=1, rank=1), True),
+        (LEARNER_1, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # another rank
+        (LEARNER_1, wire.LearnerHeartbeat(name="learner-1", rank=1, iteration=0, waiting_s=0.0), True),
+        (LEARNER_1, WEIGHTS, False),  # only rank 0 publishes
+        (LEARNER_0, WEIGHTS, True),
+        (LEARNER_0, wire.ActorReport(name="actor-3", member=0, env_steps=10), False),
+        # the coordinator's
+        (LEARNER_0, wire.Decision(id=1, target=0, source=0, hyperparams={"learning_rate": 1e-3}), False),
+        (None, WEIGHTS, True),  # a run without keys trusts its network
+        (FLEET, wire.Hello(role="actor", name="rlmq-actor-7d9f-x2k4q", pid=1), True),  # the fleet's key: any actor
+        (FLEET, wire.ActorReport(name="rlmq-actor-7d9f-x2k4q", member=0, env_steps=10), True),
+        (FLEET, wire.Hello(role="learner", name="learner-0", pid=1, rank=0), False),  # but no learner
+        (FLEET, WEIGHTS, False),
+        (ACTOR, dataclasses.replace(ROLLOUT, actor="actor-3"), True),
+        (ACTOR, ROLLOUT, False),  # another actor's rollout
+    ],
+)
+def test_each_key_speaks_for_its_own_role_and_name_only(
+    peer: Peer | None, message: wire.Message, allowed: bool
+) -> None:
     assert (security.refusal(peer, message) == "") == allowed
 
 
@@ -312,14 +385,28 @@ def test_a_flood_of_actor_names_never_makes_a_learner_report_the_wire_refuses() 
     names = [f"pod-{i}" for i in range(MAX_SEQUENCE + 10)]
     deliveries = Deliveries()
     for i, name in enumerate(names):  # 32 valid steps each; every other one ends an episode
-        deliveries.add(dataclasses.replace(ROLLOUT, actor=name,
-                                           terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0)))
+        deliveries.add(
+            dataclasses.replace(ROLLOUT, actor=name, terminated=np.eye(8, 4, k=-7, dtype=bool) & (i % 2 == 0))
+        )
     reported: list[tuple[dict[str, int], dict[str, int]]] = []
     for _ in range(3):
         steps, episodes = deliveries.take()
-        report = wire.decode(wire.encode(wire.LearnerReport(
-            name="learner-0", rank=0, policy_version=0, updates=0, samples=0, stale_dropped=0, mean_policy_lag=0.0,
-            session=deliveries.session, delivered_steps=steps, delivered_episodes=episodes)))
+        report = wire.decode(
+            wire.encode(
+                wire.LearnerReport(
+                    name="learner-0",
+                    rank=0,
+                    policy_version=0,
+                    updates=0,
+                    samples=0,
+                    stale_dropped=0,
+                    mean_policy_lag=0.0,
+                    session=deliveries.session,
+                    delivered_steps=steps,
+                    delivered_episodes=episodes,
+                )
+            )
+        )
         assert isinstance(report, wire.LearnerReport) and len(report.delivered_steps) <= MAX_SEQUENCE
         reported.append((report.delivered_steps, report.delivered_episodes))
     # Two reports carry every name's totals; the rounds go on, a few names each.

@@ -32,10 +32,12 @@ BAD_FRAMES = [
     msgpack.packb([wire.PROTOCOL_VERSION + 1, "Hello", {"role": "actor", "name": "x", "pid": 1}]),
     msgpack.packb([wire.PROTOCOL_VERSION, "Pickle", {}]),
     msgpack.packb([wire.PROTOCOL_VERSION, "Hello", {"role": "actor", "name": 7, "pid": 1}]),
-    msgpack.packb([wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1,
-                                                      "params": {"w": ["object", [1], b"\x00" * 8]}}]),
-    msgpack.packb([wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1,
-                                                      "params": {"w": ["float32", [3], b"\x00" * 8]}}]),
+    msgpack.packb(
+        [wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1, "params": {"w": ["object", [1], b"\x00" * 8]}}]
+    ),
+    msgpack.packb(
+        [wire.PROTOCOL_VERSION, "Weights", {"member": 0, "version": 1, "params": {"w": ["float32", [3], b"\x00" * 8]}}]
+    ),
 ]
 
 
@@ -52,21 +54,40 @@ def array(a: np.ndarray) -> list[Any]:
 SEMANTIC_FRAMES = [
     raw("ActorReport", {"name": "a", "member": 0, "env_steps": -5}),
     raw("ActorReport", {"name": "a", "member": 0, "env_steps": 2**62}),
-    raw("ActorReport", {"name": "a", "member": 0, "env_steps": 1,
-                        "episode_returns": array(np.ones((2, 2)))}),
-    raw("LearnerReport", {"name": "l", "rank": 0, "policy_version": 1, "updates": -1, "samples": 0,
-                          "stale_dropped": 0, "mean_policy_lag": 0.0}),
-    raw("Rollout", {"member": 0, "policy_version": 0, "actor": "a",
-                    **{k: array(np.zeros((8, 0), bool)) for k in ("terminated", "truncated", "valid")},
-                    "obs": array(np.zeros((9, 0, 4), np.float32)), "actions": array(np.zeros((8, 0), np.int64)),
-                    "logprobs": array(np.zeros((8, 0), np.float32)), "rewards": array(np.zeros((8, 0), np.float32))}),
+    raw("ActorReport", {"name": "a", "member": 0, "env_steps": 1, "episode_returns": array(np.ones((2, 2)))}),
+    raw(
+        "LearnerReport",
+        {
+            "name": "l",
+            "rank": 0,
+            "policy_version": 1,
+            "updates": -1,
+            "samples": 0,
+            "stale_dropped": 0,
+            "mean_policy_lag": 0.0,
+        },
+    ),
+    raw(
+        "Rollout",
+        {
+            "member": 0,
+            "policy_version": 0,
+            "actor": "a",
+            **{k: array(np.zeros((8, 0), bool)) for k in ("terminated", "truncated", "valid")},
+            "obs": array(np.zeros((9, 0, 4), np.float32)),
+            "actions": array(np.zeros((8, 0), np.int64)),
+            "logprobs": array(np.zeros((8, 0), np.float32)),
+            "rewards": array(np.zeros((8, 0), np.float32)),
+        },
+    ),
 ]
 
 
 def rejected_total(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rlmq_rejected_messages_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rlmq_rejected_messages_total{")
+    )
 
 
 def receive(sock: zmq.Socket, timeout_ms: int = 10_000) -> wire.Message:
@@ -84,8 +105,9 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     sock.send_multipart([b"two", b"frames"])
     expected = len(BAD_FRAMES) + len(SEMANTIC_FRAMES) + 1
     wait_for(lambda: rejected_total(coord["metrics"]) >= expected, 10, "rejects counted")
-    sock.send(wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0,
-                                     experience_endpoint="tcp://127.0.0.1:9")))
+    sock.send(
+        wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9"))
+    )
     answer = receive(sock)
     assert isinstance(answer, wire.Assign) and answer.env_spec == CARTPOLE
 
@@ -124,9 +146,20 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     coord = start_coordinator(start_service, tmp_path, redis_url, run_id)
     learner_metrics = free_port()
     learner = start_service(
-        "learner", "learner", "--run", run_id, "--coordinator", f"tcp://127.0.0.1:{coord['control']}",
-        "--broadcast", f"tcp://127.0.0.1:{coord['broadcast']}", "--master-port", str(free_port()),
-        "--metrics-port", str(learner_metrics), "--experience-port", "0",
+        "learner",
+        "learner",
+        "--run",
+        run_id,
+        "--coordinator",
+        f"tcp://127.0.0.1:{coord['control']}",
+        "--broadcast",
+        f"tcp://127.0.0.1:{coord['broadcast']}",
+        "--master-port",
+        str(free_port()),
+        "--metrics-port",
+        str(learner_metrics),
+        "--experience-port",
+        "0",
     )
     store = RunStore.connect(redis_url, run_id)
     endpoint = wait_for(lambda: (rank_0 := store.learners().get(0)) and rank_0.endpoint, 60, "learner registration")
@@ -142,10 +175,17 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     assert isinstance(first_weights, wire.Weights) and isinstance(credit, wire.Credit)
     assert (first_weights.member, first_weights.version) == (0, credit.policy_version)
     too_long = _rollout(steps=9)  # the run's rollouts are 8 steps
-    bad = [*BAD_FRAMES, *SEMANTIC_FRAMES, wire.encode(wire.Credit(1)), wire.encode(wrong_obs),
-           wire.encode(out_of_range), wire.encode(too_long), wire.encode(dataclasses.replace(_rollout(), member=1)),
-           wire.encode(wire.Hello(role="actor", name="b", pid=2, member=1)),  # a population of one
-           wire.encode(wire.Hello(role="actor", name="c", pid=3))]  # no member: not an assigned actor
+    bad = [
+        *BAD_FRAMES,
+        *SEMANTIC_FRAMES,
+        wire.encode(wire.Credit(1)),
+        wire.encode(wrong_obs),
+        wire.encode(out_of_range),
+        wire.encode(too_long),
+        wire.encode(dataclasses.replace(_rollout(), member=1)),
+        wire.encode(wire.Hello(role="actor", name="b", pid=2, member=1)),  # a population of one
+        wire.encode(wire.Hello(role="actor", name="c", pid=3)),
+    ]  # no member: not an assigned actor
     for frame in bad:
         sock.send(frame)
     wait_for(lambda: rejected_total(learner_metrics) >= 1 + len(bad), 10, "rejects counted")
@@ -154,8 +194,9 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     assert isinstance(credit, wire.Credit) and credit.policy_version == first_weights.version
     sock.send(wire.encode(_rollout()))
     trained, credit = receive(sock), receive(sock)
-    assert (isinstance(trained, wire.Weights)
-            and isinstance(credit, wire.Credit)), "a valid rollout after garbage is accepted"
+    assert isinstance(trained, wire.Weights) and isinstance(credit, wire.Credit), (
+        "a valid rollout after garbage is accepted"
+    )
     assert trained.version == credit.policy_version == first_weights.version + 1  # it trained on it
     assert learner.alive(), learner.log()
     sock.close()
@@ -164,10 +205,15 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
 def _rollout(obs_size: int = 4, actions: np.ndarray | None = None, steps: int = 8) -> wire.Rollout:
     slots = 4
     return wire.Rollout(
-        member=0, policy_version=0, actor="a", obs=np.zeros((steps + 1, slots, obs_size), np.float32),
+        member=0,
+        policy_version=0,
+        actor="a",
+        obs=np.zeros((steps + 1, slots, obs_size), np.float32),
         actions=np.zeros((steps, slots), np.int64) if actions is None else actions,
-        logprobs=np.full((steps, slots), -0.69, np.float32), rewards=np.ones((steps, slots), np.float32),
-        terminated=np.zeros((steps, slots), bool), truncated=np.zeros((steps, slots), bool),
+        logprobs=np.full((steps, slots), -0.69, np.float32),
+        rewards=np.ones((steps, slots), np.float32),
+        terminated=np.zeros((steps, slots), bool),
+        truncated=np.zeros((steps, slots), bool),
         valid=np.ones((steps, slots), bool),
     )
 
@@ -187,17 +233,30 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     control, pub, sink, (control_port, pub_port, sink_port) = fake_peers
     metrics_port = free_port()
     # Configured the way a container is: by RLMQ_* environment variables, no flags.
-    actor = start_service("actor", "actor", env={
-        "RLMQ_NAME": "actor-3", "RLMQ_COORDINATOR": f"tcp://127.0.0.1:{control_port}",
-        "RLMQ_BROADCAST": f"tcp://127.0.0.1:{pub_port}", "RLMQ_METRICS_PORT": str(metrics_port),
-    })
+    actor = start_service(
+        "actor",
+        "actor",
+        env={
+            "RLMQ_NAME": "actor-3",
+            "RLMQ_COORDINATOR": f"tcp://127.0.0.1:{control_port}",
+            "RLMQ_BROADCAST": f"tcp://127.0.0.1:{pub_port}",
+            "RLMQ_METRICS_PORT": str(metrics_port),
+        },
+    )
     identity, hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
-    assert wire.decode(hello) == wire.Hello(role="actor", name="actor-3", pid=actor.process.pid,
-                                            metrics_port=metrics_port)
+    assert wire.decode(hello) == wire.Hello(
+        role="actor", name="actor-3", pid=actor.process.pid, metrics_port=metrics_port
+    )
     params = to_numpy_params(ActorCritic(CARTPOLE, (16,)))
-    assign = wire.Assign(run="t", member=0, actor_index=3, config=RunConfig(num_envs=4, rollout_length=8),
-                         env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),
-                         weights=wire.Weights(member=0, version=1, params=params))
+    assign = wire.Assign(
+        run="t",
+        member=0,
+        actor_index=3,
+        config=RunConfig(num_envs=4, rollout_length=8),
+        env_spec=CARTPOLE,
+        learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),
+        weights=wire.Weights(member=0, version=1, params=params),
+    )
     control.send_multipart([identity, wire.encode(assign)])
 
     def next_rollout(*ahead: wire.Weights) -> wire.Rollout:
@@ -236,11 +295,27 @@ def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, f
     drops what comes before a subscriber connects); nothing else would be published until it sends
     data, so it must ask the coordinator again."""
     control, _pub, sink, (control_port, pub_port, sink_port) = fake_peers
-    actor = start_service("actor", "actor", "--name", "actor-1", "--coordinator", f"tcp://127.0.0.1:{control_port}",
-                          "--broadcast", f"tcp://127.0.0.1:{pub_port}", "--metrics-port", "-1")
+    actor = start_service(
+        "actor",
+        "actor",
+        "--name",
+        "actor-1",
+        "--coordinator",
+        f"tcp://127.0.0.1:{control_port}",
+        "--broadcast",
+        f"tcp://127.0.0.1:{pub_port}",
+        "--metrics-port",
+        "-1",
+    )
     identity, _hello = wait_for(lambda: control.poll(100) and control.recv_multipart(), 30, "actor hello")
-    assign = wire.Assign(run="t", member=0, actor_index=1, config=RunConfig(num_envs=4, rollout_length=8),
-                         env_spec=CARTPOLE, learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",))
+    assign = wire.Assign(
+        run="t",
+        member=0,
+        actor_index=1,
+        config=RunConfig(num_envs=4, rollout_length=8),
+        env_spec=CARTPOLE,
+        learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),
+    )
     control.send_multipart([identity, wire.encode(assign)])  # no weights yet, and none broadcast
     _identity, again = wait_for(lambda: control.poll(100) and control.recv_multipart(), 10, "a second hello")
     assert isinstance(wire.decode(again), wire.Hello)
@@ -259,14 +334,18 @@ def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, f
         raise AssertionError("no rollout")
 
 
-def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path: Path, redis_url: str,
-                                                    run_id: str) -> None:
+def test_a_restarted_coordinator_resumes_from_redis(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
     first = start_coordinator(start_service, tmp_path, redis_url, run_id)
     learner = zmq.Context.instance().socket(zmq.DEALER)
     learner.setsockopt(zmq.IDENTITY, b"learner-0-4242")
     learner.connect(f"tcp://127.0.0.1:{first['control']}")
-    learner.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=4242, rank=0,
-                                        experience_endpoint="tcp://127.0.0.1:7")))
+    learner.send(
+        wire.encode(
+            wire.Hello(role="learner", name="learner-0", pid=4242, rank=0, experience_endpoint="tcp://127.0.0.1:7")
+        )
+    )
     assert isinstance(receive(learner), wire.Assign)
     params = to_numpy_params(ActorCritic(CARTPOLE, (8,)))
     learner.send(wire.encode(wire.Weights(member=0, version=3, params=params)))
@@ -278,10 +357,20 @@ def test_a_restarted_coordinator_resumes_from_redis(start_service: Any, tmp_path
 
     # Same run, same Redis, new process: it must know the learner and the weights without being told.
     second = start_service(
-        "coordinator2", "coordinator", "--run", run_id, "--redis-url", redis_url,
-        "--run-config", str(write_run_config(tmp_path, num_envs=99)),  # ignored: Redis holds the config
-        "--control-bind", f"tcp://127.0.0.1:{first['control']}", "--metrics-port", "-1",
-        "--broadcast-bind", f"tcp://127.0.0.1:{first['broadcast']}",
+        "coordinator2",
+        "coordinator",
+        "--run",
+        run_id,
+        "--redis-url",
+        redis_url,
+        "--run-config",
+        str(write_run_config(tmp_path, num_envs=99)),  # ignored: Redis holds the config
+        "--control-bind",
+        f"tcp://127.0.0.1:{first['control']}",
+        "--metrics-port",
+        "-1",
+        "--broadcast-bind",
+        f"tcp://127.0.0.1:{first['broadcast']}",
     )
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
@@ -317,16 +406,32 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     # Fitness from the reports (no weights here to evaluate): evaluation.episodes = 0.
     config = {"population": 3, "pbt": {"interval": 100, "fitness_episodes": 2}, "evaluation": {"episodes": 0}}
     ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
-    first = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="first",
-                              env={"RLMQ_FAILPOINT": "pbt-after-append"}, **config)
+    first = start_coordinator(
+        start_service,
+        tmp_path,
+        redis_url,
+        run_id,
+        ports=ports,
+        name="first",
+        env={"RLMQ_FAILPOINT": "pbt-after-append"},
+        **config,
+    )
     store = RunStore.connect(redis_url, run_id)
     wait_for(lambda: store.members(), 30, "the population in Redis")
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{ports['control']}")
     for member, value in enumerate((10.0, 100.0, 50.0)):  # fitness first, then the steps
-        sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=0,
-                                               episode_returns=np.full(2, value),
-                                               episode_lengths=np.full(2, 10, np.int64))))
+        sock.send(
+            wire.encode(
+                wire.ActorReport(
+                    name=f"actor-{member}",
+                    member=member,
+                    env_steps=0,
+                    episode_returns=np.full(2, value),
+                    episode_lengths=np.full(2, 10, np.int64),
+                )
+            )
+        )
     wait_for(lambda: all(len(store.recent_returns(m)) == 2 for m in range(3)), 10, "the returns")
     for member in range(3):
         sock.send(wire.encode(wire.ActorReport(name=f"actor-{member}", member=member, env_steps=200)))
@@ -349,16 +454,25 @@ def test_a_pbt_decision_survives_a_crash_between_logging_and_applying(
     assert store.recent_returns(0) == []  # earned by the weights member 0 no longer has
     # Learner rank 0 reports it applied: the coordinator stops repeating it. Only rank 0's own
     # socket is believed, and never beyond what the coordinator applied.
-    report = wire.LearnerReport(name="learner-0", rank=0, policy_version=0, updates=0, samples=0,
-                                stale_dropped=0, mean_policy_lag=0.0, applied_decision=10**6)
+    report = wire.LearnerReport(
+        name="learner-0",
+        rank=0,
+        policy_version=0,
+        updates=0,
+        samples=0,
+        stale_dropped=0,
+        mean_policy_lag=0.0,
+        applied_decision=10**6,
+    )
     sock.send(wire.encode(report))  # not (yet) learner rank 0: ignored
     time.sleep(1.0)
     assert store.status().learner_applied_decision == 0
     sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0, experience_endpoint="tcp://x:1")))
     assert isinstance(receive(sock), wire.Assign)
     sock.send(wire.encode(report))
-    wait_for(lambda: store.status().learner_applied_decision == store.applied_decision(), 10,
-             "the learner's report, capped")
+    wait_for(
+        lambda: store.status().learner_applied_decision == store.applied_decision(), 10, "the learner's report, capped"
+    )
     assert second["service"].stop() == 0
 
     # Meanwhile member 2, now the worst judged member, was replaced too (decision 2): fine, as long
@@ -402,18 +516,32 @@ def test_a_report_the_coordinator_counted_but_died_before_acknowledging_is_count
     wait_for(lambda: store.status().state == "running", 30, "the run in Redis")
     actor = zmq.Context.instance().socket(zmq.DEALER)
     actor.connect(f"tcp://127.0.0.1:{first['control']}")
-    report = wire.ActorReport(name="actor-0", member=0, env_steps=100, episode_returns=np.array([9.0]),
-                              episode_lengths=np.array([9], np.int64), session=77, steps_total=100,
-                              episodes_total=1)
+    report = wire.ActorReport(
+        name="actor-0",
+        member=0,
+        env_steps=100,
+        episode_returns=np.array([9.0]),
+        episode_lengths=np.array([9], np.int64),
+        session=77,
+        steps_total=100,
+        episodes_total=1,
+    )
     actor.send(wire.encode(report))
     assert first["service"].process.wait(30) == 86, first["service"].log()
     assert store.status().env_steps == 100 and not actor.poll(0, zmq.POLLIN)  # counted, not acknowledged
-    start_coordinator(start_service, tmp_path, redis_url, run_id, name="second",
-                      ports={k: first[k] for k in ("control", "broadcast", "metrics")})
+    start_coordinator(
+        start_service,
+        tmp_path,
+        redis_url,
+        run_id,
+        name="second",
+        ports={k: first[k] for k in ("control", "broadcast", "metrics")},
+    )
     actor.send(wire.encode(report))  # unacknowledged: sent again
     assert receive(actor, timeout_ms=30_000) == wire.ReportAck(steps_total=100, episodes_total=1)
-    later = dataclasses.replace(report, env_steps=5, steps_total=105, episode_returns=np.array([]),
-                                episode_lengths=np.array([], np.int64))
+    later = dataclasses.replace(
+        report, env_steps=5, steps_total=105, episode_returns=np.array([]), episode_lengths=np.array([], np.int64)
+    )
     actor.send(wire.encode(later))
     assert receive(actor) == wire.ReportAck(steps_total=105, episodes_total=1)
     status = store.status()
@@ -431,8 +559,13 @@ def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
     the setting is process-wide."""
 
     def mmapped_blocks(mode: str) -> int:
-        done = subprocess.run([sys.executable, "-c", MMAPPED_BLOCKS_FOR_AN_ACTIVATION, mode], capture_output=True,
-                              text=True, check=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", MMAPPED_BLOCKS_FOR_AN_ACTIVATION, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
         return int(done.stdout)
 
     assert mmapped_blocks("default") == 1, "glibc's defaults changed: this test's premise no longer holds"

@@ -19,11 +19,23 @@ SHIPPED = shipped()
 
 def test_the_configs_the_issue_names_are_shipped() -> None:
     pairs = {(s.env_id, s.algo) for s in SHIPPED if s.population == 1}
-    assert pairs >= {("CartPole-v1", "ppo"), ("CartPole-v1", "dqn"), ("Pendulum-v1", "sac"), ("Pendulum-v1", "td3"),
-                     ("LunarLander-v3", "ppo"), ("LunarLander-v3", "dqn"), ("LunarLanderContinuous-v3", "sac"),
-                     ("LunarLanderContinuous-v3", "td3"), ("HalfCheetah-v5", "sac"), ("HalfCheetah-v5", "ppo"),
-                     ("Acrobot-v1", "ppo"), ("Acrobot-v1", "dqn"), ("MinAtar/Breakout-v1", "ppo"),
-                     ("MinAtar/Breakout-v1", "dqn"), ("ALE/Pong-v5", "ppo")}
+    assert pairs >= {
+        ("CartPole-v1", "ppo"),
+        ("CartPole-v1", "dqn"),
+        ("Pendulum-v1", "sac"),
+        ("Pendulum-v1", "td3"),
+        ("LunarLander-v3", "ppo"),
+        ("LunarLander-v3", "dqn"),
+        ("LunarLanderContinuous-v3", "sac"),
+        ("LunarLanderContinuous-v3", "td3"),
+        ("HalfCheetah-v5", "sac"),
+        ("HalfCheetah-v5", "ppo"),
+        ("Acrobot-v1", "ppo"),
+        ("Acrobot-v1", "dqn"),
+        ("MinAtar/Breakout-v1", "ppo"),
+        ("MinAtar/Breakout-v1", "dqn"),
+        ("ALE/Pong-v5", "ppo"),
+    }
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=[s.path.name for s in SHIPPED])
@@ -41,24 +53,63 @@ def test_one_single_agent_config_per_env_and_algorithm() -> None:
 
 def test_up_picks_the_shipped_config_without_config(tmp_path: Path) -> None:
     """The issue's example: SAC on Pendulum judged over its config's 20-episode window, not 100."""
-    up = UpConfig.build(actors=2, learners=1, config_file=None, overrides={"env_id": "Pendulum-v1", "algo": "sac"},
-                        redis_url=None, run_dir=tmp_path, torch_threads=1)
+    up = UpConfig.build(
+        actors=2,
+        learners=1,
+        config_file=None,
+        overrides={"env_id": "Pendulum-v1", "algo": "sac"},
+        redis_url=None,
+        run_dir=tmp_path,
+        torch_threads=1,
+    )
     found = pick("Pendulum-v1", "sac")
     assert found is not None and up.config_file == found.path and found.path.name == "sac-pendulum.toml"
     assert up.run_config.return_window == 20 and up.run_config.total_steps == 20_000
-    flags = UpConfig.build(actors=2, learners=1, config_file=None, redis_url=None, run_dir=tmp_path, torch_threads=1,
-                           overrides={"env_id": "Pendulum-v1", "algo": "sac", "total_steps": 5000})
+    flags = UpConfig.build(
+        actors=2,
+        learners=1,
+        config_file=None,
+        redis_url=None,
+        run_dir=tmp_path,
+        torch_threads=1,
+        overrides={"env_id": "Pendulum-v1", "algo": "sac", "total_steps": 5000},
+    )
     assert flags.run_config.total_steps == 5000  # flags still override it
-    plain = UpConfig.build(actors=2, learners=1, config_file=None, overrides={"env_id": "MountainCarContinuous-v0",
-                           "algo": "sac"}, redis_url=None, run_dir=tmp_path, torch_threads=1)
+    plain = UpConfig.build(
+        actors=2,
+        learners=1,
+        config_file=None,
+        overrides={"env_id": "MountainCarContinuous-v0", "algo": "sac"},
+        redis_url=None,
+        run_dir=tmp_path,
+        torch_threads=1,
+    )
     assert plain.config_file is None and plain.run_config.return_window == 100
 
 
 @pytest.mark.slow
 def test_up_says_which_config_it_uses(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", "--env", "Pendulum-v1", "--algo", "td3",
-                          "--actors", "1", "--total-steps", "400", "--run-dir", str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--env",
+            "Pendulum-v1",
+            "--algo",
+            "td3",
+            "--actors",
+            "1",
+            "--total-steps",
+            "400",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr  # no target: the budget ends it
     assert "rlmq up: config " in out.stdout and "td3-pendulum.toml" in out.stdout
     listed = subprocess.run([sys.executable, "-m", "rlmq.cli", "configs"], capture_output=True, text=True, timeout=60)
@@ -70,10 +121,24 @@ def test_up_says_which_config_it_uses(tmp_path: Path) -> None:
 WITHOUT = "import sys; sys.modules[{module!r}] = None; from rlmq.cli.app import main; sys.argv[0] = 'rlmq'; main()"
 
 
-@pytest.mark.parametrize(("module", "env_id", "extra"), [("Box2D", "LunarLander-v3", "box2d"),
-                                                          ("mujoco", "HalfCheetah-v5", "mujoco")])
+@pytest.mark.parametrize(
+    ("module", "env_id", "extra"), [("Box2D", "LunarLander-v3", "box2d"), ("mujoco", "HalfCheetah-v5", "mujoco")]
+)
 def test_a_missing_extra_names_the_pip_command(tmp_path: Path, module: str, env_id: str, extra: str) -> None:
-    out = subprocess.run([sys.executable, "-c", WITHOUT.format(module=module), "up", "--env", env_id,
-                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT.format(module=module),
+            "up",
+            "--env",
+            env_id,
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert f'pip install "rlmq[{extra}]"' in out.stderr

@@ -22,8 +22,15 @@ STEPS, SLOTS = 8, 2
 def learner_given_a_rollout(rewards: np.ndarray, sign_rewards: bool | None, env_id: str) -> wire.Rollout:
     """The rollout a learner queued for training after an actor holding its credit sent it one
     with these `rewards`."""
-    cfg = LearnerConfig(run="signs", coordinator="tcp://127.0.0.1:9", broadcast="tcp://127.0.0.1:9",
-                        metrics_port=-1, bind_host="127.0.0.1", advertise_host="127.0.0.1", experience_port=0)
+    cfg = LearnerConfig(
+        run="signs",
+        coordinator="tcp://127.0.0.1:9",
+        broadcast="tcp://127.0.0.1:9",
+        metrics_port=-1,
+        bind_host="127.0.0.1",
+        advertise_host="127.0.0.1",
+        experience_port=0,
+    )
     learner = Learner(cfg, StopFlag())
     actor = zmq.Context.instance().socket(zmq.DEALER)
     try:
@@ -36,8 +43,9 @@ def learner_given_a_rollout(rewards: np.ndarray, sign_rewards: bool | None, env_
         actor.connect(learner.endpoint)
         arrays = allocate(SPEC, STEPS, SLOTS, zeros=True)
         arrays["valid"][:] = True
-        actor.send(wire.encode(wire.Rollout(member=0, policy_version=0, actor="actor-0",
-                                            **{**arrays, "rewards": rewards})))
+        actor.send(
+            wire.encode(wire.Rollout(member=0, policy_version=0, actor="actor-0", **{**arrays, "rewards": rewards}))
+        )
         learner.receive(timeout_ms=5_000)
         (queued,) = learner.members.take().rollouts[0]
         return queued

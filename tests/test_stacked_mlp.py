@@ -23,8 +23,9 @@ P, N, SIZES = 3, 7, [4, 6, 5, 2]  # members, samples, layer widths
 
 def parameters(dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
     g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(P, out, inp, generator=g, dtype=dtype)
-               for inp, out in zip(SIZES[:-1], SIZES[1:], strict=True)]
+    weights = [
+        torch.randn(P, out, inp, generator=g, dtype=dtype) for inp, out in zip(SIZES[:-1], SIZES[1:], strict=True)
+    ]
     biases = [torch.randn(P, out, generator=g, dtype=dtype) for out in SIZES[1:]]
     return [w.requires_grad_() for w in weights], [b.requires_grad_() for b in biases]
 
@@ -56,8 +57,9 @@ def cpu_matmul(request: pytest.FixtureRequest) -> Iterator[CpuMatmul]:
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("outputs_first", [False, True])
 @pytest.mark.parametrize("input_grad", [False, True])
-def test_forward_and_every_gradient_match_autograd(activation: Activation, outputs_first: bool, input_grad: bool,
-                                                   cpu_matmul: CpuMatmul) -> None:
+def test_forward_and_every_gradient_match_autograd(
+    activation: Activation, outputs_first: bool, input_grad: bool, cpu_matmul: CpuMatmul
+) -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     x.requires_grad_(input_grad)
@@ -123,8 +125,9 @@ def test_bmm_takes_expanded_and_transposed_operands(cpu_matmul: CpuMatmul) -> No
 def test_gradcheck_in_float64() -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True),
-                                    (x, *weights, *biases))
+    assert torch.autograd.gradcheck(
+        lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True), (x, *weights, *biases)
+    )
 
 
 def two_towers_in_one_flat(dtype: torch.dtype) -> tuple[Tensor, tuple[Tower, ...], list[Tensor]]:
@@ -136,8 +139,10 @@ def two_towers_in_one_flat(dtype: torch.dtype) -> tuple[Tensor, tuple[Tower, ...
     for t, widths in enumerate(sizes):
         linears, weights, biases = [], [], []
         for inp, out in zip(widths[:-1], widths[1:], strict=True):
-            weight, bias = (torch.randn(P, out, inp, generator=g, dtype=dtype),
-                            torch.randn(P, out, generator=g, dtype=dtype))
+            weight, bias = (
+                torch.randn(P, out, inp, generator=g, dtype=dtype),
+                torch.randn(P, out, generator=g, dtype=dtype),
+            )
             linears.append((offset, out, inp, offset + out * inp))
             columns += [weight.reshape(P, -1), bias]
             offset += out * inp + out
@@ -165,8 +170,10 @@ def test_towers_match_a_stacked_mlp_each(input_grad: bool, cpu_matmul: CpuMatmul
     torch.testing.assert_close(value, want_value)
 
     g = torch.Generator().manual_seed(5)
-    up_policy, up_value = (torch.randn(policy.shape, generator=g, dtype=torch.float64),
-                           torch.randn(value.shape, generator=g, dtype=torch.float64))
+    up_policy, up_value = (
+        torch.randn(policy.shape, generator=g, dtype=torch.float64),
+        torch.randn(value.shape, generator=g, dtype=torch.float64),
+    )
     loss = (policy * up_policy).sum() + (value * up_value).sum()
     want_loss = (want_policy * up_policy).sum() + (want_value * up_value).sum()
     got = torch.autograd.grad(loss, [flat, x] if input_grad else [flat])
@@ -174,8 +181,9 @@ def test_towers_match_a_stacked_mlp_each(input_grad: bool, cpu_matmul: CpuMatmul
     flat_grad = got[0]
     for tower, wanted in zip(towers, (want[:6], want[6:10]), strict=True):
         layers = len(tower.linears)
-        for got_part, want_part in zip(tower.weights(flat_grad) + tower.biases(flat_grad), wanted[: 2 * layers],
-                                       strict=True):
+        for got_part, want_part in zip(
+            tower.weights(flat_grad) + tower.biases(flat_grad), wanted[: 2 * layers], strict=True
+        ):
             torch.testing.assert_close(got_part, want_part)
     unread = towers[0].linears[-1][3] + towers[0].linears[-1][1]  # just after the first tower's last bias
     assert torch.equal(flat_grad[:, unread : unread + 3], torch.zeros(P, 3, dtype=torch.float64))

@@ -35,8 +35,9 @@ _delivered: dict[tuple[str, int], tuple[dict[str, int], dict[str, int]]] = {}
 
 
 def test_config_round_trips(store: RunStore) -> None:
-    config = RunConfig(env_id="Pendulum-v1", target_return=-200.0, hidden_sizes=(32, 16),
-                       ppo=PPOConfig(learning_rate=3e-4, epochs=7))
+    config = RunConfig(
+        env_id="Pendulum-v1", target_return=-200.0, hidden_sizes=(32, 16), ppo=PPOConfig(learning_rate=3e-4, epochs=7)
+    )
     spec = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
     assert store.load_config() is None
     store.save_config(config, spec)
@@ -45,8 +46,9 @@ def test_config_round_trips(store: RunStore) -> None:
 
 def test_recent_returns_keep_the_newest_hundred(store: RunStore) -> None:
     for start in range(0, 250, 50):
-        added, episodes, steps, recent, *_ = store.add_actor_report("actor-0", 0, 50,
-                                                                   [float(v) for v in range(start, start + 50)])
+        added, episodes, steps, recent, *_ = store.add_actor_report(
+            "actor-0", 0, 50, [float(v) for v in range(start, start + 50)]
+        )
         assert (added, episodes, steps) == (50, 50, start + 50) and recent == store.recent_returns(0)
     assert len(recent) == RECENT_EPISODES
     assert recent[0] == 249.0 and recent[-1] == 150.0
@@ -59,8 +61,9 @@ def test_an_actor_sessions_totals_count_each_step_and_episode_once(store: RunSto
     its episodes, the ones not yet acknowledged. Another session (a restarted actor process) starts
     from nothing; a report without one counts as it is."""
 
-    def report(actor: str, steps: int, returns: list[float], session: int, steps_total: int,
-               episodes_total: int) -> tuple[int, int, int, list[float]]:
+    def report(
+        actor: str, steps: int, returns: list[float], session: int, steps_total: int, episodes_total: int
+    ) -> tuple[int, int, int, list[float]]:
         counted = store.add_actor_report(actor, 0, steps, returns, session, steps_total, episodes_total)
         assert counted.uncounted == 0  # unchecked: everything heard is counted
         return counted[:4]
@@ -125,6 +128,7 @@ def test_delivered_totals_count_once_whatever_reports_are_lost_repeated_or_overt
     assert tally("actor-0") == (256, 4) and tally("actor-1") == (32, 0)
     store.add_deliveries(8, {"actor-0": 64}, {"actor-0": 2})  # another learner process
     assert tally("actor-0") == (320, 6) and tally("actor-1") == (32, 0)
+
 
 def test_a_checked_actor_resends_the_returns_of_episodes_not_yet_counted(store: RunStore) -> None:
     """An actor waiting for credit reports nothing new while the learner takes its last rollout and

@@ -13,16 +13,20 @@ def test_nobody_is_behind_while_every_rank_beats_and_waits_briefly() -> None:
 def test_a_silent_rank_is_named_and_the_ranks_waiting_for_it_are_not() -> None:
     """SIGSTOP stops every thread of a rank, its heartbeat's too; its peer keeps beating from the
     collective it waits in."""
-    pulses = {0: Pulse(heard=109.9, iteration=7, waiting_s=9.0), 1: Pulse(heard=110.0 - SILENT_S - 1, iteration=7,
-                                                                           waiting_s=0.0)}
+    pulses = {
+        0: Pulse(heard=109.9, iteration=7, waiting_s=9.0),
+        1: Pulse(heard=110.0 - SILENT_S - 1, iteration=7, waiting_s=0.0),
+    }
     named = behind(pulses, 2, now=110.0)
     assert list(named) == [1] and "no heartbeat for 4.0 s" in named[1]
 
 
 def test_a_rank_that_beats_but_keeps_the_others_waiting_is_named() -> None:
-    pulses = {0: Pulse(heard=50.0, iteration=3, waiting_s=WAITED_S + 1), 1: Pulse(heard=50.0, iteration=3,
-                                                                                   waiting_s=WAITED_S + 0.5),
-              2: Pulse(heard=50.0, iteration=2, waiting_s=0.0)}
+    pulses = {
+        0: Pulse(heard=50.0, iteration=3, waiting_s=WAITED_S + 1),
+        1: Pulse(heard=50.0, iteration=3, waiting_s=WAITED_S + 0.5),
+        2: Pulse(heard=50.0, iteration=2, waiting_s=0.0),
+    }
     named = behind(pulses, 3, now=50.2)
     assert list(named) == [2] and "rank(s) 0, 1 waited 6.2 s" in named[2] and "iteration 2" in named[2]
 

@@ -41,8 +41,9 @@ def transitions(population: int, batch: int, seed: int) -> Transitions:
 
 
 def hyperparams(learning_rates: list[float]) -> ActorCriticHyperparams:
-    members = [{"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)}
-               for m, lr in enumerate(learning_rates)]
+    members = [
+        {"learning_rate": lr, "gamma": 0.9 + 0.02 * m, "tau": 0.05 * (m + 1)} for m, lr in enumerate(learning_rates)
+    ]
     return per_member(ActorCriticHyperparams, members, CPU)
 
 
@@ -79,17 +80,20 @@ def test_critic_and_actor_losses() -> None:
     q2 = torch.tensor([[1.0, 1.0, 1.0], [1.0, 2.0, 3.0]])
     target = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(td3.critic_loss(q1, q2, target), torch.tensor([5 / 3, 14 / 3]))
-    torch.testing.assert_close(td3.actor_loss(torch.tensor([[1.0, 2.0, 3.0], [-3.0, 0.0, 0.0]])),
-                               torch.tensor([-2.0, 1.0]))
+    torch.testing.assert_close(
+        td3.actor_loss(torch.tensor([[1.0, 2.0, 3.0], [-3.0, 0.0, 0.0]])), torch.tensor([-2.0, 1.0])
+    )
 
 
 def member_modules(algo: td3.TD3, member: int) -> dict[str, torch.nn.Module]:
     """One member's four networks as plain torch modules."""
     modules: dict[str, torch.nn.Module] = {}
-    for name, stacked, module in (("actor", algo.actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
-                                  ("critic", algo.critic, Critic(SPEC, algo.cfg.hidden_sizes)),
-                                  ("target_actor", algo.target_actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
-                                  ("target_critic", algo.target_critic, Critic(SPEC, algo.cfg.hidden_sizes))):
+    for name, stacked, module in (
+        ("actor", algo.actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
+        ("critic", algo.critic, Critic(SPEC, algo.cfg.hidden_sizes)),
+        ("target_actor", algo.target_actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
+        ("target_critic", algo.target_critic, Critic(SPEC, algo.cfg.hidden_sizes)),
+    ):
         module.load_state_dict({k: torch.from_numpy(v) for k, v in stacked.member_params(member).items()})
         modules[name] = module
     return modules
@@ -132,8 +136,13 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
     hp = hyperparams([1e-3, 3e-3, 1e-2])
     active = torch.tensor([True, True, False])
     nets = [member_modules(algo, m) for m in range(population)]
-    adams = [{name: torch.optim.Adam(n[name].parameters(), lr=float(hp.learning_rate[m]), eps=1e-8)
-              for name in ("actor", "critic")} for m, n in enumerate(nets)]
+    adams = [
+        {
+            name: torch.optim.Adam(n[name].parameters(), lr=float(hp.learning_rate[m]), eps=1e-8)
+            for name in ("actor", "critic")
+        }
+        for m, n in enumerate(nets)
+    ]
     scale, bias = algo.action_scale, algo.action_bias
     algo_noise, ref_noise = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     for step in range(1, steps + 1):
@@ -149,8 +158,9 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
             obs, next_obs, actions = batch.obs[m], batch.next_obs[m], (batch.actions[m] - bias) / scale
             with torch.no_grad():
                 next_action = torch.tanh(n["target_actor"].policy(next_obs))
-                next_action = (next_action
-                               + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)).clamp(-1, 1)
+                next_action = (
+                    next_action + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)
+                ).clamp(-1, 1)
                 x = torch.cat([next_obs, next_action], -1)
                 next_q = torch.min(n["target_critic"].q1(x), n["target_critic"].q2(x)).squeeze(-1)
                 y = batch.rewards[m] + gamma * (1 - batch.terminated[m]) * next_q
@@ -169,12 +179,17 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
                         for t, p in zip(n[target].parameters(), n[online].parameters(), strict=True):
                             t.lerp_(p, tau)
     for m in range(2):
-        for name, stacked in (("actor", algo.actor), ("critic", algo.critic), ("target_actor", algo.target_actor),
-                              ("target_critic", algo.target_critic)):
+        for name, stacked in (
+            ("actor", algo.actor),
+            ("critic", algo.critic),
+            ("target_actor", algo.target_actor),
+            ("target_critic", algo.target_critic),
+        ):
             got = stacked.member_params(m)
             for key, want in nets[m][name].state_dict().items():
-                np.testing.assert_allclose(got[key], want.numpy(), rtol=1e-4, atol=1e-6,
-                                           err_msg=f"member {m} {name} {key}")
+                np.testing.assert_allclose(
+                    got[key], want.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"member {m} {name} {key}"
+                )
         for name, want_steps in (("critic", steps), ("actor", steps // delay)):
             optimizer = algo.optimizers[name]
             assert int(optimizer.steps[m]) == want_steps
@@ -206,11 +221,16 @@ def test_the_learning_rate_decays_over_gradient_steps(algo_name: str) -> None:
     """RL-Zoo's linear schedule: decaying over 4 gradient steps equals a constant-rate algorithm
     handed 1, 0.775, 0.55, 0.325, 0.1, 0.1 × the rate step by step (the critics', the actor's and
     SAC's temperature's optimizers alike)."""
+
     def build(**decay: float) -> td3.TD3 | sac.SAC:
         torch.manual_seed(3)
         if algo_name == "td3":
-            return td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1, **decay),  # type: ignore[arg-type]
-                           1, CPU)
+            return td3.TD3(
+                SPEC,
+                TD3Config(hidden_sizes=(16,), policy_delay=1, **decay),  # type: ignore[arg-type]
+                1,
+                CPU,
+            )
         return sac.SAC(SPEC, SACConfig(hidden_sizes=(16,), **decay), 1, CPU)  # type: ignore[arg-type]
 
     decaying, constant = build(lr_decay_steps=4, lr_final_fraction=0.1), build()
@@ -233,8 +253,14 @@ def test_a_member_without_data_on_this_rank_adds_zero_gradient() -> None:
     batch = transitions(2, 8, seed=0)
     batch = Transitions(*(torch.stack([t[0], torch.zeros_like(t[1])]) for t in batch))
     grads: list[torch.Tensor] = []
-    algo.step(batch, hyperparams([1e-3, 1e-3]), torch.tensor([True, True]), torch.tensor([True, False]),
-              lambda grad: grads.append(grad.clone()), None)
+    algo.step(
+        batch,
+        hyperparams([1e-3, 1e-3]),
+        torch.tensor([True, True]),
+        torch.tensor([True, False]),
+        lambda grad: grads.append(grad.clone()),
+        None,
+    )
     assert len(grads) == 2  # critic, then actor
     for grad in grads:
         assert grad[0].abs().sum() > 0 and not grad[1].any()
@@ -245,10 +271,18 @@ def test_copy_member_copies_every_network_and_optimizer_state() -> None:
     algo = td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=1), 3, CPU)
     hp = hyperparams([1e-3, 2e-3, 3e-3])
     for step in range(3):
-        algo.step(transitions(3, 8, seed=step), hp, torch.tensor([True, True, False]),
-                  torch.tensor([True, True, False]), no_sync, None)
-    states = [*(s.flat for s in (algo.actor, algo.critic, algo.target_actor, algo.target_critic)),
-              *(t for o in algo.optimizers.values() for t in (o.exp_avg, o.exp_avg_sq, o.steps))]
+        algo.step(
+            transitions(3, 8, seed=step),
+            hp,
+            torch.tensor([True, True, False]),
+            torch.tensor([True, True, False]),
+            no_sync,
+            None,
+        )
+    states = [
+        *(s.flat for s in (algo.actor, algo.critic, algo.target_actor, algo.target_critic)),
+        *(t for o in algo.optimizers.values() for t in (o.exp_avg, o.exp_avg_sq, o.steps)),
+    ]
     assert all(not torch.equal(t[2], t[0]) for t in states)  # or the copy would prove nothing
     member_1 = [t[1].clone() for t in states]
     algo.copy_member(0, 2)
@@ -267,8 +301,10 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
     run = RunConfig(env_id="Pendulum-v1", algo="td3", td3=TD3Config(exploration_noise=0.3, learning_starts=100))
     obs = np.random.default_rng(0).standard_normal((64, SPEC.obs_size)).astype(np.float32)
     with torch.no_grad():
-        want = (algo.act(algo.actor, torch.from_numpy(obs)[None].expand(2, -1, -1))[1] * algo.action_scale
-                + algo.action_bias).numpy()
+        want = (
+            algo.act(algo.actor, torch.from_numpy(obs)[None].expand(2, -1, -1))[1] * algo.action_scale
+            + algo.action_bias
+        ).numpy()
     greedy = DeterministicPolicy(algo.member_params(1), SPEC, noise=0.0, warmup=False)
     actions, logp = greedy.act(obs, np.random.default_rng(1))
     assert actions.dtype == np.float32 and logp.shape == (64,)
@@ -297,20 +333,45 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
     np.testing.assert_allclose(actions.max(0), high, atol=0.01)
 
 
-
-
 # --- end to end -----------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
     config = tmp_path / "td3.json"
-    config.write_text(json.dumps({"env_id": "Pendulum-v1", "algo": "td3", "num_envs": 4, "rollout_length": 16,
-                                  "td3": {"hidden_sizes": [32, 32], "learning_starts": 200}}))
+    config.write_text(
+        json.dumps(
+            {
+                "env_id": "Pendulum-v1",
+                "algo": "td3",
+                "num_envs": 4,
+                "rollout_length": 16,
+                "td3": {"hidden_sizes": [32, 32], "learning_starts": 200},
+            }
+        )
+    )
     run_dir = tmp_path / "run"
-    up = subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), "--actors", "2",
-                           "--learners", "1", "--config", str(config), "--total-steps", "2000"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlmq.cli",
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--config",
+            str(config),
+            "--total-steps",
+            "2000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -318,6 +379,10 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
     assert summary["policy_version"] > 0, "the learner never trained"
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     run = from_mapping(RunConfig, checkpoint["run_config"])
-    policy = make_policy(run, {k: v.numpy() for k, v in checkpoint["params"].items()},
-                         from_mapping(EnvSpec, checkpoint["env_spec"]), trained_steps=2000)
+    policy = make_policy(
+        run,
+        {k: v.numpy() for k, v in checkpoint["params"].items()},
+        from_mapping(EnvSpec, checkpoint["env_spec"]),
+        trained_steps=2000,
+    )
     assert isinstance(policy, DeterministicPolicy) and run.td3.hidden_sizes == (32, 32)

@@ -85,7 +85,8 @@ def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
 
 
 def test_rejected_messages_are_logged_by_reason_and_size_with_a_short_detail_once_per_period(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     log = logging.getLogger("test-rejects")
     rejects = RejectLog(log, period_s=0.5)
     content = "A" * 16_000_000  # what a hostile frame's error might quote

@@ -45,11 +45,28 @@ def mean_sampled_return(checkpoint: Path, episodes: int = 20) -> float:
 
 def test_up_learns_cartpole_and_restarts_a_killed_actor(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "3", "--learners", "2", "--env", "CartPole-v1",
-                  "--target-return", "200", "--total-steps", "600000", "--seed", "1")
+    up = start_up(
+        run_dir,
+        "--actors",
+        "3",
+        "--learners",
+        "2",
+        "--env",
+        "CartPole-v1",
+        "--target-return",
+        "200",
+        "--total-steps",
+        "600000",
+        "--seed",
+        "1",
+    )
     wait_until_stepping(run_dir, up)
-    status = subprocess.run([sys.executable, "-m", "rlmq.cli", "status", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=30)
+    status = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "status", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert status.returncode == 0 and "state running" in status.stdout, status.stdout + status.stderr
     victims = [pid for pid, cmd in descendants(up.pid).items() if "--name actor-1" in cmd]
     assert len(victims) == 1
@@ -95,8 +112,9 @@ def test_sigint_leaves_no_process_behind(tmp_path: Path, interrupts: int) -> Non
 
 
 def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
-    up = start_up(tmp_path / "run", "--actors", "1", "--learners", "1", "--total-steps", "3000",
-                  "--target-return", "475")
+    up = start_up(
+        tmp_path / "run", "--actors", "1", "--learners", "1", "--total-steps", "3000", "--target-return", "475"
+    )
     output, _ = up.communicate(timeout=120)
     assert up.returncode == 3, output
     assert "target not reached" in output and "raise --total-steps" in output
@@ -112,8 +130,9 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
 def test_experience_goes_over_unix_sockets_or_loopback_tcp(tmp_path: Path, transport: str) -> None:
     """Either way the learners' experience sockets carry the run (actors collect only on the credits
     those sockets bring them); a Unix socket's directory goes when the run does."""
-    up = start_up(tmp_path / "run", "--actors", "2", "--learners", "2", "--total-steps", "20000",
-                  "--transport", transport)
+    up = start_up(
+        tmp_path / "run", "--actors", "2", "--learners", "2", "--total-steps", "20000", "--transport", transport
+    )
     output, _ = up.communicate(timeout=180)
     assert up.returncode == 0, output
     logs = "".join((tmp_path / "run" / "logs" / f"learner-{rank}.log").read_text() for rank in range(2))
@@ -125,16 +144,19 @@ def test_experience_goes_over_unix_sockets_or_loopback_tcp(tmp_path: Path, trans
     assert summary["env_steps"] >= 20000 and summary["episodes"] > 0, summary
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--env", "NoSuchEnv-v0"], "unknown env"),
-    (["--env", "Blackjack-v1"], "not a Box"),
-    (["--algo", "a2c"], "algo 'a2c' is not one of"),
-    (["--num-envs", "0"], "num_envs must be at least 1"),
-    (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
-    (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete
-    (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
-    (["--transport", "udp"], "use ipc or tcp"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--env", "NoSuchEnv-v0"], "unknown env"),
+        (["--env", "Blackjack-v1"], "not a Box"),
+        (["--algo", "a2c"], "algo 'a2c' is not one of"),
+        (["--num-envs", "0"], "num_envs must be at least 1"),
+        (["--actors", "2", "--population", "3"], "use --actors 3 or more"),
+        (["--algo", "sac"], "use --algo ppo"),  # CartPole's actions are discrete
+        (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
+        (["--transport", "udp"], "use ipc or tcp"),
+    ],
+)
 def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], words: str) -> None:
     up = start_up(tmp_path / "run", *args)
     output, _ = up.communicate(timeout=60)
@@ -144,8 +166,9 @@ def test_bad_usage_exits_2_and_names_the_fix(tmp_path: Path, args: list[str], wo
 
 def test_resume_and_a_used_run_directory_are_refused_naming_the_fix(tmp_path: Path) -> None:
     def up(*args: str) -> tuple[int, str]:
-        done = subprocess.run([sys.executable, "-m", "rlmq.cli", "up", *args], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "rlmq.cli", "up", *args], capture_output=True, text=True, timeout=60
+        )
         return done.returncode, done.stdout + done.stderr
 
     code, out = up("--resume", str(tmp_path / "nothing"))

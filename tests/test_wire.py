@@ -119,9 +119,7 @@ MESSAGES: list[tuple[str, Any]] = [
     ("rollout", ROLLOUT),
     (
         "rollout-continuous",
-        dataclasses.replace(
-            ROLLOUT, actions=_rng.standard_normal((T, N, 2)).astype(np.float32), member=0
-        ),
+        dataclasses.replace(ROLLOUT, actions=_rng.standard_normal((T, N, 2)).astype(np.float32), member=0),
     ),
     ("credit", wire.Credit(count=3)),
     ("actor-report-default", wire.ActorReport(name="actor-0", member=0, env_steps=0)),
@@ -159,17 +157,29 @@ MESSAGES: list[tuple[str, Any]] = [
     ("directive", wire.Directive(kind="stop", reason="target reached")),
     ("decision", wire.Decision(id=3, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5), param_noise=0.01)),
     ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
-    ("evaluation-request", wire.EvaluationRequest(id=7, config=RunConfig(), env_spec=ENV_SPEC, weights=WEIGHTS,
-                                                  episodes=10, deterministic=True, seed=2**30)),
-    ("evaluation-result", wire.EvaluationResult(id=7, returns=np.array([500.0, 9.5]), lengths=np.array([500, 10]),
-                                                seconds=0.04)),
+    (
+        "evaluation-request",
+        wire.EvaluationRequest(
+            id=7, config=RunConfig(), env_spec=ENV_SPEC, weights=WEIGHTS, episodes=10, deterministic=True, seed=2**30
+        ),
+    ),
+    (
+        "evaluation-result",
+        wire.EvaluationResult(id=7, returns=np.array([500.0, 9.5]), lengths=np.array([500, 10]), seconds=0.04),
+    ),
     ("evaluation-failed", wire.EvaluationResult(id=8, error="ValueError: the env raised")),
     (
         "assign-learner-population",
         wire.Assign(
-            run="run-c", member=0, actor_index=-1, config=RunConfig(population=2), env_spec=ENV_SPEC,
-            learner_endpoints=(), hyperparams=(dict.fromkeys(TUNABLE, 0.1), dict.fromkeys(TUNABLE, 0.2)),
-            member_weights=(dataclasses.replace(WEIGHTS, member=1),), applied_decision=4,
+            run="run-c",
+            member=0,
+            actor_index=-1,
+            config=RunConfig(population=2),
+            env_spec=ENV_SPEC,
+            learner_endpoints=(),
+            hyperparams=(dict.fromkeys(TUNABLE, 0.1), dict.fromkeys(TUNABLE, 0.2)),
+            member_weights=(dataclasses.replace(WEIGHTS, member=1),),
+            applied_decision=4,
         ),
     ),
 ]
@@ -229,14 +239,25 @@ def test_round_trip_of_views_that_are_not_contiguous() -> None:
     for returns in (base.T[2], base[1, ::2], base[::2, 1]):
         lengths = np.arange(len(returns), dtype=np.int64)[::-1]
         assert not returns.flags.c_contiguous and not lengths.flags.c_contiguous
-        decoded = wire.decode(wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns,
-                                                           episode_lengths=lengths)))
+        decoded = wire.decode(
+            wire.encode(wire.ActorReport("a", 0, 1, episode_returns=returns, episode_lengths=lengths))
+        )
         assert decoded.episode_returns.tolist() == returns.tolist()
         assert decoded.episode_lengths.tolist() == lengths.tolist()
     obs = np.arange(3 * 2 * 4, dtype=np.float32).reshape(4, 2, 3).transpose(2, 1, 0)  # [T + 1 = 3, N = 2, 4]
     flags = np.zeros((2, 2), bool)
-    rollout = wire.Rollout(0, 0, "a", obs, np.zeros((2, 2), np.int64), np.zeros((2, 2), np.float32),
-                           np.ones((2, 2), np.float32), flags, flags, ~flags)
+    rollout = wire.Rollout(
+        0,
+        0,
+        "a",
+        obs,
+        np.zeros((2, 2), np.int64),
+        np.zeros((2, 2), np.float32),
+        np.ones((2, 2), np.float32),
+        flags,
+        flags,
+        ~flags,
+    )
     assert not obs.flags.c_contiguous
     np.testing.assert_array_equal(wire.decode(wire.encode(rollout)).obs, obs)
 
@@ -345,18 +366,30 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("str-for-tuple", with_field(ASSIGN, learner_endpoints="tcp://a:1"), "bad_type"),
     ("int-in-tuple", with_field(ASSIGN, learner_endpoints=["tcp://a:1", 2]), "bad_type"),
     ("list-for-nested", with_field(ASSIGN, config=[]), "bad_type"),
-    ("nan-in-nested-tuple", pack("Assign", {**fields_of(ASSIGN), "env_spec": {
-        **fields_of(ASSIGN)["env_spec"], "action_low": [math.nan]}}), "non_finite"),
+    (
+        "nan-in-nested-tuple",
+        pack("Assign", {**fields_of(ASSIGN), "env_spec": {**fields_of(ASSIGN)["env_spec"], "action_low": [math.nan]}}),
+        "non_finite",
+    ),
     ("unknown-nested-field", assign_config_with(colour="red"), "unknown_field"),
     ("nested-str-for-int", assign_config_with(num_envs="16"), "bad_type"),
     ("decision-id-0", with_field(DECISION, id=0), "bad_value"),
-    ("decision-unknown-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "shoe_size": 43.0}),
-     "bad_value"),
+    (
+        "decision-unknown-hyperparam",
+        with_field(DECISION, hyperparams={**DECISION.hyperparams, "shoe_size": 43.0}),
+        "bad_value",
+    ),
     ("decision-no-hyperparams", with_field(DECISION, hyperparams={}), "bad_value"),
-    ("decision-negative-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": -1.0}),
-     "bad_value"),
-    ("decision-nan-hyperparam", with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": math.nan}),
-     "non_finite"),
+    (
+        "decision-negative-hyperparam",
+        with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": -1.0}),
+        "bad_value",
+    ),
+    (
+        "decision-nan-hyperparam",
+        with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": math.nan}),
+        "non_finite",
+    ),
     ("assign-hyperparams-count", with_field(ASSIGN, hyperparams=[dict.fromkeys(TUNABLE, 0.1)] * 2), "bad_value"),
     ("hello-member-below", with_field(HELLO, member=-2), "bad_value"),
     ("params-list", with_field(WEIGHTS, params=[1, 2]), "bad_type"),
@@ -384,40 +417,55 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("length-itemsize", with_field(REPORT, episode_returns=array("float64", [3], F32_3)), "bad_shape"),
     ("negative-dim", with_field(REPORT, episode_returns=array("float32", [-3], F32_3)), "bad_shape"),
     ("negative-dims-cancel", with_field(REPORT, episode_returns=array("float32", [-1, -3], F32_3)), "bad_shape"),
-    ("too-many-dims", with_field(REPORT, episode_returns=array("float32", [3] + [1] * wire.MAX_ARRAY_DIMS, F32_3)),
-     "bad_shape"),
+    (
+        "too-many-dims",
+        with_field(REPORT, episode_returns=array("float32", [3] + [1] * wire.MAX_ARRAY_DIMS, F32_3)),
+        "bad_shape",
+    ),
     ("float-dim", with_field(REPORT, episode_returns=array("float32", [3.0], F32_3)), "bad_shape"),
     ("bool-dim", with_field(REPORT, episode_returns=array("float32", [True, 3], F32_3)), "bad_shape"),
     ("shape-int", with_field(REPORT, episode_returns=array("float32", 3, F32_3)), "bad_shape"),
     ("huge-dims-size-zero", with_field(REPORT, episode_returns=array("float32", [0, 2**63], b"")), "bad_shape"),
     ("huge-dims-overflow", with_field(REPORT, episode_returns=array("float32", [0, 2**62, 2**62], b"")), "bad_shape"),
     ("data-str", with_field(REPORT, episode_returns=array("uint8", [3], "abc")), "bad_type"),
-    ("nan-float32",
-     with_field(REPORT, episode_returns=array("float32", [2], np.array([1, np.nan], np.float32).tobytes())),
-     "non_finite"),
-    ("inf-float64",
-     with_field(REPORT, episode_returns=array("float64", [2], np.array([np.inf, 1.0]).tobytes())),
-     "non_finite"),
-    ("minus-inf-float64",
-     with_field(REPORT, episode_returns=array("float64", [1], np.array([-np.inf]).tobytes())),
-     "non_finite"),
+    (
+        "nan-float32",
+        with_field(REPORT, episode_returns=array("float32", [2], np.array([1, np.nan], np.float32).tobytes())),
+        "non_finite",
+    ),
+    (
+        "inf-float64",
+        with_field(REPORT, episode_returns=array("float64", [2], np.array([np.inf, 1.0]).tobytes())),
+        "non_finite",
+    ),
+    (
+        "minus-inf-float64",
+        with_field(REPORT, episode_returns=array("float64", [1], np.array([-np.inf]).tobytes())),
+        "non_finite",
+    ),
     ("bool-byte-2", rollout_with(valid=np.full((T, N), 2, np.uint8).view(np.bool_)), "bad_value"),
     # rollouts whose arrays disagree
     ("rollout-rewards-short", rollout_with(rewards=np.zeros((T - 1, N), np.float32)), "bad_shape"),
     ("rollout-valid-transposed", rollout_with(valid=np.ones((N, T), bool)), "bad_shape"),
     ("rollout-actions-slots", rollout_with(actions=np.zeros((T, N + 1), np.int64)), "bad_shape"),
     ("rollout-obs-1d", rollout_with(obs=np.zeros(T + 1, np.float32)), "bad_shape"),
-    ("rollout-no-steps", rollout_with(
-        obs=np.zeros((1, N, OBS), np.float32), actions=np.zeros((0, N), np.int64),
-        logprobs=np.zeros((0, N), np.float32), rewards=np.zeros((0, N), np.float32),
-        terminated=np.zeros((0, N), bool), truncated=np.zeros((0, N), bool),
-        valid=np.zeros((0, N), bool)), "bad_shape"),
+    (
+        "rollout-no-steps",
+        rollout_with(
+            obs=np.zeros((1, N, OBS), np.float32),
+            actions=np.zeros((0, N), np.int64),
+            logprobs=np.zeros((0, N), np.float32),
+            rewards=np.zeros((0, N), np.float32),
+            terminated=np.zeros((0, N), bool),
+            truncated=np.zeros((0, N), bool),
+            valid=np.zeros((0, N), bool),
+        ),
+        "bad_shape",
+    ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("frame", "reason"), [(f, r) for _, f, r in MALFORMED], ids=[i for i, _, _ in MALFORMED]
-)
+@pytest.mark.parametrize(("frame", "reason"), [(f, r) for _, f, r in MALFORMED], ids=[i for i, _, _ in MALFORMED])
 def test_malformed_frame_is_a_wire_error(frame: bytes, reason: str) -> None:
     with pytest.raises(wire.WireError) as caught:
         wire.decode(frame)
@@ -431,8 +479,12 @@ def raised_reasons() -> set[str]:
     for package in ("common", "actors", "learners", "coordinator", "cli"):
         for path in (Path(__file__).parents[1] / package).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-                        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "WireError"):
+                if (
+                    isinstance(node, ast.Call)
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "WireError"
+                ):
                     reasons.add(node.args[0].value)
     return reasons
 
@@ -454,17 +506,13 @@ def test_oversize_frame_is_refused_before_parsing() -> None:
     assert caught.value.reason == "too_large"
 
 
-@pytest.mark.parametrize(
-    "name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"]
-)
+@pytest.mark.parametrize("name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"])
 def test_every_truncation_is_a_wire_error(name: str) -> None:
     frame = wire.encode(dict(MESSAGES)[name])
     cuts = np.arange(len(frame))
     if len(cuts) > 400:  # every prefix of the short frames; a seeded sample of the long ones
         rng = np.random.default_rng(len(frame))
-        cuts = np.concatenate(
-            [cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)]
-        )
+        cuts = np.concatenate([cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)])
     for cut in cuts:
         with pytest.raises(wire.WireError) as caught:
             wire.decode(frame[:cut])

@@ -24,8 +24,10 @@ from rlmq.learners.trainers import copy_member
 TUNABLE = ALGORITHMS["ppo"].tunable
 
 # Flat observations, or [H, W, C] byte images through MinAtar's convolutional encoder (argv[6]).
-SPECS = {"mlp": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
-         "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)}
+SPECS = {
+    "mlp": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
+    "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
+}
 SPEC = SPECS["mlp"]
 POPULATION, STEPS, SLOTS = 3, 16, 8
 DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
@@ -36,20 +38,34 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
     valid = np.ones((STEPS, SLOTS), bool)
     valid[1:] = ~done[:-1]
     return Rollout(
-        member=member, policy_version=0, actor="t",
-        obs=(rng.standard_normal((STEPS + 1, SLOTS, *SPEC.obs_shape)).astype(np.float32) if SPEC.obs_dtype == "float32"
-             else rng.integers(0, 256, (STEPS + 1, SLOTS, *SPEC.obs_shape), dtype=np.uint8)),
+        member=member,
+        policy_version=0,
+        actor="t",
+        obs=(
+            rng.standard_normal((STEPS + 1, SLOTS, *SPEC.obs_shape)).astype(np.float32)
+            if SPEC.obs_dtype == "float32"
+            else rng.integers(0, 256, (STEPS + 1, SLOTS, *SPEC.obs_shape), dtype=np.uint8)
+        ),
         actions=rng.integers(0, 2, (STEPS, SLOTS)).astype(np.int64),
         logprobs=np.full((STEPS, SLOTS), np.log(0.5), np.float32),
         rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
-        terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool),
+        terminated=done & (rng.random((STEPS, SLOTS)) < 0.5),
+        truncated=np.zeros((STEPS, SLOTS), bool),
         valid=valid,
     )
 
 
-def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: PopulationAdam,
-          rollouts: list[list[Rollout]], cfg: PPOConfig, generator: torch.Generator, ready: bool = True,
-          overdue: bool = False, captured: ppo.CapturedSteps | None = None) -> int:
+def train_once(
+    model: torch.nn.Module,
+    core: PopulationActorCritic,
+    optimizer: PopulationAdam,
+    rollouts: list[list[Rollout]],
+    cfg: PPOConfig,
+    generator: torch.Generator,
+    ready: bool = True,
+    overdue: bool = False,
+    captured: ppo.CapturedSteps | None = None,
+) -> int:
     """One update as a learner makes it, the batch as wide as the most rollouts of a member any
     rank holds (learner batching), its minibatches as many more (`ppo.for_batch`)."""
     device = torch.device("cpu")
@@ -59,11 +75,27 @@ def train_once(model: torch.nn.Module, core: PopulationActorCritic, optimizer: P
     width = agreed.batch_rollouts
     cfg = ppo.for_batch(cfg, width)
     samples = torch.tensor(agreed.member_samples)
-    hp = per_member(ppo.MemberHyperparams, [{**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1),
-                                       "gamma": 0.99, "gae_lambda": 0.95} for m in range(POPULATION)], device)
-    ppo.update(model, core, optimizer, ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device), hp, cfg,
-               ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator), torch.ones(POPULATION),
-               ppo.loss_normalizers(samples, cfg.minibatches, 2), samples > 0, captured)
+    hp = per_member(
+        ppo.MemberHyperparams,
+        [
+            {**dict.fromkeys(TUNABLE, 0.1), "learning_rate": 3e-3 * (m + 1), "gamma": 0.99, "gae_lambda": 0.95}
+            for m in range(POPULATION)
+        ],
+        device,
+    )
+    ppo.update(
+        model,
+        core,
+        optimizer,
+        ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device),
+        hp,
+        cfg,
+        ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator),
+        torch.ones(POPULATION),
+        ppo.loss_normalizers(samples, cfg.minibatches, 2),
+        samples > 0,
+        captured,
+    )
     return width
 
 
@@ -95,9 +127,18 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
         # batches two rollouts wide (6 minibatches); member 2 has data (on rank 0) in the first
         # update only, then none anywhere: inactive, it must not move at all, though its Adam
         # state has momentum.
-        width = train(model, core, optimizer, [[rollout(rng, 0) for _ in range(1 + rank)],
-                                               [rollout(rng, 1)] if rank == 0 else [],
-                                               [rollout(rng, 2)] if i == 0 and rank == 0 else []], cfg, generator)
+        width = train(
+            model,
+            core,
+            optimizer,
+            [
+                [rollout(rng, 0) for _ in range(1 + rank)],
+                [rollout(rng, 1)] if rank == 0 else [],
+                [rollout(rng, 2)] if i == 0 and rank == 0 else [],
+            ],
+            cfg,
+            generator,
+        )
         assert width == 2, width
         if i == 0:
             after_first = core.flat.detach()[2].clone()
@@ -127,10 +168,18 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
     assert not distributed.agree(rank == 0, False, False, [5] * POPULATION, 0, False, device, 1).update
     assert distributed.agree(rank == 0, rank == 0, False, [5] * POPULATION, 0, False, device, 1).update
     assert distributed.agree(True, False, rank == 1, [5] * POPULATION, 0, False, device, 1).stop
-    torch.save({"flat": core.flat.detach(), "copied": copied, "exp_avg": optimizer.exp_avg,
-                "exp_avg_sq": optimizer.exp_avg_sq, "steps": optimizer.steps,
-                "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),
-                "inactive_unmoved": inactive_unmoved}, out)
+    torch.save(
+        {
+            "flat": core.flat.detach(),
+            "copied": copied,
+            "exp_avg": optimizer.exp_avg,
+            "exp_avg_sq": optimizer.exp_avg_sq,
+            "steps": optimizer.steps,
+            "moved": float((core.flat.detach() - before).abs().sum(1)[:2].min()),
+            "inactive_unmoved": inactive_unmoved,
+        },
+        out,
+    )
     distributed.shutdown(together=True)
 
 

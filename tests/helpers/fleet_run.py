@@ -34,8 +34,9 @@ class FleetRun:
     """A private Redis, the coordinator, one learner and `actors` actors (each with a key of its own),
     every socket on CURVE; the keys directory also holds the fleet's key."""
 
-    def __init__(self, root: Path, run_config: RunConfig, actors: int, run: str = "flood",
-                 start_actors: bool = True) -> None:
+    def __init__(
+        self, root: Path, run_config: RunConfig, actors: int, run: str = "flood", start_actors: bool = True
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.keys = root, root / "keys"
         security.create_keys(self.keys, learners=1, actors=actors, fleet=True)
@@ -47,13 +48,46 @@ class FleetRun:
         self.control, self.experience = control, f"tcp://127.0.0.1:{free_port()}"
         self.processes: list[subprocess.Popen[bytes]] = []
         keys = ["--keys", str(self.keys)]
-        self.start("coordinator", "coordinator", "--run", run, "--redis-url", self.redis.url, "--run-config",
-                   str(config_file), "--metrics-port", "-1", "--control-bind", control, "--broadcast-bind",
-                   broadcast, *keys)
-        self.start("learner", "learner", "--run", run, "--coordinator", control, "--broadcast", broadcast,
-                   "--rank", "0", "--world-size", "1", "--master-port", str(free_port()), "--metrics-port", "-1",
-                   "--experience-port", self.experience.rsplit(":", 1)[1], "--checkpoint-dir",
-                   str(root / "checkpoints"), *keys)
+        self.start(
+            "coordinator",
+            "coordinator",
+            "--run",
+            run,
+            "--redis-url",
+            self.redis.url,
+            "--run-config",
+            str(config_file),
+            "--metrics-port",
+            "-1",
+            "--control-bind",
+            control,
+            "--broadcast-bind",
+            broadcast,
+            *keys,
+        )
+        self.start(
+            "learner",
+            "learner",
+            "--run",
+            run,
+            "--coordinator",
+            control,
+            "--broadcast",
+            broadcast,
+            "--rank",
+            "0",
+            "--world-size",
+            "1",
+            "--master-port",
+            str(free_port()),
+            "--metrics-port",
+            "-1",
+            "--experience-port",
+            self.experience.rsplit(":", 1)[1],
+            "--checkpoint-dir",
+            str(root / "checkpoints"),
+            *keys,
+        )
         self.actors, self.broadcast = actors, broadcast
         if start_actors:
             self.start_actors()
@@ -61,14 +95,29 @@ class FleetRun:
     def start_actors(self) -> None:
         self.actors_started_at = time.time()
         for i in range(self.actors):
-            self.start(f"actor-{i}", "actor", "--name", f"actor-{i}", "--coordinator", self.control, "--broadcast",
-                       self.broadcast, "--metrics-port", "-1", "--keys", str(self.keys))
+            self.start(
+                f"actor-{i}",
+                "actor",
+                "--name",
+                f"actor-{i}",
+                "--coordinator",
+                self.control,
+                "--broadcast",
+                self.broadcast,
+                "--metrics-port",
+                "-1",
+                "--keys",
+                str(self.keys),
+            )
 
     def start(self, log_name: str, *args: str) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         with open(self.root / f"{log_name}.log", "wb") as log:
-            self.processes.append(subprocess.Popen([*RLMQ, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                   preexec_fn=die_with_parent))
+            self.processes.append(
+                subprocess.Popen(
+                    [*RLMQ, *args], stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+                )
+            )
 
     def status(self) -> RunStatus:
         return self.store.status()
@@ -124,8 +173,9 @@ class Flood:
             security.connect_securely(sock, self.keys)
             sock.connect(self.endpoint)
             socks.append(sock)
-        hellos = [wire.encode(wire.Hello(role="actor", name=f"flood-{i}", pid=1, member=0))
-                  for i in range(self.identities)]
+        hellos = [
+            wire.encode(wire.Hello(role="actor", name=f"flood-{i}", pid=1, member=0)) for i in range(self.identities)
+        ]
         try:
             while not self.stopping.wait(wire.CREDIT_REQUEST_RENEW_S):
                 for sock, hello in zip(socks, hellos, strict=True):

@@ -72,8 +72,9 @@ class Hosts:
                 _ip("netns", "add", self.namespace(name))
                 _ip("-n", self.namespace(name), "link", "set", "lo", "up")
             ports = [f"{self.namespace(n)}={self.addresses[n]}/24" for n in self.names]
-            self.switch = subprocess.Popen([sys.executable, __file__, "switch", *ports], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, text=True)
+            self.switch = subprocess.Popen(
+                [sys.executable, __file__, "switch", *ports], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
             assert self.switch.stdout is not None
             if self.switch.stdout.readline().strip() != "ready":
                 raise RuntimeError("the switch did not start")
@@ -100,8 +101,9 @@ class Hosts:
         """`argv` started on host `name` in `workdir`, its output to `workdir/log` unless `popen`
         says where."""
         with open(self.workdir / log, "wb") as out:
-            process = subprocess.Popen(self.command(name, argv), **{"stdout": out, "stderr": subprocess.STDOUT,
-                                                                     "cwd": self.workdir, **popen})
+            process = subprocess.Popen(
+                self.command(name, argv), **{"stdout": out, "stderr": subprocess.STDOUT, "cwd": self.workdir, **popen}
+            )
         self.processes.append(process)
         return process
 

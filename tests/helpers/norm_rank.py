@@ -21,17 +21,27 @@ POPULATION, STEPS, SLOTS, ACTORS, UPDATES = 2, 5, 3, 2, 3
 def actor_rollout(rank: int, actor: int, update: int, member: int) -> Rollout:
     """A rollout with observations of a scale and offset of its own, and some reset steps."""
     rng = np.random.default_rng([rank, actor, update, member])
-    obs = (rng.standard_normal((STEPS + 1, SLOTS, *SPEC.obs_shape)) * (1 + 3 * rank + actor) + 10 * member + actor)
-    return Rollout(member=member, policy_version=0, actor=f"{rank}-{actor}", obs=obs.astype(np.float32),
-                   actions=np.zeros((STEPS, SLOTS), np.int64), logprobs=np.zeros((STEPS, SLOTS), np.float32),
-                   rewards=np.zeros((STEPS, SLOTS), np.float32), terminated=np.zeros((STEPS, SLOTS), bool),
-                   truncated=np.zeros((STEPS, SLOTS), bool), valid=rng.random((STEPS, SLOTS)) > 0.2)
+    obs = rng.standard_normal((STEPS + 1, SLOTS, *SPEC.obs_shape)) * (1 + 3 * rank + actor) + 10 * member + actor
+    return Rollout(
+        member=member,
+        policy_version=0,
+        actor=f"{rank}-{actor}",
+        obs=obs.astype(np.float32),
+        actions=np.zeros((STEPS, SLOTS), np.int64),
+        logprobs=np.zeros((STEPS, SLOTS), np.float32),
+        rewards=np.zeros((STEPS, SLOTS), np.float32),
+        terminated=np.zeros((STEPS, SLOTS), bool),
+        truncated=np.zeros((STEPS, SLOTS), bool),
+        valid=rng.random((STEPS, SLOTS)) > 0.2,
+    )
 
 
 def per_member(rank: int, update: int) -> list[list[Rollout]]:
     # Member 1 gets data from rank 0 only: rank 1 still joins every all-reduce, with nothing.
-    return [[actor_rollout(rank, a, update, m) for a in range(ACTORS)] if m == 0 or rank == 0 else []
-            for m in range(POPULATION)]
+    return [
+        [actor_rollout(rank, a, update, m) for a in range(ACTORS)] if m == 0 or rank == 0 else []
+        for m in range(POPULATION)
+    ]
 
 
 def main(rank: int, world: int, port: int, out: str) -> None:

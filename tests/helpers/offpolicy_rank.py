@@ -23,8 +23,9 @@ from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.trainers import make_trainer
 
 SPECS = {
-    "td3": EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0),
-                   action_high=(2.0, 1.0)),
+    "td3": EnvSpec(
+        obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)
+    ),
     "dqn": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3),
 }
 POPULATION, STEPS, SLOTS = 3, 8, 4
@@ -39,10 +40,16 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
     else:
         actions = rng.uniform(spec.action_low, spec.action_high, (STEPS, SLOTS, spec.action_dim)).astype(np.float32)
     return Rollout(
-        member=member, policy_version=0, actor="t",
-        obs=rng.standard_normal((STEPS + 1, SLOTS, spec.obs_size)).astype(np.float32), actions=actions,
-        logprobs=np.zeros((STEPS, SLOTS), np.float32), rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
-        terminated=done & (rng.random((STEPS, SLOTS)) < 0.5), truncated=np.zeros((STEPS, SLOTS), bool), valid=valid,
+        member=member,
+        policy_version=0,
+        actor="t",
+        obs=rng.standard_normal((STEPS + 1, SLOTS, spec.obs_size)).astype(np.float32),
+        actions=actions,
+        logprobs=np.zeros((STEPS, SLOTS), np.float32),
+        rewards=rng.random((STEPS, SLOTS)).astype(np.float32),
+        terminated=done & (rng.random((STEPS, SLOTS)) < 0.5),
+        truncated=np.zeros((STEPS, SLOTS), bool),
+        valid=valid,
     )
 
 
@@ -59,10 +66,16 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     torch.manual_seed(1234 + rank)  # different initial weights: the trainer must make them equal
     spec = SPECS[algo]
     shared = {"hidden_sizes": (16, 16), "batch_size": 8, "learning_starts": 1, "replay_ratio": 0.25}
-    run_cfg = RunConfig(algo=algo, num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, seed=7,
-                        td3=TD3Config(**shared, policy_delay=2),  # type: ignore[arg-type]
-                        dqn=DQNConfig(**shared, target_update_interval=3, max_grad_norm=0.5),  # type: ignore[arg-type]
-                        pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}))
+    run_cfg = RunConfig(
+        algo=algo,
+        num_envs=SLOTS,
+        rollout_length=STEPS,
+        population=POPULATION,
+        seed=7,
+        td3=TD3Config(**shared, policy_delay=2),  # type: ignore[arg-type]
+        dqn=DQNConfig(**shared, target_update_interval=3, max_grad_norm=0.5),  # type: ignore[arg-type]
+        pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}),
+    )
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     trainer = make_trainer(spec, run_cfg, (), rank, world, device)
     assert isinstance(trainer, OffPolicyTrainer)
@@ -76,8 +89,13 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
         # Uneven: rank 1 holds two rollouts of member 0 to rank 0's one, and none of member 1, which
         # trains from rank 0's data alone (rank 1's loss for it counts 0, but it joins every sync);
         # member 2 has no data anywhere: it never starts, and must not move at all.
-        assert train(trainer, [[rollout(rng, spec, 0) for _ in range(1 + rank)],
-                               [rollout(rng, spec, 1)] if rank == 0 else [], []]) == 2
+        assert (
+            train(
+                trainer,
+                [[rollout(rng, spec, 0) for _ in range(1 + rank)], [rollout(rng, spec, 1)] if rank == 0 else [], []],
+            )
+            == 2
+        )
     after = algorithm.replicated()
     moved = min(float((a - b)[:2].abs().sum(1).min()) for a, b in zip(after, before, strict=True))
     inactive_unmoved = all(torch.equal(a[2], b[2]) for a, b in zip(after, before, strict=True))
@@ -85,9 +103,16 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     trainer.copy_member(wire.Decision(id=1, target=2, source=0, hyperparams={**base, "learning_rate": 5e-3}))
     copied = all(torch.equal(t[2], t[0]) for t in algorithm.replicated())
     train(trainer, [[rollout(rng, spec, 0)], [rollout(rng, spec, 1)], [rollout(rng, spec, 2)] if rank == 1 else []])
-    torch.save({"replicated": [t.detach().clone() for t in algorithm.replicated()],
-                "optimizers": [t.clone() for o in optimizers for t in (o.exp_avg, o.exp_avg_sq, o.steps)],
-                "moved": moved, "inactive_unmoved": inactive_unmoved, "copied": copied}, out)
+    torch.save(
+        {
+            "replicated": [t.detach().clone() for t in algorithm.replicated()],
+            "optimizers": [t.clone() for o in optimizers for t in (o.exp_avg, o.exp_avg_sq, o.steps)],
+            "moved": moved,
+            "inactive_unmoved": inactive_unmoved,
+            "copied": copied,
+        },
+        out,
+    )
     distributed.shutdown(together=True)
 
 

@@ -30,8 +30,9 @@ class PixelBandit(gym.Env[np.ndarray, np.int64]):
         obs[..., 1] = self.np_random.integers(0, 64, SHAPE[:2], dtype=np.uint8)
         return obs
 
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.side, self.steps = int(self.np_random.integers(2)), 0
         return self._observe(), {}

@@ -9,8 +9,9 @@ from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo
 
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
-CONTINUOUS = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0),
-                     action_high=(2.0, 2.0))
+CONTINUOUS = EnvSpec(
+    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, -2.0), action_high=(2.0, 2.0)
+)
 # Images ([H, W, C] bytes, and [C, H, W] floats) through MinAtar's convolution (common/images.py).
 IMAGE = EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=3)
 IMAGE_CONTINUOUS = EnvSpec(obs_shape=(2, 6, 5), action_kind="continuous", action_dim=2)

@@ -19,8 +19,12 @@ from rlmq.coordinator.store import RunStore
 
 
 def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(run_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, up: subprocess.Popen[str] | None = None) -> Any:
@@ -88,14 +92,34 @@ def write_run_config(tmp_path: Path, **fields: Any) -> Path:
     return path
 
 
-def start_coordinator(start_service: Any, tmp_path: Path, redis_url: str, run_id: str,
-                      env: dict[str, str] | None = None, ports: dict[str, int] | None = None,
-                      name: str = "coordinator", args: tuple[str, ...] = (), **config: Any) -> dict[str, Any]:
+def start_coordinator(
+    start_service: Any,
+    tmp_path: Path,
+    redis_url: str,
+    run_id: str,
+    env: dict[str, str] | None = None,
+    ports: dict[str, int] | None = None,
+    name: str = "coordinator",
+    args: tuple[str, ...] = (),
+    **config: Any,
+) -> dict[str, Any]:
     ports = ports or {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
     service = start_service(
-        name, "coordinator", "--run", run_id, "--redis-url", redis_url,
-        "--run-config", str(write_run_config(tmp_path, **config)), "--metrics-port", str(ports["metrics"]),
-        "--control-bind", f"tcp://127.0.0.1:{ports['control']}",
-        "--broadcast-bind", f"tcp://127.0.0.1:{ports['broadcast']}", *args, env=env,
+        name,
+        "coordinator",
+        "--run",
+        run_id,
+        "--redis-url",
+        redis_url,
+        "--run-config",
+        str(write_run_config(tmp_path, **config)),
+        "--metrics-port",
+        str(ports["metrics"]),
+        "--control-bind",
+        f"tcp://127.0.0.1:{ports['control']}",
+        "--broadcast-bind",
+        f"tcp://127.0.0.1:{ports['broadcast']}",
+        *args,
+        env=env,
     )
     return {"service": service, **ports}

@@ -28,20 +28,32 @@ POPULATION, STEPS, SLOTS, UPDATES = 2, 8, 4, 3
 DECISION = wire.Decision(id=1, target=1, source=0, hyperparams=dict.fromkeys(ALGORITHMS["ppo"].tunable, 0.5))
 # minibatch_growth "size": the reference process, handed both ranks' rollouts as a batch twice as
 # wide, cuts it into as many minibatches as each replica does the gathered batch.
-RUN_CFG = RunConfig(num_envs=SLOTS, rollout_length=STEPS, population=POPULATION, hidden_sizes=(16,),
-                    normalize_obs=True, ppo=PPOConfig(sync="batch", epochs=2, minibatches=2, normalize_reward=True,
-                                                      minibatch_growth="size"))
+RUN_CFG = RunConfig(
+    num_envs=SLOTS,
+    rollout_length=STEPS,
+    population=POPULATION,
+    hidden_sizes=(16,),
+    normalize_obs=True,
+    ppo=PPOConfig(sync="batch", epochs=2, minibatches=2, normalize_reward=True, minibatch_growth="size"),
+)
 
 
 def rollout(rank: int, update: int, member: int) -> Rollout:
     rng = np.random.default_rng([rank, update, member])
     done = rng.random((STEPS, SLOTS)) < 0.15
-    return Rollout(member=member, policy_version=0, actor=f"actor-{rank}", sequence=update + 1,
-                   obs=(rng.standard_normal((STEPS + 1, SLOTS, 3)) * (1 + 3 * rank) + member).astype(np.float32),
-                   actions=rng.integers(0, 2, (STEPS, SLOTS)),
-                   logprobs=np.full((STEPS, SLOTS), np.log(0.5), np.float32),
-                   rewards=rng.standard_normal((STEPS, SLOTS)).astype(np.float32), terminated=done,
-                   truncated=np.zeros((STEPS, SLOTS), bool), valid=np.ones((STEPS, SLOTS), bool))
+    return Rollout(
+        member=member,
+        policy_version=0,
+        actor=f"actor-{rank}",
+        sequence=update + 1,
+        obs=(rng.standard_normal((STEPS + 1, SLOTS, 3)) * (1 + 3 * rank) + member).astype(np.float32),
+        actions=rng.integers(0, 2, (STEPS, SLOTS)),
+        logprobs=np.full((STEPS, SLOTS), np.log(0.5), np.float32),
+        rewards=rng.standard_normal((STEPS, SLOTS)).astype(np.float32),
+        terminated=done,
+        truncated=np.zeros((STEPS, SLOTS), bool),
+        valid=np.ones((STEPS, SLOTS), bool),
+    )
 
 
 def per_member(rank: int, update: int) -> list[list[Rollout]]:
@@ -86,30 +98,53 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     # Without the reward scale the agreement rides in the gather (the learner's way, `agrees_in_gather`):
     # first rank 1 is not ready, so the world does not update and the batches gathered go unused;
     # then both are, a PBT copy lands on member 1, and the update trains on what was gathered.
-    fused = make_trainer(SPEC, dataclasses.replace(RUN_CFG, ppo=dataclasses.replace(RUN_CFG.ppo,
-                                                                                     normalize_reward=False)),
-                         (), rank, world, device)
+    fused = make_trainer(
+        SPEC,
+        dataclasses.replace(RUN_CFG, ppo=dataclasses.replace(RUN_CFG.ppo, normalize_reward=False)),
+        (),
+        rank,
+        world,
+        device,
+    )
     fused.set_hyperparams([RUN_CFG.base_hyperparams()] * POPULATION)
 
     def agree(ready: bool) -> tuple[list[str], distributed.Agreement]:
         calls.clear()
-        agreed = fused.agree(distributed.proposal(ready, False, False, [STEPS * SLOTS] * POPULATION, 0, False, 1,
-                                                  device), lambda: per_member(rank, UPDATES + 1))
+        agreed = fused.agree(
+            distributed.proposal(ready, False, False, [STEPS * SLOTS] * POPULATION, 0, False, 1, device),
+            lambda: per_member(rank, UPDATES + 1),
+        )
         return list(calls), agreed
 
     idle_calls, idle = agree(rank == 0)
     both_calls, both = agree(True)
-    staging = {"agrees_in_gather": fused.agrees_in_gather, "idle_collectives": idle_calls, "idle_update": idle.update,
-               "collectives": both_calls, "update": both.update, "samples": both.member_samples,
-               "width": fused.staged.valid.shape[2] if fused.staged is not None else 0}
+    staging = {
+        "agrees_in_gather": fused.agrees_in_gather,
+        "idle_collectives": idle_calls,
+        "idle_update": idle.update,
+        "collectives": both_calls,
+        "update": both.update,
+        "samples": both.member_samples,
+        "width": fused.staged.valid.shape[2] if fused.staged is not None else 0,
+    }
     fused.copy_member(DECISION)
     staging["copied_invalid"] = not bool(fused.staged.valid[DECISION.target].any())
     calls.clear()
     _, updated = fused.train(per_member(rank, UPDATES + 1), [2 * STEPS * SLOTS, 0], 1)
     staging |= {"train_collectives": list(calls), "updated": updated, "staged_after": fused.staged is not None}
-    torch.save({**saved, "staging": staging, "collectives": collectives, "resyncs": trainer.resyncs,
-                "replicated": trainer.replicated, "costs": list(costs), "final": trainer.core.flat.detach().clone(),
-                "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone()}, out)
+    torch.save(
+        {
+            **saved,
+            "staging": staging,
+            "collectives": collectives,
+            "resyncs": trainer.resyncs,
+            "replicated": trainer.replicated,
+            "costs": list(costs),
+            "final": trainer.core.flat.detach().clone(),
+            "exp_avg_sq": trainer.optimizer.exp_avg_sq.clone(),
+        },
+        out,
+    )
     distributed.shutdown(together=True)
 
 

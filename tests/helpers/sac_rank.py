@@ -25,15 +25,22 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     for tensor in algo.replicated():
         torch.distributed.broadcast(tensor.data, src=0)
     start = algo.actor.flat.detach().clone()
-    hp = algo.hyperparams([{"learning_rate": 3e-3, "gamma": 0.99, "tau": 0.01},
-                           {"learning_rate": 1e-3, "gamma": 0.9, "tau": 0.05}], device)
+    hp = algo.hyperparams(
+        [{"learning_rate": 3e-3, "gamma": 0.99, "tau": 0.01}, {"learning_rate": 1e-3, "gamma": 0.9, "tau": 0.05}],
+        device,
+    )
     g = torch.Generator().manual_seed(rank)  # different data and policy noise on each rank
     everyone = torch.tensor([True, True])
     has_data = torch.tensor([True, rank == 0])  # member 1's data are all on rank 0
     for _ in range(6):
-        batch = Transitions(torch.randn(2, 32, 3, generator=g), torch.rand(2, 32, 1, generator=g) * 4 - 2,
-                            torch.randn(2, 32, generator=g), torch.randn(2, 32, 3, generator=g), torch.zeros(2, 32),
-                            torch.ones(2, 32))
+        batch = Transitions(
+            torch.randn(2, 32, 3, generator=g),
+            torch.rand(2, 32, 1, generator=g) * 4 - 2,
+            torch.randn(2, 32, generator=g),
+            torch.randn(2, 32, 3, generator=g),
+            torch.zeros(2, 32),
+            torch.ones(2, 32),
+        )
         algo.step(batch, hp, everyone, has_data, allreduce_mean, g)
     state = {f"net{i}": t.detach() for i, t in enumerate(algo.replicated())}
     for name, optimizer in algo.optimizers.items():

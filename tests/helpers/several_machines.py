@@ -45,8 +45,15 @@ class Watch:
         """`received`: each line also has the env steps each learner rank received ("received")."""
         helper = Path(__file__).parent / "watch_run.py"
         watched = [url, password_file, run, *(["--received"] if received else []), *ACTORS]
-        self.process = net.start("hub", [sys.executable, str(helper), *watched], "watch.err",
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
+        self.process = net.start(
+            "hub",
+            [sys.executable, str(helper), *watched],
+            "watch.err",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+        )
         self.latest: dict[str, Any] = {}
         self.lines: collections.deque[dict[str, Any]] = collections.deque(maxlen=100_000)  # oldest first
         self.actors: dict[str, subprocess.Popen[Any]] = {}
@@ -78,8 +85,9 @@ def delivered(seen: dict[str, Any], actor: str) -> int:
 def status(net: hosts.Hosts, repo_root: Path) -> subprocess.CompletedProcess[str]:
     """The README's `rlmq status`, run on the hub."""
     command = readme_section(repo_root)[1]["status"]
-    return subprocess.run(net.command("hub", RLMQ + command.split()[1:]), cwd=net.workdir, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        net.command("hub", RLMQ + command.split()[1:]), cwd=net.workdir, capture_output=True, text=True, timeout=60
+    )
 
 
 def start(net: hosts.Hosts, repo_root: Path, received: bool = False, ppo_sync: str = "") -> Watch:
@@ -108,8 +116,10 @@ def start(net: hosts.Hosts, repo_root: Path, received: bool = False, ppo_sync: s
     net.start("hub", argv(by_kind["coordinator"]), "coordinator.log")
     for rank in (0, 1):
         net.start(f"learner-{rank}", argv(by_kind["learner"], R=rank), f"learner-{rank}.log")
-    actors = {actor: net.start(f"actors-{i // 2}", argv(by_kind["actor"], I=i), f"{actor}.log")
-              for i, actor in enumerate(ACTORS)}
+    actors = {
+        actor: net.start(f"actors-{i // 2}", argv(by_kind["actor"], I=i), f"{actor}.log")
+        for i, actor in enumerate(ACTORS)
+    }
     coordinator = by_kind["coordinator"]
     watch = Watch(net, flag(coordinator, "redis-url"), str(workdir / password), flag(coordinator, "run"), received)
     watch.actors = actors

@@ -33,12 +33,30 @@ def main(url: str, password_file: str, run: str, actors: list[str], received_too
             learners = store.learners()
         except redis.RedisError:  # not up yet
             continue
-        received = {rank: received_steps(endpoint_host(record.endpoint), record.metrics_port)
-                    for rank, record in learners.items()} if received_too else {}
-        print(json.dumps({"time": time.time(), "state": status.state, "reason": status.reason,
-                          "env_steps": status.env_steps, "episodes": status.episodes,
-                          "first_step_at": status.first_step_at, "ended_at": status.ended_at, "tallies": tallies,
-                          "received": received}), flush=True)
+        received = (
+            {
+                rank: received_steps(endpoint_host(record.endpoint), record.metrics_port)
+                for rank, record in learners.items()
+            }
+            if received_too
+            else {}
+        )
+        print(
+            json.dumps(
+                {
+                    "time": time.time(),
+                    "state": status.state,
+                    "reason": status.reason,
+                    "env_steps": status.env_steps,
+                    "episodes": status.episodes,
+                    "first_step_at": status.first_step_at,
+                    "ended_at": status.ended_at,
+                    "tallies": tallies,
+                    "received": received,
+                }
+            ),
+            flush=True,
+        )
 
 
 def received_steps(host: str, port: int) -> float | None:
