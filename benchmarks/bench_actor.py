@@ -79,7 +79,10 @@ def initial_params(spec: EnvSpec, hidden: tuple[int, ...], encoder: str, seed: i
     """Weights of a fresh learner network, as the learner would publish them (torch only here)."""
     import torch
 
-    from rlmq.learners.networks import ActorCritic, to_numpy_params
+    from rlmq.learners.networks import ActorCritic
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers: the references
+    from tests.helpers.references import to_numpy_params
 
     torch.manual_seed(seed)
     return to_numpy_params(ActorCritic(spec, hidden, encoder=encoder))

@@ -38,6 +38,7 @@ import queue
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -82,7 +83,10 @@ def acting(
     from rlmq.common.config import RunConfig
     from rlmq.common.loading import load_run_config
     from rlmq.common.models import make_policy
-    from rlmq.learners.networks import ActorCritic, to_numpy_params
+    from rlmq.learners.networks import ActorCritic
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers: the references
+    from tests.helpers.references import to_numpy_params
 
     shipped = pick(env_id, "ppo")
     run = load_run_config(shipped.path, {"env_id": env_id}) if shipped else RunConfig(env_id=env_id)

@@ -22,6 +22,9 @@ import argparse
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers: the references
 
 from rlmq.common.service import limit_threads
 
@@ -33,7 +36,8 @@ import torch  # noqa: E402
 from rlmq.common import envs  # noqa: E402
 from rlmq.common.models import NumpyPolicy  # noqa: E402
 from rlmq.common.schema import EnvSpec, obs_features  # noqa: E402
-from rlmq.learners.networks import ActorCritic, to_numpy_params  # noqa: E402
+from rlmq.learners.networks import ActorCritic  # noqa: E402
+from tests.helpers.references import to_numpy_params  # noqa: E402
 
 MINATAR = EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3)
 ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6)

@@ -6,7 +6,7 @@ vectorized  `ppo.update`: one `PopulationActorCritic` holding all P members stac
             parameter (batched matmuls over the member axis) and one `PopulationAdam`; on the
             CPU its matmuls run in NumPy's OpenBLAS, as in the learner (`--cpu-matmul torch`:
             torch's MKL, the library the loop's `nn.Linear`s use);
-loop        `ppo.update_each_member`: the reference it is tested against, a Python loop over P
+loop        `update_each_member` (tests/helpers/references.py): the reference it is tested against, a Python loop over P
             `ActorCritic` modules, each with its own `torch.optim.Adam(lr, eps=1e-5)` and
             `clip_grad_norm_` (`--loop-adam fused`: torch's fused kernel, which `PopulationAdam`
             also runs for a single member on the CPU).
@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers: the references
+
 from rlmq.common.service import keep_freed_memory, limit_threads
 
 # As a learner process does, before NumPy loads: its OpenBLAS sizes its thread pool then.
@@ -62,6 +64,7 @@ from rlmq.common.schema import EnvSpec  # noqa: E402
 from rlmq.learners import ppo, stacked_mlp  # noqa: E402
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402
 from rlmq.learners.optim import PopulationAdam, per_member  # noqa: E402
+from tests.helpers.references import update_each_member  # noqa: E402
 
 # The problem by `--pixels`: CartPole-v1's (none), MinAtar's 10×10×4 frames through its
 # convolution, or Atari's 4×84×84 stacks through the Nature CNN.
@@ -184,7 +187,7 @@ def loop_side(
     adams = [torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-5, fused=fused or None) for net in nets]
 
     def one_update(i: int) -> None:
-        ppo.update_each_member(nets, adams, *problem.inputs(i))
+        update_each_member(nets, adams, *problem.inputs(i))
 
     return one_update
 

@@ -12,9 +12,9 @@ import numpy as np
 from rlmq.common import envs
 from rlmq.common.config import RunConfig
 from rlmq.common.episodes import Evaluation, play_policy
-from rlmq.common.loading import from_mapping
 from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.schema import EnvSpec
+from rlmq.learners import policy_file
 
 VIDEO_FPS = 30
 
@@ -35,37 +35,24 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
     """A run directory's checkpoint.pt, else its newest learner checkpoint, or either file itself;
     `member` None: the best member's (in a learner checkpoint, member 0: fitness is the
     coordinator's). Raises ValueError naming what is wrong."""
-    import torch  # torch.load with weights_only: tensors and plain containers, never pickled code
+    from rlmq.learners.checkpoint import latest_file
 
     file = path / "checkpoint.pt" if path.is_dir() else path
     if path.is_dir() and not file.is_file():  # a run that did not end (killed, or still running)
-        from rlmq.learners.checkpoint import latest_file
-
         file = latest_file(path / "checkpoints") or file
     if not file.is_file():
         raise ValueError(
             f"no checkpoint at {file}: give a run directory of `rlmq up`, its checkpoint.pt or "
             "a learner checkpoint (RUN_DIR/checkpoints/rank0/*.pt)"
         )
-    try:
-        state = torch.load(file, weights_only=True)
-        members = state["members"]
-        chosen = int(state["best_member"]) if member is None else member
-        if chosen not in members:
-            raise ValueError(f"member {chosen} is not in it (members: {', '.join(map(str, sorted(members)))})")
-        record = members[chosen]
-        return Checkpoint(
-            run_config=from_mapping(RunConfig, state["run_config"]),
-            spec=from_mapping(EnvSpec, state["env_spec"]),
-            member=chosen,
-            params={k: v.numpy() for k, v in record["params"].items()},
-            version=int(record["version"]),
-            trained_steps=int(record.get("trained_steps", 0)),
+    record = policy_file.load(file)
+    chosen = record.best_member if member is None else member
+    if chosen not in record.members:
+        raise ValueError(
+            f"{file}: member {chosen} is not in it (members: {', '.join(map(str, sorted(record.members)))})"
         )
-    except ValueError as exc:
-        raise ValueError(f"{file}: {exc}") from exc
-    except Exception as exc:  # torch.load's unpickling errors, a missing key, a wrong type: not one of ours
-        raise ValueError(f"{file} is not a checkpoint of rlmq up ({type(exc).__name__}: {exc})") from exc
+    saved = record.members[chosen]
+    return Checkpoint(record.run_config, record.env_spec, chosen, saved.params, saved.version, saved.trained_steps)
 
 
 def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:

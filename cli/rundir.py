@@ -21,6 +21,7 @@ from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator.records import LoggedDecision, MemberRecord, ProgressSample, RunStatus
 from rlmq.coordinator.store import RunStore
+from rlmq.learners.policy_file import MemberPolicy, PolicyRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -88,29 +89,25 @@ def save_checkpoint(
     if best not in published:  # no weights of its own in Redis yet: still keep a policy
         best = min(published)
     unknown = MemberRecord(hyperparams={})  # a member Redis has no record of (yet)
-    members = {
-        member: {
-            "params": {k: torch.from_numpy(v.copy()) for k, v in weights.params.items()},
-            "version": weights.version,
-            "trained_steps": weights.trained_steps,
-            "hyperparams": {k: float(v) for k, v in records.get(member, unknown).hyperparams.items()},
-            "generation": records.get(member, unknown).generation,
-            "parent": records.get(member, unknown).parent,
-        }
-        for member, weights in published.items()
-    }
-    state = {
-        # the same tensors as in "members": torch.save stores each storage once
-        "params": members[best]["params"],
-        "version": members[best]["version"],
-        "best_member": best,
-        "members": members,
-        "env_spec": dataclasses.asdict(spec),
-        "run_config": json.loads(json.dumps(dataclasses.asdict(run_config))),
-    }
+    record = PolicyRecord(
+        members={
+            m: MemberPolicy(
+                params=weights.params,
+                version=weights.version,
+                trained_steps=weights.trained_steps,
+                hyperparams=records.get(m, unknown).hyperparams,
+                generation=records.get(m, unknown).generation,
+                parent=records.get(m, unknown).parent,
+            )
+            for m, weights in published.items()
+        },
+        best_member=best,
+        env_spec=spec,
+        run_config=run_config,
+    )
     with atomic(path) as tmp:
         try:
-            torch.save(state, tmp)
+            torch.save(record.to_state(), tmp)
         except RuntimeError as exc:  # torch's zip writer reports a failed write so
             raise OSError(errno.EIO, f"could not write {path}") from exc
     return published[best].version

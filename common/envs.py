@@ -1,6 +1,7 @@
 """Gymnasium environments: build the fastest vector env an id offers, and describe its spaces.
 
-`env_id` is a registered id (``CartPole-v1``) or ``package.module:EnvClass``. A registered id with
+`env_id` is a registered id (``CartPole-v1``), ``package.module:EnvClass``, or Gymnasium's own
+``package.module:EnvId`` (the import registers the id, as `gymnasium.make` reads it). A registered id with
 a native vector entry point (CartPole's ``CartPoleVectorEnv``: about 10× a SyncVectorEnv) uses it,
 and ALE ids ale-py's own vector env (common/atari.py).
 Every vector env here resets slots the Gymnasium 1.x default way (next-step autoreset), which the
@@ -70,6 +71,12 @@ def _register_namespace(env_id: str) -> None:
         register()
 
 
+def registered_id(env_id: str) -> str:
+    """The id in the registry: ``package.module:EnvId`` names ``EnvId``, which the import of
+    ``package.module`` (by `_env_class`) registered."""
+    return env_id.split(":", 1)[1] if ":" in env_id else env_id
+
+
 def _extra(entry_point: str) -> str:
     return next((extra for prefix, extra in EXTRAS.items() if entry_point.startswith(prefix)), "")
 
@@ -87,7 +94,7 @@ def make_vector_env(
     passed to a registered id's envs. An ALE id steps in ale-py's own vector env on `threads` C++
     threads, unless it renders or `native` is False: then through gymnasium's wrappers
     (common/atari.py)."""
-    env_class = _env_class(env_id)
+    given, env_class = env_id, _env_class(env_id)
     if env_class is not None:
         try:
             if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
@@ -101,13 +108,14 @@ def make_vector_env(
             ) from exc
     else:
         _register_namespace(env_id)
+        env_id = registered_id(env_id)
         try:
             spec = gym.spec(env_id)
         except gym.error.Error as exc:
-            if ":" in env_id:  # the module imported (else _env_class said so)
-                module_name, attr = env_id.split(":", 1)
+            if ":" in given:  # the module imported (else _env_class said so)
+                module_name, attr = given.split(":", 1)
                 raise EnvError(
-                    f"unknown env {env_id!r}: {module_name} has no gymnasium.Env or VectorEnv "
+                    f"unknown env {given!r}: {module_name} has no gymnasium.Env or VectorEnv "
                     f"class named {attr!r}, nor registered an id {attr!r}"
                 ) from exc
             raise EnvError(

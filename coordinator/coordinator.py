@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from rlmq.common import envs, transport, wire
+from rlmq.common import envs, failpoints, transport, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
@@ -36,7 +35,7 @@ from rlmq.common.service import (
 )
 from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
-from rlmq.coordinator.population import EXIT_FAILPOINT, Population
+from rlmq.coordinator.population import Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.store import RunStore
 
@@ -52,7 +51,6 @@ ACTORS_LAST_WORD_S = 3.0
 # Memory freed by the sockets' queues (a flood of subscribers that read nothing) goes back to the
 # kernel this often: glibc keeps what other threads' arenas free (issue 41: +58 MB held for good).
 TRIM_EVERY_S = 10.0
-FAILPOINT_BEFORE_ACK = "report-before-ack"  # tests: die between counting a report and acknowledging it
 
 
 class Coordinator:
@@ -200,9 +198,7 @@ class Coordinator:
             report.episodes_total,
             checked=self.gatekeeper is not None,
         )
-        if self.cfg.failpoint == FAILPOINT_BEFORE_ACK:
-            log.error("failpoint %s: exiting between counting a report and acknowledging it", self.cfg.failpoint)
-            os._exit(EXIT_FAILPOINT)
+        failpoints.reach(self.cfg.failpoint, failpoints.REPORT_BEFORE_ACK, "between counting a report and acking it")
         if report.session:
             ack = wire.ReportAck(
                 steps_total=report.steps_total,

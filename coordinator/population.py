@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 import numpy as np
 from prometheus_client import Counter
 
-from rlmq.common import wire
+from rlmq.common import failpoints, wire
 from rlmq.common.config import RunConfig
 from rlmq.coordinator import pbt
 from rlmq.coordinator.records import LoggedDecision, MemberRecord
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
-FAILPOINT_AFTER_APPEND = "pbt-after-append"  # tests: die between logging and applying a decision
-EXIT_FAILPOINT = 86
 
 
 class Population:
@@ -148,9 +145,7 @@ class Population:
         )
         if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
             entry = self.store.decisions(after=decision_id - 1)[0]
-        if self.failpoint == FAILPOINT_AFTER_APPEND:
-            log.error("failpoint %s: exiting between logging and applying decision %d", self.failpoint, decision_id)
-            os._exit(EXIT_FAILPOINT)
+        failpoints.reach(self.failpoint, failpoints.PBT_AFTER_APPEND, "between logging and applying a decision")
         self.apply(entry)
 
     def apply(self, entry: LoggedDecision) -> None:

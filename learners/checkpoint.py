@@ -10,8 +10,8 @@ back in place (a tensor keeps its identity: the optimizers hold references to th
 On disk: `ROOT/rank{r}/{n:08d}.pt`, one file per rank and checkpoint, written to a temporary name
 and renamed (atomic), read with `torch.load(weights_only=True)`: tensors and plain containers, never
 pickled code. Each rank has a directory of its own, so that on Kubernetes each learner pod may keep
-its checkpoints on its own volume. Rank 0's file also carries the keys `rlmq eval` and `rlmq export`
-read from `checkpoint.pt` ("params", "members", "env_spec", "run_config"), so either reads it as it is.
+its checkpoints on its own volume. Rank 0's file also carries the policy record that `rlmq eval` and
+`rlmq export` read from `checkpoint.pt` (learners/policy_file.py), so either reads it as it is.
 
 The world agrees on what it writes and what it loads, with a collective each time: checkpoint n is
 complete when every rank has written it, and only then does a rank prune its files beyond the
@@ -22,7 +22,6 @@ newest `kept` (`write_everywhere`); a starting world loads the newest n that eve
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ import torch
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
+from rlmq.learners.policy_file import MemberPolicy, PolicyRecord
 
 log = logging.getLogger("rlmq.learner")
 FORMAT = 1
@@ -240,30 +240,22 @@ def record(
 ) -> dict[str, Any]:
     """A rank's checkpoint: its `trainer`'s whole state (`capture`) and the learner's (policy
     `versions`, the `pbt` state); rank 0's also what `rlmq eval` and `rlmq export` read in
-    checkpoint.pt (each member's weights, version, trained steps and hyperparameters, the env spec
-    and the run config)."""
+    checkpoint.pt, the policy record (learners/policy_file.py)."""
     state: dict[str, Any] = {
         "learner": {"versions": list(versions), **pbt, "rank": rank, "world_size": world_size, "time": time.time()},
         "trainer": capture(trainer),
     }
     if rank == 0:
-        members = {
-            m: {
-                "params": {k: torch.from_numpy(v.copy()) for k, v in trainer.member_params(m).items()},
-                "version": versions[m],
-                "trained_steps": trainer.trained_steps(m),
-                "hyperparams": hyperparams[m],
-            }
-            for m in range(run_cfg.population)
-        }
-        state |= {
-            "members": members,
-            "best_member": 0,
-            "params": members[0]["params"],
-            "version": members[0]["version"],
-            "env_spec": dataclasses.asdict(spec),
-            "run_config": json.loads(json.dumps(dataclasses.asdict(run_cfg))),
-        }
+        record = PolicyRecord(
+            members={
+                m: MemberPolicy(trainer.member_params(m), versions[m], trainer.trained_steps(m), hyperparams[m])
+                for m in range(run_cfg.population)
+            },
+            best_member=0,  # fitness is the coordinator's to judge
+            env_spec=spec,
+            run_config=run_cfg,
+        )
+        state |= record.to_state()
     return state
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import zmq
 
-from rlmq.common import transport, wire
+from rlmq.common import failpoints, transport, wire
 from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
@@ -56,8 +56,6 @@ NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the
 IDLE_WARNING_S = 60.0  # how often identities that hold credit requests and never use them are logged
 # Tests: exit at the start of the update that follows this process's first checkpoint, while the
 # other ranks wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
-FAILPOINT_IN_UPDATE = "exit-in-update-after-checkpoint"
-EXIT_FAILPOINT = 86
 
 
 class Learner:
@@ -407,11 +405,8 @@ class Learner:
         """One update of every member with a batch, on every rank in step: (what was taken, the
         losses, the members updated)."""
         taken = self.members.take()
-        if self.cfg.failpoint == FAILPOINT_IN_UPDATE and self.checkpoint_number > 0:
-            log.error(
-                "failpoint %s: exiting in the update after checkpoint %d", self.cfg.failpoint, self.checkpoint_number
-            )
-            os._exit(EXIT_FAILPOINT)
+        if self.checkpoint_number > 0:
+            failpoints.reach(self.cfg.failpoint, failpoints.LEARNER_IN_UPDATE, "in the update after a checkpoint")
         started = time.perf_counter()
         stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
         self.metrics.update_seconds.observe(time.perf_counter() - started)

@@ -63,12 +63,6 @@ class ActorCritic(nn.Module):
         """What the heads take: the encoded images, or the features themselves."""
         return obs if self.image is None else encode(self.encoder, self.image.layout, obs)
 
-    def distribution(self, obs: Tensor) -> torch.distributions.Distribution:
-        out = self.policy(self.features(obs))
-        if self.discrete:
-            return torch.distributions.Categorical(logits=out)
-        return torch.distributions.Normal(out, self.log_std.exp())
-
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-probability of `actions`, entropy, value) — one call, so DDP sees every grad."""
         obs = self.features(obs)
@@ -88,15 +82,6 @@ def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
     if spec.obs_categories:
         return nn.functional.one_hot(obs.long(), spec.obs_categories).float()
     return obs.reshape(*lead, spec.obs_size).float()
-
-
-def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in model.state_dict().items()}
-
-
-def load_numpy_params(model: nn.Module, params: dict[str, np.ndarray]) -> None:
-    state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in params.items()}
-    model.load_state_dict(state, strict=True)
 
 
 class Stacked(nn.Module):

@@ -27,7 +27,7 @@ from rlmq.common.schema import EnvSpec, allocate, side_by_side
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.capture import captured, compiled, with_gradient
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic, obs_features
+from rlmq.learners.networks import PopulationActorCritic, obs_features
 from rlmq.learners.optim import (
     PopulationAdam,
     Step,
@@ -399,66 +399,3 @@ def update(
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}
     stats["mean_rho"] = float(mean_rho)
     return stats
-
-
-def update_each_member(
-    nets: Sequence[ActorCritic],
-    optimizers: Sequence[torch.optim.Optimizer],
-    batch: Batch,
-    hp: MemberHyperparams,
-    cfg: PPOConfig,
-    plan: Sequence[Tensor | None],
-    anneal: Tensor,
-    norm: Tensor,
-    active: Tensor,
-) -> None:
-    """The reference `update` is tested against: a Python loop over members, each an ordinary
-    `ActorCritic` with its own `torch.optim.Adam` (lr set per member) and `clip_grad_norm_`."""
-    for m, (net, optimizer) in enumerate(zip(nets, optimizers, strict=True)):
-        if not active[m]:
-            continue
-        one = slice(m, m + 1)
-        rows, slots = batch.obs.shape[1:3]
-        obs_all = batch.obs[m].reshape(rows * slots, -1)
-        actions = batch.actions[m].reshape((rows - 1) * slots, *batch.actions.shape[3:])
-        with torch.no_grad():
-            values = net.value(net.features(obs_all)).view(rows, slots)
-            old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
-            returns = vtrace(
-                batch.behaviour_logp[m],
-                old_logp.view(rows - 1, slots),
-                batch.rewards[m],
-                values,
-                batch.terminated[m],
-                batch.truncated[m],
-                batch.valid[m],
-                gamma=float(hp.gamma[m]),
-                lam=float(hp.gae_lambda[m]),
-                rho_bar=cfg.rho_bar,
-                c_bar=cfg.c_bar,
-            )
-        obs = obs_all[: (rows - 1) * slots]
-        advantages, vs = returns.pg_advantages.reshape(1, -1), returns.vs.reshape(1, -1)
-        mask = batch.valid[m].reshape(1, -1).to(torch.float32)
-        for group in optimizer.param_groups:
-            group["lr"] = float(hp.learning_rate[m] * anneal[m])
-        for idx in plan:
-            sel = slice(None) if idx is None else idx
-            new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
-            loss = ppo_loss(
-                new_logp,
-                pick(old_logp.unsqueeze(0), idx),
-                normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
-                new_values,
-                pick(vs, idx),
-                entropy,
-                pick(mask, idx),
-                norm[one],
-                clip_coef=hp.clip_coef[one] * anneal[one],
-                ent_coef=hp.ent_coef[one],
-                vf_coef=hp.vf_coef[one],
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.total.sum().backward()
-            nn.utils.clip_grad_norm_(net.parameters(), float(hp.max_grad_norm[m]))
-            optimizer.step()

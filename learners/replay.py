@@ -168,10 +168,6 @@ class Replay:
         self._check_member(member)
         return int(self._size[member])
 
-    @property
-    def sizes(self) -> list[int]:
-        return [int(s) for s in self._size]
-
     def sample(
         self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu"
     ) -> tuple[Transitions, Tensor]:

@@ -21,7 +21,8 @@ from rlmq.common.config import RunConfig
 from rlmq.common.models import EpsilonGreedyPolicy, NumpyPolicy, acting_device, make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import cores_given
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
+from tests.helpers.references import to_numpy_params
 
 PONG = "ALE/Pong-v5"
 

@@ -21,7 +21,8 @@ from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec, obs_features
 from rlmq.common.torch_images import TorchEncoder
 from rlmq.learners.encoders import image_encoder, stacked_encode
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
+from tests.helpers.references import to_numpy_params
 
 ATARI = EnvSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_kind="discrete", action_dim=6, frame_stack=4)
 MINATAR = EnvSpec(obs_shape=(10, 10, 4), obs_dtype="bool", action_kind="discrete", action_dim=3)

@@ -8,7 +8,8 @@ import pytest
 from rlmq.actors.collector import Collector
 from rlmq.common import envs
 from rlmq.common.models import NumpyPolicy
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
+from tests.helpers.references import to_numpy_params
 
 CARTPOLE_CLASS = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
 CARTPOLE_VECTOR_CLASS = "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"

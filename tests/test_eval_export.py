@@ -17,9 +17,10 @@ from rlmq.cli.export import export
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.dqn import QNetwork
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
 from rlmq.learners.sac import Actor as SACActor
 from rlmq.learners.td3 import Actor as TD3Actor
+from tests.helpers.references import to_numpy_params
 
 CONTINUOUS = EnvSpec(
     obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)

@@ -15,8 +15,9 @@ from rlmq.common import envs, wire
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.frames import FrameRing
-from rlmq.learners.networks import ActorCritic, obs_features, to_numpy_params
+from rlmq.learners.networks import ActorCritic, obs_features
 from rlmq.learners.replay import Replay
+from tests.helpers.references import to_numpy_params
 
 K = 3  # frames per observation
 SPEC = EnvSpec(obs_shape=(K, 2, 3), obs_dtype="uint8", action_kind="discrete", action_dim=2**20, frame_stack=K)

@@ -9,7 +9,8 @@ import torch
 from rlmq.actors.held_policy import HeldPolicy
 from rlmq.common import envs, wire
 from rlmq.common.config import RunConfig
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
+from tests.helpers.references import to_numpy_params
 
 CARTPOLE = envs.probe("CartPole-v1")
 RUN = RunConfig(env_id="CartPole-v1", algo="ppo", hidden_sizes=(8,))

@@ -13,11 +13,11 @@ import torch
 from procs import descendants, start_coordinator, wait_for
 from states import assert_same
 
+from rlmq.common.failpoints import EXIT_FAILPOINT, LEARNER_IN_UPDATE
 from rlmq.common.service import EXIT_WORLD_LOST
 from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint
-from rlmq.learners.learner import EXIT_FAILPOINT, FAILPOINT_IN_UPDATE
 
 
 def start_world(
@@ -66,7 +66,7 @@ def test_a_rank_lost_in_the_update_and_the_world_resumes_its_checkpoint_exactly(
     coord = start_coordinator(
         start_service, tmp_path, redis_url, run_id, num_learners=2, checkpoint_interval_s=1.0, ppo={"sync": sync}
     )
-    first = start_world(start_service, coord, run_id, root, "first", FAILPOINT_IN_UPDATE)
+    first = start_world(start_service, coord, run_id, root, "first", LEARNER_IN_UPDATE)
     actor = start_service(
         "actor",
         "actor",

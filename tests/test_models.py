@@ -10,8 +10,9 @@ from rlmq.common.algorithms import PPOConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy, sample_categorical
 from rlmq.common.schema import EnvSpec
-from rlmq.learners.networks import ActorCritic, fast_tanh, to_numpy_params
+from rlmq.learners.networks import ActorCritic, fast_tanh
 from rlmq.learners.stacked_mlp import Activation
+from tests.helpers.references import to_numpy_params
 
 SPECS = {
     "discrete": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),

@@ -18,9 +18,10 @@ from rlmq.actors.collector import Collector
 from rlmq.common import envs, wire
 from rlmq.common.models import NumpyPolicy
 from rlmq.common.schema import EnvSpec, layout_problem, obs_features, rollout_layout
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
 from rlmq.learners.networks import obs_features as torch_obs_features
 from rlmq.learners.replay import Replay
+from tests.helpers.references import to_numpy_params
 
 PIXELS = "pixel_bandit:PixelBandit"  # tests/helpers is on the path (conftest.py)
 STEPS, SLOTS = 12, 3

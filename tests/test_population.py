@@ -23,6 +23,7 @@ from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.optim import FUSED_ROW_MIN, PopulationAdam, per_member
 from rlmq.learners.stacked_mlp import Activation
 from rlmq.learners.trainers import copy_member
+from tests.helpers.references import update_each_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
@@ -174,7 +175,7 @@ def test_vectorized_update_equals_the_loop_over_members(
             for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
         ]
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
-        ppo.update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
+        update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())
         if step == 0:
             after_first = (pop.flat.detach()[3].clone(), optimizer.exp_avg[3].clone())

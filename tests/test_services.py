@@ -22,7 +22,8 @@ from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.coordinator.store import RunStore
-from rlmq.learners.networks import ActorCritic, to_numpy_params
+from rlmq.learners.networks import ActorCritic
+from tests.helpers.references import to_numpy_params
 
 CARTPOLE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 
