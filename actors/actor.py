@@ -100,7 +100,7 @@ class Actor:
             self.take_weights(assign.weights, "assign")
         threads = self.cfg.env_threads or cores_given()
         # Two lanes where the emulators have a core of their own while the policy acts (a GPU acts,
-        # or a second core): on one core they would only take turns with it (RESULTS.md §15).
+        # or a second core): on one core they would only take turns with it (benchmarks/LOG.md §15).
         split = device is not None or threads >= 2
         lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009

@@ -63,7 +63,8 @@ class Collector:
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
         # Rollouts not yet scanned for finished episodes: scanning them together when the actor
-        # reports, rather than one by one, keeps that work out of its hot path (RESULTS.md §1).
+        # reports, rather than one by one, keeps that work out of its hot path
+        # (benchmarks/LOG.md §1).
         self.unscanned: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.clip = (
             (np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
@@ -164,7 +165,8 @@ class Collector:
 
         Each slot's steps, in time order and slot after slot, are cut into segments that start at
         the slot's first step and after each done step; one `np.add.reduceat` sums them all (a
-        running sum along time was ~3× slower: NumPy does not vectorize accumulation along axis 0).
+        running sum along time is slower: NumPy does not vectorize accumulation along axis 0;
+        benchmarks/LOG.md §1).
         A segment that ends on a done step is a finished episode; the one left open in a slot is
         carried into the next call. Reset steps have reward 0 and are not valid: they add nothing.
         """

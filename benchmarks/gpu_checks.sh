@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 39's GPU points (RESULTS.md §15), as one run that ends within a lent machine's 10-minute call:
+# Issue 39's GPU points (benchmarks/LOG.md §15), as one run that ends within a lent machine's 10-minute call:
 #   1. the acting tests on the GPU: a policy acting there chooses the reference's actions
 #      (tests/test_atari.py; ~30 s);
 #   2. the box's env limit: bench_atari.py's env-only rows, both env paths on all cores (~70 s);

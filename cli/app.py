@@ -129,6 +129,12 @@ def coordinator(
     redis_outage_s: RedisOutage = 30.0,
     redis_password_file: RedisPasswordFile = "",
     keys: KeysDir = "",
+    tensorboard_dir: Annotated[
+        str, _opt("Write the run's TensorBoard curves here (needs rlmq[tensorboard]); empty: none.", "TENSORBOARD_DIR")
+    ] = "",
+    tensorboard_max_mb: Annotated[
+        float, _opt("The curves stop growing past this size (MiB).", "TENSORBOARD_MAX_MB", min=1.0)
+    ] = 256.0,
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
     """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
@@ -163,6 +169,8 @@ def coordinator(
         broadcast_fd=broadcast_fd,
         redis_outage_s=redis_outage_s,
         keys_dir=keys,
+        tensorboard_dir=tensorboard_dir,
+        tensorboard_max_mb=tensorboard_max_mb,
         failpoint=failpoint,
     )
     raise typer.Exit(main(cfg, stop))
@@ -395,81 +403,39 @@ def up(
         ),
     ] = None,
 ) -> None:
-    """Train locally: coordinator, learners and actors as separate processes."""
-    from rlmq.cli.supervisor import run_up
-    from rlmq.cli.upconfig import UpConfig, probe_run_dir
+    """Train locally: coordinator, learners and actors as separate processes (`rlmq.train` in Python)."""
+    from rlmq.cli import launch
 
     _require_redis_url(redis_url)
-    overrides = {
-        k: v
-        for k, v in dict(
-            env_id=env,
+    try:
+        up_cfg = launch.plan(
+            actors=actors,
+            learners=learners,
+            config=config,
+            env=env,
             algo=algo,
             total_steps=total_steps,
             target_return=target_return,
             num_envs=num_envs,
             seed=seed,
             population=population,
-            checkpoint_interval_s=checkpoint_every,
-        ).items()
-        if v is not None
-    }
-    try:
-        if resume is not None:
-            if config is not None or run_dir is not None:
-                raise ValueError("--resume takes the run's config and directory: drop --config and --run-dir")
-            up_cfg = UpConfig.resume_run(
-                resume,
-                actors=actors,
-                learners=learners,
-                overrides=overrides,
-                redis_url=redis_url,
-                torch_threads=torch_threads,
-                device=device,
-                bind_host=bind_host,
-                collective_timeout_s=collective_timeout,
-                transport=transport,
-                secure=secure,
-                actor_device=actor_device,
-            )
-        else:
-            overrides["num_learners"] = learners or 1
-            up_cfg = UpConfig.build(
-                actors=actors,
-                learners=learners or 1,
-                config_file=config,
-                overrides=overrides,
-                redis_url=redis_url,
-                run_dir=run_dir,
-                torch_threads=torch_threads,
-                device=device,
-                bind_host=bind_host,
-                collective_timeout_s=collective_timeout,
-                transport=transport,
-                secure=secure,
-                actor_device=actor_device,
-            )
-    except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
-        fix = (
-            ""
-            if resume is not None
-            else (
-                ". Fix the flag or the --config file (fields: common/config.py; "
-                "an algorithm's section: common/algorithms.py)."
-            )
+            checkpoint_every=checkpoint_every,
+            redis_url=redis_url,
+            run_dir=run_dir,
+            torch_threads=torch_threads,
+            device=device,
+            actor_device=actor_device,
+            bind_host=bind_host,
+            collective_timeout=collective_timeout,
+            transport=transport,
+            secure=secure,
+            resume=resume,
         )
-        typer.echo(f"error: {exc}{fix}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
-    try:
-        probe_run_dir(up_cfg.run_dir)
-    except OSError as exc:
-        typer.echo(
-            f"error: cannot use {up_cfg.run_dir} as the run directory ({exc.strerror or exc}): "
-            "pass a --run-dir where you can create and write files",
-            err=True,
-        )
-        raise typer.Exit(EXIT_USAGE) from None
-    raise typer.Exit(run_up(up_cfg, redis_outage_s))
+        code = launch.run_up(up_cfg, redis_outage_s)
+    except launch.Refused as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.code) from None
+    raise typer.Exit(code)
 
 
 @app.command("eval")

@@ -2,8 +2,8 @@
 
 Under `rlmq up` the supervisor restarts the whole learner world when a rank dies. A rank started
 on its own has no supervisor: when a peer rank dies or its host is cut off longer than the
-collective timeout, every rank exits (`EXIT_WORLD_LOST`) and, without this, the run sat at 0 env
-steps/s in state "running" for good. With it, each rank is a child process started again after a
+collective timeout, every rank exits (`EXIT_WORLD_LOST`) and, without this, the run would sit at 0
+env steps/s in state "running" for good. With it, each rank is a child process started again after a
 pause; the new processes meet in a new world at rank 0's rendezvous and resume from their newest
 checkpoint (`--checkpoint-dir`), as a world restarted by `rlmq up` does. A child killed by a
 signal it was not passed is started again too; any other exit ends the loop with the child's code.

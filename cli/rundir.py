@@ -64,11 +64,8 @@ def atomic(path: Path) -> Iterator[Path]:
 
 
 def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig) -> int | None:
-    """Every member's latest published weights as a torch checkpoint (load with weights_only=True).
-
-    "params" and "version" are the best member's, where a single agent's were before populations:
-    a loader that knows nothing of populations gets the policy worth keeping. "members" holds them
-    all (plain dicts of tensors, ints, floats and strings, as weights_only requires)."""
+    """Every member's latest published weights as the policy record (learners/policy_file.py);
+    the best member's version."""
     published = {m: w for m in range(run_config.population) if (w := store.weights(m)) is not None}
     return save_checkpoint(path, published, store.status().best_member, store.members(), spec, run_config)
 

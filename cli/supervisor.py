@@ -26,19 +26,10 @@ from pathlib import Path
 from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
 from rlmq.cli.upconfig import UpConfig
-from rlmq.common import envs
-from rlmq.common.config import RunConfig
-from rlmq.common.loading import to_json
-from rlmq.common.models import acting_device
-from rlmq.common.redis_urls import shown_url
 from rlmq.common.security import create_keys
 from rlmq.common.service import (
     EXIT_DISK,
-    EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_TARGET_MISSED,
-    EXIT_USAGE,
     RateTimer,
     StopFlag,
     cores_given,
@@ -147,6 +138,8 @@ class Supervisor:
                     f"tcp://{host}:{broadcast.port}",
                     "--broadcast-fd",
                     str(broadcast.fd),
+                    "--tensorboard-dir",
+                    str(self.cfg.run_dir / "tb"),
                 ],
                 listeners=[control, broadcast],
             )
@@ -500,128 +493,3 @@ def format_progress(status: RunStatus, elapsed: float, actors: int) -> str:
         f"episodes {status.episodes:>7,}  mean return {'—' if mean is None else f'{mean:7.1f}'}  "
         f"lag {status.policy_lag:4.1f}  actors {status.actors}/{actors}"
     )
-
-
-def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
-    try:
-        spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder)
-        if cfg.actor_device.startswith("cuda"):  # a GPU named and not there: say so before anything starts
-            acting_device(cfg.actor_device, cfg.run_config.encoder_for(spec))
-    except (envs.EnvError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if cfg.redis_url is not None:  # before anything starts: a wrong URL is a one-line error
-        problem = run_redis.unreachable(cfg.redis_url, cfg.run)
-        if problem:
-            print(problem, file=sys.stderr)
-            return EXIT_FAILED
-    if not cfg.resume and any((cfg.run_dir / "checkpoints").glob("rank*/*.pt")):  # its learners would resume them
-        print(
-            f"error: {cfg.run_dir} holds an earlier run: continue it with --resume {cfg.run_dir}, or choose "
-            "another --run-dir",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.json").write_text(to_json(cfg.run_config))
-    rundir.point_latest(cfg.run_dir)
-    try:
-        redis_server = None if cfg.redis_url else RedisServer(cfg.run_dir / "redis", password=True)
-    except RuntimeError as exc:  # no binary, or it would not start: the message says what to do
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    redis_url = cfg.redis_url or redis_server.url  # type: ignore[union-attr]
-    if cfg.resume and not run_redis.reopen(redis_url, cfg.run, cfg.run_config):
-        print(f"error: run {cfg.run} is not in the Redis at {shown_url(redis_url)}: nothing to resume", file=sys.stderr)
-        if redis_server is not None:
-            redis_server.stop()
-        return EXIT_FAILED
-    supervisor = Supervisor(cfg, redis_url, redis_server, redis_outage_s)
-    with rundir.atomic(cfg.run_dir / "run.json") as tmp:  # `rlmq status` may read it at any moment
-        tmp.write_text(
-            json.dumps(
-                {
-                    "run": cfg.run,
-                    "redis_url": supervisor.redis_address,
-                    "pid": os.getpid(),
-                    "redis_password_file": supervisor.redis_password_file,
-                    "private_redis": redis_server is not None,
-                }
-            )
-        )
-    supervisor.install_signals()
-    launched = time.time()
-    try:
-        print(
-            f"rlmq up: run {cfg.run} in {cfg.run_dir}: {cfg.actors} actor(s) × {cfg.run_config.num_envs} "
-            f"{cfg.run_config.env_id}, {cfg.learners} learner(s), {cfg.run_config.algo}",
-            flush=True,
-        )
-        if cfg.resume:
-            print(
-                f"rlmq up: config: the run's own, {cfg.run_dir / 'config.json'} (with --total-steps, "
-                "--target-return and --checkpoint-every if given)"
-            )
-        else:
-            print(
-                f"rlmq up: config {cfg.config_file}"
-                if cfg.config_file
-                else "rlmq up: config: the library "
-                f"defaults (no shipped config for {cfg.run_config.env_id} + {cfg.run_config.algo}; `rlmq configs` "
-                "lists them)"
-            )
-        if not cfg.secure:
-            print(
-                "rlmq up: --insecure: ZeroMQ traffic is neither authenticated nor encrypted; any process on "
-                "this host can join the run. For a trusted single host only.",
-                file=sys.stderr,
-                flush=True,
-            )
-        supervisor.plan()
-        for child in supervisor.children:
-            if child.role == "coordinator":  # the one child that talks to Redis
-                child.argv += ["--redis-outage-s", str(redis_outage_s)]
-        supervisor.start()
-        outcome = supervisor.watch(supervisor.redis.watching_store())
-        supervisor.shut_down()
-        try:
-            status = supervisor.redis.save_results(spec, launched, outcome)
-        except OSError as exc:  # the disk that ended the run, or full now: what is written stays
-            status = supervisor.redis.seen.status
-            outcome = (
-                f"{outcome}; and writing the results to {cfg.run_dir} failed: {exc.strerror or exc}"
-                if outcome.startswith("failed")
-                else f"failed: writing the results to {cfg.run_dir}: {exc.strerror or exc}; free space, then "
-                f"`rlmq up --resume {cfg.run_dir}` writes them"
-            )
-    finally:
-        supervisor.kill_all(signal.SIGKILL)
-        supervisor.remove_sockets()
-        if redis_server is not None:
-            redis_server.stop()
-    return verdict(outcome, status, cfg.run_config)
-
-
-def verdict(outcome: str, status: RunStatus, run_config: RunConfig) -> int:
-    if outcome == "interrupted":
-        print("interrupted; results so far are in the run directory", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if outcome.startswith("failed"):
-        print(f"error: run {outcome}", file=sys.stderr)
-        return EXIT_FAILED
-    detail = status.detail
-    if status.evaluated_return is not None and status.reason != "target":  # the target's detail says it already
-        detail += (
-            f"; the run's own evaluation: {status.evaluated_return:.1f} ± {status.evaluated_std:.1f} over "
-            f"{status.evaluated_episodes} {'deterministic' if status.evaluated_deterministic else 'sampled'} "
-            f"episodes (member {status.evaluated_member}, version {status.evaluated_version})"
-        )
-    if status.success:
-        print(f"done: {detail}")
-        return EXIT_OK
-    print(
-        f"target not reached: {detail} (target return {run_config.target_return}); raise "
-        "--total-steps or tune the config",
-        file=sys.stderr,
-    )
-    return EXIT_TARGET_MISSED

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlmq.cli.shipped import pick
 from rlmq.common.config import DEVICE_PATTERN, RunConfig
-from rlmq.common.loading import from_mapping, load_run_config
+from rlmq.common.loading import from_mapping, load_run_config, to_json
 
 # What a resumed run may change: how long it goes on, and how often its learners checkpoint.
 RESUMABLE = frozenset({"total_steps", "target_return", "checkpoint_interval_s"})
@@ -39,7 +39,7 @@ class UpConfig:
     collective_timeout_s: float = 30.0
     transport: str = "ipc"  # experience from actors to learners: over Unix sockets, or loopback TCP
     secure: bool = True  # CURVE on every ZeroMQ socket, with keys made for the run (run_dir/keys)
-    config_file: Path | None = None  # what the run config was read from (None: the library defaults)
+    config_from: str = ""  # what the run config was read from: a file, "a RunConfig object", "": the library defaults
     resume: bool = False  # continue the run in run_dir: its Redis state, its learners' checkpoints
 
     @classmethod
@@ -48,7 +48,7 @@ class UpConfig:
         *,
         actors: int,
         learners: int,
-        config_file: Path | None,
+        config: RunConfig | Path | None,
         overrides: dict[str, Any],
         redis_url: str | None,
         run_dir: Path | None,
@@ -60,11 +60,17 @@ class UpConfig:
         secure: bool = True,
         actor_device: str = "auto",
     ) -> UpConfig:
-        if config_file is None:  # the shipped config for the env and algorithm, if any
+        config_file = config if isinstance(config, Path) else None
+        if config is None:  # the shipped config for the env and algorithm, if any
             defaults = RunConfig()
             found = pick(overrides.get("env_id", defaults.env_id), overrides.get("algo", defaults.algo))
             config_file = found.path if found else None
-        run_config = load_run_config(config_file, overrides) if config_file else from_mapping(RunConfig, overrides)
+        if isinstance(config, RunConfig):  # checked as a file's fields are
+            run_config = from_mapping(RunConfig, {**json.loads(to_json(config)), **overrides})
+        elif config_file is not None:
+            run_config = load_run_config(config_file, overrides)
+        else:
+            run_config = from_mapping(RunConfig, overrides)
         check_flags(actors, run_config, bind_host, device, transport, actor_device)
         run = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         return cls(
@@ -80,7 +86,7 @@ class UpConfig:
             collective_timeout_s=collective_timeout_s,
             transport=transport,
             secure=secure,
-            config_file=config_file,
+            config_from="a RunConfig object" if isinstance(config, RunConfig) else str(config_file or ""),
             actor_device=actor_device,
         )
 

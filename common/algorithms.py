@@ -72,7 +72,7 @@ class PPOConfig:
     """Asynchronous PPO with V-trace targets (see learners/ppo.py)."""
 
     # Defaults tuned on CartPole-v1 (the default env) for wall time to a return of 475 on a
-    # 2-core machine; see benchmarks/RESULTS.md. Many epochs on small fresh batches.
+    # 2-core machine; see benchmarks/LOG.md §2. Many epochs on small fresh batches.
     learning_rate: float = 2e-3
     # Learning rate and clip range decay linearly with the env steps trained on, to
     # `anneal_floor` of their start after `anneal_steps` (0: over `RunConfig.total_steps`).

@@ -40,8 +40,8 @@ class WireError(ValueError):
 @functools.cache
 def dtype_name(dtype: np.dtype) -> str:
     """`dtype.name`, remembered: NumPy builds the string on every call, and a rollout's seven arrays
-    are named when it is built and when it is encoded (RESULTS.md §1). Few dtypes ever reach it:
-    decoded arrays come only in ALLOWED_DTYPES."""
+    are named when it is built and when it is encoded (benchmarks/LOG.md §1). Few dtypes ever reach
+    it: decoded arrays come only in ALLOWED_DTYPES."""
     return dtype.name
 
 

@@ -130,7 +130,8 @@ class RunConfig:
     seed: int = 0
     hidden_sizes: tuple[int, ...] = (64, 64)
     # Actor and learner heartbeat period. The run ends on the report that reaches the target, so an
-    # actor's period is also how late the end can be seen (0.5 s cost CartPole runs ~0.25 s of ~5).
+    # actor's period is also how late the end can be seen, a share of a CartPole run's few seconds
+    # (benchmarks/LOG.md §2).
     report_interval_s: float = 0.25
     # Credit-based flow control: each learner rank lets at most this many rollouts be collected
     # for it at once. It bounds policy lag whatever the number of actors (docs/architecture.md).
@@ -251,7 +252,9 @@ class CoordinatorConfig:
     shutdown_grace_s: float = 5.0  # after `stop`, wait this long for learners' final weights
     redis_outage_s: float = 30.0  # ride out a Redis outage this long (retrying), then exit 1
     keys_dir: str = ""  # the run's CURVE keys (common/security.py); "": plain ZeroMQ
-    failpoint: str = ""  # tests only: a named point at which to die (coordinator/population.py)
+    failpoint: str = ""  # tests only: a named point at which to die (common/failpoints.py)
+    tensorboard_dir: str = ""  # where the run's TensorBoard curves go (coordinator/curves.py); "": none
+    tensorboard_max_mb: float = 256.0  # past this the curves stop growing
 
 
 EXPERIENCE_PORT = 5557  # rank r's default experience port is this + r (the coordinator's: 5555, 5556)
@@ -279,7 +282,7 @@ class LearnerConfig:
     # (`rlmq up --transport ipc`); experience_fd is then a socket listening at that path.
     experience_ipc: str = ""
     # A credit not used within a few times the slowest recent rollout turnaround, kept within these
-    # bounds, is taken back: its actor died (learners/credits.py; the floor: benchmarks/RESULTS.md §8).
+    # bounds, is taken back: its actor died (learners/credits.py; the floor: benchmarks/LOG.md §8).
     credit_timeout_min_s: float = 0.5
     credit_timeout_s: float = 10.0
     metrics_port: int = 0

@@ -1,7 +1,7 @@
 """Whether a service is in contact with a peer it connects to, from the socket's own monitor:
 logged when contact is lost and when it is back, with how long it was gone (issue 40).
 
-Across hosts an actor cut off by a partition used to say nothing: its env steps simply stopped.
+Across hosts, without it an actor cut off by a partition says nothing: its env steps simply stop.
 With ZMTP heartbeats (transport.py) a dead connection is dropped within seconds, the monitor says
 so, and the log line names the peer; the handshake of the next connection says it is back.
 """

@@ -1,9 +1,9 @@
 """Gymnasium environments: build the fastest vector env an id offers, and describe its spaces.
 
 `env_id` is a registered id (``CartPole-v1``), ``package.module:EnvClass``, or Gymnasium's own
-``package.module:EnvId`` (the import registers the id, as `gymnasium.make` reads it). A registered id with
-a native vector entry point (CartPole's ``CartPoleVectorEnv``: about 10× a SyncVectorEnv) uses it,
-and ALE ids ale-py's own vector env (common/atari.py).
+``package.module:EnvId`` (the import registers the id, as `gymnasium.make` reads it). A registered
+id with a native vector entry point (CartPole's ``CartPoleVectorEnv``, many times faster than a
+SyncVectorEnv; benchmarks/LOG.md §1) uses it, and ALE ids ale-py's own vector env (common/atari.py).
 Every vector env here resets slots the Gymnasium 1.x default way (next-step autoreset), which the
 actor's `valid` mask relies on.
 """

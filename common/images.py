@@ -82,7 +82,8 @@ ENCODERS: dict[str, tuple[Layer, ...]] = {
 }
 # The encoders whose forward pass actors run in torch (`common/torch_images.py`, imported only
 # then): at an actor's batch, torch's convolutions are faster than NumPy's im2col matmuls for these
-# and slower for MinAtar's one small convolution (RESULTS.md §10, `bench_encoder_forward.py`).
+# and slower for MinAtar's one small convolution (benchmarks/LOG.md §10,
+# `bench_encoder_forward.py`).
 TORCH_IN_ACTORS = frozenset({"nature", "impala"})
 # What `RunConfig.encoder` may say: "auto" picks by the observation (`resolve_encoder`), "mlp" none.
 ENCODER_CHOICES = ("auto", "mlp", *ENCODERS)

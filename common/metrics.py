@@ -81,8 +81,9 @@ class Heartbeat:
 class BatchHistogram(Collector):
     """A label-free histogram that takes a whole array of observations per call.
 
-    prometheus_client's Histogram takes one value per call, under a lock: at ~40 k short
-    episodes/s (CartPole under a fresh policy) that was 3 % of an actor's time. Exported as
+    prometheus_client's Histogram takes one value per call, under a lock: at the tens of thousands
+    of short episodes a second a fresh CartPole policy ends, that is a visible share of an actor's
+    time (benchmarks/LOG.md §1). Exported as
     prometheus_client exports a Histogram: cumulative `_bucket`s, and `_count`/`_sum` only when
     every bucket bound is ≥ 0.
     """

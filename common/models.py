@@ -5,7 +5,7 @@ read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of 
 ``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
 policy (run by `rlmq.common.images.NumpyEncoder`, or by torch for the large encoders:
 `images.TORCH_IN_ACTORS`). NumPy keeps torch out of actor processes (64 actors would otherwise
-import it 64 times) and, at these sizes, is cheaper per call than torch (~65 µs).
+import it 64 times) and, at these sizes, is cheaper per call than torch (benchmarks/LOG.md §1).
 """
 
 from __future__ import annotations

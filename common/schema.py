@@ -164,7 +164,7 @@ _UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
 def _within(indices: np.ndarray, count: int) -> bool:
     """Whether every index lies in [0, count). Signed integers are read as unsigned, where a
     negative one is at least 2**(bits − 1), so past any smaller count: one pass instead of a min
-    and a max (RESULTS.md §12)."""
+    and a max (benchmarks/LOG.md §12)."""
     if indices.dtype.kind == "i" and count <= 1 << (8 * indices.dtype.itemsize - 1):
         indices = indices.view(_UNSIGNED[indices.dtype.itemsize])
     elif indices.dtype.kind != "u":

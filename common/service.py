@@ -91,7 +91,8 @@ def configure_logging(name: str, level: str = "INFO") -> logging.Logger:
 
 
 def limit_threads(torch_threads: int = 1) -> None:
-    """One intra-op thread per process by default: on shared cores OpenMP pools fight (10× seen).
+    """One intra-op thread per process by default: on shared cores OpenMP pools fight, and each
+    process slows the others down many times over (benchmarks/LOG.md §2).
 
     Must run before numpy/torch are imported to affect their pools; torch is also told directly.
     """
@@ -120,14 +121,14 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     `trim_threshold` bytes of freed memory instead of returning it to the kernel.
 
     A learner frees and reallocates the same few-hundred-KB tensors every step; above glibc's
-    128 KB default each is a fresh mmap whose pages fault in again (the vectorized PPO update of
-    8 members ran ~10 % faster with this, benchmarks/RESULTS.md §4). False where the C library
+    128 KB default each is a fresh mmap whose pages fault in again on every step (what keeping them
+    saves a population's update: benchmarks/LOG.md §4). False where the C library
     is not glibc: nothing changes there.
 
     Blocks past 32 MB (the most glibc lets the threshold be) are still fresh mmaps: torch's CPU
     allocator is told to ask for transparent huge pages for them (`THP_MEM_ALLOC_ENABLE`, read at
     its first large allocation; the kernel's "madvise" mode), so that they fault in 2 MB at a time,
-    not 4 KB (a population of Atari-sized members: RESULTS.md §10).
+    not 4 KB (a population of Atari-sized members: benchmarks/LOG.md §10).
     """
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:

@@ -7,8 +7,8 @@ larger frame is disconnected before any of it is buffered). Receiving always tak
 
 Connections carry ZMTP heartbeats, and a connect attempt gives up after CONNECT_TIMEOUT_MS: across
 hosts, a peer cut off by a partition is then dropped within HEARTBEAT_TIMEOUT_MS and reached again
-within about a second of the heal, where TCP alone noticed nothing and came back on its own
-retransmission backoff (RESULTS.md §16).
+within about CONNECT_TIMEOUT_MS of the heal, where TCP alone notices nothing and comes back only on
+its own retransmission backoff (benchmarks/LOG.md §16).
 """
 
 from __future__ import annotations
@@ -92,14 +92,14 @@ def readable(sock: zmq.Socket) -> bool:
     """Whether a message is waiting, without blocking: one getsockopt, where `sock.poll(0)` builds
     and registers a Poller on every call (an actor asks several times per rollout). The options as
     plain ints: with pyzmq's enum members each call converts them
-    (RESULTS.md §12, learner ingest)."""
+    (benchmarks/LOG.md §12, learner ingest)."""
     return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
 
 
 def receive(sock: zmq.Socket) -> list[zmq.Frame] | None:
-    """The next message's frames without blocking, or None when none is waiting: one call per
-    frame, where `readable` asks the socket once more per message and `recv_multipart` once more
-    per frame (a learner reads every rollout so; RESULTS.md §12). A message arrives whole, so the
+    """The next message's frames without blocking, or None when none is waiting: one call per frame,
+    where `readable` asks the socket once more per message and `recv_multipart` once more per frame
+    (a learner reads every rollout so; benchmarks/LOG.md §12). A message arrives whole, so the
     frames after the first are there."""
     try:
         frames = [sock.recv(_NOBLOCK, copy=False)]

@@ -1,12 +1,12 @@
 """The rlmq wire protocol: every message, the one `encode`/`decode` pair, the one `WireError`.
 
-A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays
-travel as ``[dtype, shape, raw bytes]`` (one frame beats multipart below 64 KB, measured); a
-rollout of frame stacks sends each frame once (common/frames.py) and is whole again once decoded.
-Decoding is driven by the dataclass annotations below (`common/codec.py` walks them), so what a
-field may hold is declared exactly once; every failure (garbage, truncation, wrong version, unknown
-kind or field, wrong type, dtype outside the allow-list, shape × itemsize ≠ length, oversize,
-NaN/inf) raises `WireError`. Nothing here ever unpickles.
+A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays travel
+as ``[dtype, shape, raw bytes]`` (one frame beats multipart at rollouts' sizes,
+benchmarks/LOG.md §12); a rollout of frame stacks sends each frame once (common/frames.py) and is
+whole again once decoded. Decoding is driven by the dataclass annotations below (`common/codec.py`
+walks them), so what a field may hold is declared exactly once; every failure (garbage, truncation,
+wrong version, unknown kind or field, wrong type, dtype outside the allow-list, shape × itemsize ≠
+length, oversize, NaN/inf) raises `WireError`. Nothing here ever unpickles.
 
 Topology (who sends what to whom, see docs/architecture.md):
 
@@ -44,6 +44,7 @@ from rlmq.common.schema import ROLLOUT_DTYPES, EnvSpec
 
 PROTOCOL_VERSION = 1
 MAX_COUNT = 2**40  # bound on counters in reports: a hostile report must not overflow a sum
+MAX_LOSS_TERMS = 64  # a learner report's loss terms and statistics (a few dozen at most)
 # An actor waiting for a learner's credit repeats its Hello this often; a learner forgets a request
 # not renewed for its TTL (learners/credits.py), so dead and stray identities lose their place.
 CREDIT_REQUEST_RENEW_S = 0.25
@@ -232,6 +233,12 @@ class LearnerReport:
     delivered_episodes: dict[str, int] = field(default_factory=dict)
     final: bool = False  # the rank's last report: it has stopped taking rollouts
     idle_requests: int = 0  # identities holding credit requests they do not use (learners/credits.py)
+    # What the rank's metrics hold of its training, for the run's curves (coordinator/curves.py):
+    # the last update's loss terms and statistics (finite ones), the rollouts queued, and the
+    # update's seconds summed since the last report.
+    losses: dict[str, float] = field(default_factory=dict)
+    queue_depth: int = 0
+    update_s: float = 0.0
 
     def __post_init__(self) -> None:
         _counts(
@@ -246,8 +253,11 @@ class LearnerReport:
             "nonfinite_skipped",
             "session",
             "idle_requests",
+            "queue_depth",
         )
         _require(self.mean_policy_lag >= 0, "LearnerReport.mean_policy_lag is negative")
+        _require(self.update_s >= 0, "LearnerReport.update_s is negative")
+        _require(len(self.losses) <= MAX_LOSS_TERMS, f"LearnerReport: more than {MAX_LOSS_TERMS} loss terms")
         _require(
             self.session > 0 or not (self.delivered_steps or self.delivered_episodes),
             "LearnerReport: delivered totals need a session",

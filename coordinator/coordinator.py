@@ -33,6 +33,7 @@ from rlmq.common.service import (
     announce,
     release_freed_memory,
 )
+from rlmq.coordinator.curves import WINDOW_TAG, Curves
 from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import Population
@@ -49,7 +50,8 @@ MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registe
 # rollouts: each actor sends its last report again for up to actors.actor.FINAL_ACK_WAIT_S.
 ACTORS_LAST_WORD_S = 3.0
 # Memory freed by the sockets' queues (a flood of subscribers that read nothing) goes back to the
-# kernel this often: glibc keeps what other threads' arenas free (issue 41: +58 MB held for good).
+# kernel this often: glibc keeps what other threads' arenas free, so without the trim a flood's
+# memory stays held (benchmarks/LOG.md §17).
 TRIM_EVERY_S = 10.0
 
 
@@ -111,6 +113,7 @@ class Coordinator:
             Judge(self.run_config, self.spec, ctx, store, self.metrics) if self.run_config.evaluation.episodes else None
         )
         self.passed: Judged | None = None  # the evaluation that reached the target
+        self.curves = Curves.open(cfg.tensorboard_dir, self.population.size, cfg.tensorboard_max_mb)
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
             wire.ActorReport: self.on_actor_report,
@@ -207,6 +210,10 @@ class Coordinator:
                 steps_uncounted=counted.steps_uncounted,
             )
             self.control.send_multipart([identity, wire.encode(ack)])
+        if self.curves is not None and counted.episodes:  # the newest claims may wait uncounted
+            end = len(returns) - min(counted.uncounted, len(returns))
+            start = max(end - counted.episodes, 0)
+            self.curves.episodes(report.member, returns[start:end], report.episode_lengths[start:end].tolist())
         self.metrics.env_steps.inc(counted.steps)
         self.metrics.member_env_steps.labels(str(report.member)).inc(counted.steps)
         self.metrics.episodes.inc(counted.episodes)
@@ -226,6 +233,8 @@ class Coordinator:
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
+        if self.curves is not None:
+            self.curves.learner_report(report)
         idle = self.learners.idle_requests(report.rank, report.idle_requests)
         if idle is not None:  # `rlmq status` warns
             self.store.set_status(idle_credit_requests=idle)
@@ -392,6 +401,21 @@ class Coordinator:
         self.store.append_progress(
             ProgressSample(time.time(), steps, status.episodes, mean_return, rate, lag, member_means)
         )
+        if self.curves is not None:
+            self.curves.tick(
+                steps,
+                self.store.status(),
+                {
+                    WINDOW_TAG: mean_return,
+                    "throughput/env_steps_per_s": rate,
+                    "learner/policy_lag": lag,
+                    "fleet/actors": actors,
+                    "fleet/learner_ranks": self.learners.live(),
+                    "pbt/decisions": self.population.applied,
+                },
+                {int(m): {WINDOW_TAG: value} for m, value in member_means.items()},
+                {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()},
+            )
         if self.judge is not None and self.passed is None:
             if self.reported_target(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
@@ -474,6 +498,8 @@ class Coordinator:
     def close(self) -> None:
         if self.judge is not None:
             self.judge.close()
+        if self.curves is not None:
+            self.curves.close()
         self.control.close()
         self.broadcast.close()
         if self.gatekeeper is not None:

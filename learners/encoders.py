@@ -9,8 +9,8 @@ parameter. On a GPU the population's images go through `conv2d(groups=P)` with t
 side along the channel axis: each member's output channels see only its own input channels and
 kernels, so the result equals P separate convolutions, in one kernel launch per layer (pooling,
 ReLUs and residual sums act on each channel alone, so they need no change). On the CPU oneDNN's
-grouped kernels (4 or 32 channels a group) took twice as long as one ordinary convolution per member
-(benchmarks/RESULTS.md §10), so there each member's layers run in turn; the heads behind them stay
+grouped kernels (4 or 32 channels a group) are slower than one ordinary convolution per member
+(benchmarks/LOG.md §10), so there each member's layers run in turn; the heads behind them stay
 one batched matmul for the population. All three ways walk the same plan (`torch_images.run_plan`) and are held
 to one another (`tests/test_encoders.py`, `tests/test_population.py`).
 """

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -94,6 +95,8 @@ class Learner:
             self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(), self.name, cfg.rank, credentials
         )
         self.counts = collections.Counter[str]()
+        self.losses: dict[str, float] = {}  # the last update's, for the report
+        self.update_s = 0.0  # seconds in updates since the last report
         self.log_reject = RejectLog(log)
         self.lags: list[int] = []
         self.nonfinite_seen = 0  # member steps the trainer skipped for a non-finite gradient
@@ -409,6 +412,7 @@ class Learner:
             failpoints.reach(self.cfg.failpoint, failpoints.LEARNER_IN_UPDATE, "in the update after a checkpoint")
         started = time.perf_counter()
         stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+        self.update_s += time.perf_counter() - started
         self.metrics.update_seconds.observe(time.perf_counter() - started)
         return taken, stats, updated
 
@@ -417,6 +421,7 @@ class Learner:
         publishes their weights every `publish_every` versions."""
         for term, value in stats.items():
             self.metrics.loss.labels(term).set(value)
+        self.losses = {term: value for term, value in stats.items() if math.isfinite(value)}
         for lag in taken.lags:
             self.metrics.policy_lag.observe(lag)
         self.lags += taken.lags
@@ -476,6 +481,7 @@ class Learner:
     def report(self, final: bool = False) -> None:
         self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
         lags, self.lags = self.lags, []
+        update_s, self.update_s = self.update_s, 0.0
         steps, episodes = self.deliveries.take()
         idle = self.members.idle_requests()
         self.metrics.idle_requests.set(idle)
@@ -504,6 +510,9 @@ class Learner:
                 delivered_episodes=episodes,
                 final=final,
                 idle_requests=idle,
+                losses=self.losses,
+                queue_depth=self.members.queued,
+                update_s=update_s,
             ),
         )
 

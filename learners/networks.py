@@ -190,7 +190,7 @@ class PopulationActorCritic(Stacked):
         )
         self.discrete = spec.action_kind == "discrete"
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is several
-        # times slower than along the middle one (RESULTS.md §4). Gaussian means as [P, N, A].
+        # times slower than along the middle one (benchmarks/LOG.md §4). Gaussian means as [P, N, A].
         self.towers = (
             self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
             self.tower(self.linear_names("value"), activation, outputs_first=True),

@@ -40,8 +40,9 @@ def clip_grad_norm_per_member(grad: Tensor, max_norm: Tensor) -> Tensor:
 
 # On the CPU, members whose rows hold at least this many parameters step one at a time through
 # torch's fused Adam kernel: one pass over each row, where the ops over [P, D] make several, each
-# with full-size temporaries (fresh pages to fault in once past malloc's mmap threshold). Measured
-# faster from about this width at P = 4–32; at CartPole's width and P = 32 the ops won (RESULTS.md §10).
+# with full-size temporaries (fresh pages to fault in once past malloc's mmap threshold). From about
+# this width the fused rows are the faster way at P = 4–32; at CartPole's width the ops over [P, D]
+# are as fast or faster (benchmarks/LOG.md §10).
 FUSED_ROW_MIN = 16_384
 
 

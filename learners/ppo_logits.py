@@ -3,8 +3,8 @@ written by hand: the learners' fast path for `ppo.ppo_loss`.
 
 Through autograd, the head (log-softmax, the taken action's log-probability, the entropy) and the
 loss (ratio, clipping, masked sums) are some forty small ops forward and as many backward. On one
-CPU thread they cost more than the matmuls of a 64×64 network: ~0.4 ms of a single agent's ~1 ms
-epoch. Here they are one node. `ppo.ppo_loss` stays the reference: `tests/test_ppo_logits.py`
+CPU thread they cost more than the matmuls of a 64×64 network (benchmarks/LOG.md §4). Here they
+are one node. `ppo.ppo_loss` stays the reference: `tests/test_ppo_logits.py`
 holds the two equal, value and gradient, in float64.
 
 Gradients, per sample, with w = mask / norm of its member:

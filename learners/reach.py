@@ -1,9 +1,9 @@
 """Where a learner rank is reached (its advertised address) and where it reaches rank 0 (the
 rendezvous), found rather than guessed, and said out loud when they cannot work (issue 40).
 
-Across hosts, each of these used to be a silent hang: an advertised 127.0.0.1 sent actors to their
-own loopback (0 env steps, forever); a rank without `--master-addr` retried its own loopback for
-ten minutes. Now the advertised address defaults to the one this host reaches the coordinator
+Across hosts, each of these is otherwise a silent hang: an advertised 127.0.0.1 sends actors to
+their own loopback (0 env steps, forever); a rank without `--master-addr` retries its own loopback
+for ten minutes. So the advertised address defaults to the one this host reaches the coordinator
 from, rank 0's to that, and the other ranks' rendezvous to rank 0's registered host; and a rank
 whose rendezvous does not answer says so within seconds, while it keeps trying.
 """

@@ -2,7 +2,7 @@
 
 On one CPU thread the population's forward and backward are a few dozen batched ops on
 [P, N, 64] tensors, and autograd's bookkeeping around them (a node, saved tensors and a grad
-buffer per op) cost about a quarter of the time. One `autograd.Function` for the whole MLP does
+buffer per op) is a large share of the time. One `autograd.Function` for the whole MLP does
 the same arithmetic with none of that: activations applied in place, each weight gradient taken
 in the layout that suits the matmul kernel (`_weight_grad`). Small ReLU batches, where its fixed
 Python cost outweighs that, take plain autograd ops (`HAND_WRITTEN_MIN_ROWS`). `stacked_towers`
@@ -10,9 +10,8 @@ runs several MLPs that read one flat [P, D] parameter (an actor-critic's two) as
 whose backward writes that parameter's gradient whole.
 
 On the CPU the larger matmuls go through NumPy (`bmm`). torch's MKL takes its AVX2 code path on AMD
-CPUs; NumPy's OpenBLAS picks its AVX-512 kernels where the CPU has them, and on the Zen 5 measured
-here ran the [8, 256, 64] × [8, 64, 64] product in 95 µs against MKL's 188 (and in 163 µs with
-its AVX2 kernels, as this development machine's environment forces; benchmarks/RESULTS.md §4).
+CPUs; NumPy's OpenBLAS picks its AVX-512 kernels where the CPU has them, which run a population's
+products about twice as fast (benchmarks/LOG.md §4).
 Tested against autograd (`tests/test_stacked_mlp.py`).
 """
 
@@ -30,12 +29,12 @@ CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
 # Below this many rows (members × samples) a ReLU network's hand-written backward costs more in
-# Python than it saves: one member's TD3 or SAC step (256 samples) was slower through it. A tanh
-# network always takes it: its autograd path runs tanh as a Python Function too (`_Tanh`), and one
-# member's PPO update was faster by hand (RESULTS.md §4).
+# Python than it saves: one member's TD3 or SAC step (256 samples) is slower through it. A tanh
+# network always takes it: its autograd path runs tanh as a Python Function too (`_Tanh`), so by
+# hand is the faster way even for one member's PPO update (benchmarks/LOG.md §4).
 HAND_WRITTEN_MIN_ROWS = 1024
 # Below this many multiply-adds NumPy's extra per-call cost outweighs its faster kernels: a single
-# member's MLP was slower through NumPy, eight members' faster (RESULTS.md §4).
+# member's MLP is slower through NumPy, eight members' faster (benchmarks/LOG.md §4).
 NUMPY_MIN_MACS = 1 << 21
 
 
@@ -99,9 +98,9 @@ def fast_tanh(x: Tensor) -> Tensor:
 
 
 def tanh_into(x: Tensor, out: Tensor) -> Tensor:
-    """out = tanh(x), `out` may be `x`; no autograd. On the CPU through NumPy: torch.tanh is slow
-    on the CPU builds measured here (314 µs on [8, 256, 64] against 24 µs for NumPy's, which is
-    also nearer the exact value; 2σ(2x) − 1 in four torch ops took 50 µs)."""
+    """out = tanh(x), `out` may be `x`; no autograd. On the CPU through NumPy: torch's CPU tanh is
+    many times slower than NumPy's, which is also nearer the exact value, and slower than 2σ(2x) − 1
+    in torch ops too (benchmarks/LOG.md §4)."""
     if x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS and x.is_contiguous() and out.is_contiguous():
         np.tanh(x.detach().numpy(), out=out.detach().numpy())
         return out
@@ -168,8 +167,8 @@ def refuse_second_derivative(name: str) -> None:
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
-    """∂L/∂W [P, out, in] = gradᵀ·inputs. The batched matmul kernel is slow when its output's last
-    dimension is narrow (a 4-wide observation: 117 µs against 23 µs for [8, 256] samples), so the
+    """∂L/∂W [P, out, in] = gradᵀ·inputs. The batched matmul kernel is several times slower when
+    its output's last dimension is narrow (a 4-wide observation; benchmarks/LOG.md §4), so the
     product is taken with the wider dimension last, and transposed as a view."""
     if inputs.shape[-1] < grad.shape[-1]:
         return bmm(inputs.transpose(1, 2), grad).transpose(1, 2)
@@ -263,11 +262,11 @@ class Tower(NamedTuple):
 
 def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Tensor, ...]:
     """Several MLPs on one input, their parameters read from `flat` [P, D]: one `autograd.Function`
-    whose backward writes ∂`flat` whole. An actor-critic's two towers through `stacked_mlp` were
-    two Functions plus a view per tensor, and autograd then put ∂`flat` together from a piece per
-    tensor: one CartPole member's update took ~4 % longer that way. Always the hand-written path
-    (its one user is PPO's actor-critic, tanh or ReLU) while not `traced`, whatever
-    `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
+    whose backward writes ∂`flat` whole. Through `stacked_mlp`, an actor-critic's two towers would
+    be two Functions plus a view per tensor, and autograd would put ∂`flat` together from a piece
+    per tensor, which costs a CartPole member's update a few percent (benchmarks/LOG.md §4).
+    Always the hand-written path (its one user is PPO's actor-critic, tanh or ReLU) while not
+    `traced`, whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
     if traced():
         return tuple(_autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first) for t in towers)
     outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))

@@ -22,7 +22,8 @@ ACTOR_CUT_S = 12.0  # past the heartbeat timeout (10 s): the connections are dro
 HUB_CUT_S = 10.0
 # Between the learner hosts, with DDP's all-reduce per gradient step (`ppo.sync = "gradients"`, not
 # the config's "auto", which replicates and so barely notices the delay), so that the run outlasts
-# the actor host's cut: the cut actors must come back to a run that still trains (RESULTS.md §16).
+# the actor host's cut: the cut actors must come back to a run that still trains
+# (benchmarks/LOG.md §16).
 LEARNER_DELAY_S = 0.002
 
 

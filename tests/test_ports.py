@@ -57,7 +57,7 @@ def test_a_process_whose_metrics_port_is_taken_comes_up_on_another_and_is_scrape
 
 def test_the_scrape_targets_follow_the_ports_children_announce(tmp_path: Path) -> None:
     cfg = UpConfig.build(
-        actors=2, learners=1, config_file=None, overrides={}, redis_url=None, run_dir=tmp_path, torch_threads=1
+        actors=2, learners=1, config=None, overrides={}, redis_url=None, run_dir=tmp_path, torch_threads=1
     )
     supervisor = Supervisor(cfg, "redis://127.0.0.1:1/0", None)
     supervisor.plan()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tb
 import torch
 from procs import start_up, wait_for, wait_until_stepping
 
@@ -113,3 +114,16 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
         assert torch.equal(trainer["replay"]["_obs_key"][member, :rows], then["replay"]["_obs_key"][member, :rows])
     # the curves in the run directory hold both sessions
     assert len((run_dir / "metrics.csv").read_text().splitlines()) > curve_rows
+
+    # TensorBoard: each member's curves and hyperparameters, an HParams session per set of them
+    # (a PBT decision starts its target's next), written on by the resumed run's coordinator
+    decision = decisions[0]
+    for member in range(2):
+        curves = tb.scalars(run_dir / "tb" / f"member_{member}")
+        assert curves["episode/return"] and curves["hyperparameters/learning_rate"], sorted(curves)
+        sessions = tb.sessions(run_dir / "tb" / f"member_{member}")
+        assert sessions[0]["learning_rate"] == pytest.approx(curves["hyperparameters/learning_rate"][0][1])
+    assert decision.hyperparams in [pytest.approx(s) for s in tb.sessions(run_dir / "tb" / f"member_{decision.target}")]
+    run_curves = tb.scalars(run_dir / "tb")
+    assert run_curves["learner/q_loss"] and run_curves["pbt/decisions"][-1][1] >= 1, sorted(run_curves)
+    assert run_curves["episode/return_window_mean"][-1][0] > before.env_steps  # the resumed run's points

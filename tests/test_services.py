@@ -554,7 +554,7 @@ def test_learners_keep_freed_memory_instead_of_faulting_it_in_again() -> None:
     """A learner frees and reallocates the same few-hundred-KB activations every step. glibc serves
     a block above its 128 KB mmap threshold with a fresh mmap, whose pages fault in again each
     time; keep_freed_memory raises the threshold so that the block comes from the heap, which keeps
-    its freed pages (the speed it buys: benchmarks/RESULTS.md §4). Counting page faults per step
+    its freed pages (the speed it buys: benchmarks/LOG.md §4). Counting page faults per step
     showed the effect, but too noisily on a busy host (glibc's threshold also adapts by itself):
     this checks where a fresh process's first such block comes from. Each mode in its own process:
     the setting is process-wide."""

@@ -56,19 +56,19 @@ def test_up_picks_the_shipped_config_without_config(tmp_path: Path) -> None:
     up = UpConfig.build(
         actors=2,
         learners=1,
-        config_file=None,
+        config=None,
         overrides={"env_id": "Pendulum-v1", "algo": "sac"},
         redis_url=None,
         run_dir=tmp_path,
         torch_threads=1,
     )
     found = pick("Pendulum-v1", "sac")
-    assert found is not None and up.config_file == found.path and found.path.name == "sac-pendulum.toml"
+    assert found is not None and up.config_from == str(found.path) and found.path.name == "sac-pendulum.toml"
     assert up.run_config.return_window == 20 and up.run_config.total_steps == 20_000
     flags = UpConfig.build(
         actors=2,
         learners=1,
-        config_file=None,
+        config=None,
         redis_url=None,
         run_dir=tmp_path,
         torch_threads=1,
@@ -78,13 +78,13 @@ def test_up_picks_the_shipped_config_without_config(tmp_path: Path) -> None:
     plain = UpConfig.build(
         actors=2,
         learners=1,
-        config_file=None,
+        config=None,
         overrides={"env_id": "MountainCarContinuous-v0", "algo": "sac"},
         redis_url=None,
         run_dir=tmp_path,
         torch_threads=1,
     )
-    assert plain.config_file is None and plain.run_config.return_window == 100
+    assert plain.config_from == "" and plain.run_config.return_window == 100
 
 
 @pytest.mark.slow

@@ -1,0 +1,161 @@
+"""rlmq from Python: `train` runs what `rlmq up` runs and returns its summary; `load_policy` gives a
+run's policy as a function of observations, as `rlmq eval` plays it.
+
+    import rlmq
+    summary = rlmq.train(env="CartPole-v1", target_return=475, actors=2)
+    policy = rlmq.load_policy(summary.run_dir)
+    action = policy(observation)
+
+The CLI is a layer over the same code (cli/launch.py), so a config, a flag or an error means here
+what it means there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlmq.common.config import RunConfig
+
+__all__ = ["Policy", "RunConfig", "RunFailed", "RunSummary", "load_policy", "train"]
+
+
+class RunFailed(RuntimeError):
+    """A run that started and failed (its log lines say why); `code` is `rlmq up`'s exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """How a run ended: the run directory's summary.json (`details`), its main figures as fields."""
+
+    run_dir: Path
+    success: bool  # the target reached (judged by the run's own evaluation), or no target set
+    outcome: str
+    env_steps: int
+    mean_return: float | None  # the best member's last `return_window` episodes, as its actors reported them
+    evaluated_return: float | None  # the run's own evaluation of its final policy (coordinator/judge.py)
+    train_wall_s: float | None
+    details: dict[str, Any]
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunSummary:
+        details = json.loads((run_dir / "summary.json").read_text())
+        evaluation = details.get("evaluation") or {}
+        return cls(
+            run_dir=run_dir,
+            success=bool(details["success"]),
+            outcome=str(details["outcome"]),
+            env_steps=int(details["env_steps"]),
+            mean_return=details.get("mean_return_last_100"),
+            evaluated_return=evaluation.get("mean_return"),
+            train_wall_s=details.get("train_wall_s"),
+            details=details,
+        )
+
+
+def train(
+    config: RunConfig | str | Path | None = None,
+    *,
+    actors: int = 4,
+    learners: int | None = None,
+    env: str | None = None,
+    algo: str | None = None,
+    total_steps: int | None = None,
+    target_return: float | None = None,
+    num_envs: int | None = None,
+    seed: int | None = None,
+    population: int | None = None,
+    checkpoint_every: float | None = None,
+    redis_url: str | None = None,
+    run_dir: str | Path | None = None,
+    torch_threads: int = 1,
+    device: str = "auto",
+    actor_device: str = "auto",
+    bind_host: str = "127.0.0.1",
+    collective_timeout: float = 30.0,
+    transport: str = "ipc",
+    secure: bool = True,
+    resume: str | Path | None = None,
+    redis_outage_s: float = 30.0,
+) -> RunSummary:
+    """Train as `rlmq up` does, with its options by the same names (`rlmq up --help`): `config` is a
+    RunConfig or a TOML/JSON file, and the keywords override it. Blocks until the run ends, printing
+    its progress; Ctrl-C stops it warmly (then KeyboardInterrupt). A run that ends without reaching
+    its target returns (`success` False); one that cannot start raises ValueError naming the fix,
+    one that fails RunFailed."""
+    from rlmq.cli import launch
+    from rlmq.common.service import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET_MISSED
+
+    try:
+        up_cfg = launch.plan(
+            actors=actors,
+            learners=learners,
+            config=Path(config) if isinstance(config, str) else config,
+            env=env,
+            algo=algo,
+            total_steps=total_steps,
+            target_return=target_return,
+            num_envs=num_envs,
+            seed=seed,
+            population=population,
+            checkpoint_every=checkpoint_every,
+            redis_url=redis_url,
+            run_dir=None if run_dir is None else Path(run_dir),
+            torch_threads=torch_threads,
+            device=device,
+            actor_device=actor_device,
+            bind_host=bind_host,
+            collective_timeout=collective_timeout,
+            transport=transport,
+            secure=secure,
+            resume=None if resume is None else Path(resume),
+        )
+        code = launch.run_up(up_cfg, redis_outage_s)
+    except launch.Refused as exc:
+        raise ValueError(str(exc)) from None
+    if code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt(f"run stopped; its results so far are in {up_cfg.run_dir}")
+    if code not in (EXIT_OK, EXIT_TARGET_MISSED):
+        raise RunFailed(f"the run in {up_cfg.run_dir} failed (exit {code}): its log above says why", code)
+    return RunSummary.read(up_cfg.run_dir)
+
+
+class Policy:
+    """A run's policy: observations in, actions out, as `rlmq eval` plays it (observation
+    normalization included). One observation gives one action; a batch [N, *shape] gives N."""
+
+    def __init__(self, run_dir: Path, member: int | None, deterministic: bool, seed: int) -> None:
+        from rlmq.cli.evaluate import load_checkpoint, policy_of
+        from rlmq.common.episodes import Sampler
+
+        checkpoint = load_checkpoint(run_dir, member)
+        self.run_config, self.spec, self.member = checkpoint.run_config, checkpoint.spec, checkpoint.member
+        self.version = checkpoint.version
+        self._policy = policy_of(checkpoint)
+        self._sampler = None if deterministic else Sampler(self._policy, self.spec, np.random.default_rng(seed))
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        batch = np.asarray(obs)
+        single = batch.shape == tuple(self.spec.obs_shape)
+        if single:
+            batch = batch[None]
+        if self._sampler is not None:
+            actions = np.stack([self._sampler(row[None]) for row in batch])
+        else:
+            actions = self._policy.mode(batch)
+        return actions[0] if single else actions
+
+
+def load_policy(run_dir: str | Path, member: int | None = None, deterministic: bool = True, seed: int = 0) -> Policy:
+    """The policy a run trained (`rlmq up`'s checkpoint.pt, else its newest learner checkpoint):
+    the best member's unless `member` is given; the likeliest action unless `deterministic` is
+    False, then sampled as the actors sample (seeded by `seed`). ValueError naming what is wrong."""
+    return Policy(Path(run_dir), member, deterministic, seed)
