@@ -13,12 +13,14 @@ what it means there.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlmq.common.composite import pack
 from rlmq.common.config import RunConfig
 
 __all__ = ["Policy", "RunConfig", "RunFailed", "RunSummary", "load_policy", "train"]
@@ -91,33 +93,14 @@ def train(
     its progress; Ctrl-C stops it warmly (then KeyboardInterrupt). A run that ends without reaching
     its target returns (`success` False); one that cannot start raises ValueError naming the fix,
     one that fails RunFailed."""
+    options = {name: value for name, value in locals().items() if name != "redis_outage_s"}  # plan's, by name
+    for name in ("config", "run_dir", "resume"):  # a path may come as a string
+        options[name] = Path(options[name]) if isinstance(options[name], str) else options[name]
     from rlmq.cli import launch
     from rlmq.common.service import EXIT_INTERRUPTED, EXIT_OK, EXIT_TARGET_MISSED
 
     try:
-        up_cfg = launch.plan(
-            actors=actors,
-            learners=learners,
-            config=Path(config) if isinstance(config, str) else config,
-            env=env,
-            algo=algo,
-            total_steps=total_steps,
-            target_return=target_return,
-            num_envs=num_envs,
-            seed=seed,
-            population=population,
-            checkpoint_every=checkpoint_every,
-            redis_url=redis_url,
-            run_dir=None if run_dir is None else Path(run_dir),
-            torch_threads=torch_threads,
-            device=device,
-            actor_device=actor_device,
-            bind_host=bind_host,
-            collective_timeout=collective_timeout,
-            transport=transport,
-            secure=secure,
-            resume=None if resume is None else Path(resume),
-        )
+        up_cfg = launch.plan(**options)
         code = launch.run_up(up_cfg, redis_outage_s)
     except launch.Refused as exc:
         raise ValueError(str(exc)) from None
@@ -130,7 +113,8 @@ def train(
 
 class Policy:
     """A run's policy: observations in, actions out, as `rlmq eval` plays it (observation
-    normalization included). One observation gives one action; a batch [N, *shape] gives N."""
+    normalization included). One observation gives one action; a batch [N, *shape] gives N. A Dict
+    or Tuple observation is given as the env gives it (a batch: each part with N rows)."""
 
     def __init__(self, run_dir: Path, member: int | None, deterministic: bool, seed: int) -> None:
         from rlmq.cli.evaluate import load_checkpoint, policy_of
@@ -143,6 +127,10 @@ class Policy:
         self._sampler = None if deterministic else Sampler(self._policy, self.spec, np.random.default_rng(seed))
 
     def __call__(self, obs: Any) -> np.ndarray:
+        if self.spec.obs_parts:  # as the actors' envs give it: one record of the parts' bytes
+            first = self.spec.obs_parts[0]
+            rows = np.shape(obs[first.name if isinstance(obs, Mapping) else 0])
+            obs = pack(obs, self.spec.obs_parts, None if rows == first.shape else rows[0])
         batch = np.asarray(obs)
         single = batch.shape == tuple(self.spec.obs_shape)
         if single:

@@ -141,7 +141,20 @@ def mib(kb: float) -> float:
     return kb / 1024
 
 
-def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, with_pss: bool) -> dict[str, Any]:
+def tensorboard_files(run_dir: Path) -> dict[str, Any]:
+    """The run's TensorBoard event files: how many, how many processes wrote them (an event file's
+    name ends in its writer's pid and a counter), and their bytes."""
+    files = list((run_dir / "tb").rglob("events.out.tfevents.*"))
+    return {
+        "files": len(files),
+        "writers": len({f.name.split(".")[-2] for f in files}),
+        "bytes": sum(f.stat().st_size for f in files),
+    }
+
+
+def report(
+    sampler: Sampler, summary: dict[str, Any], code: int, wall: float, with_pss: bool, run_dir: Path
+) -> dict[str, Any]:
     by_role: dict[str, list[Process]] = {}
     for proc in sampler.processes.values():
         role = proc.label.rsplit("-", 1)[0] if proc.label[-1:].isdigit() else proc.label
@@ -168,6 +181,7 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
         },
         "total_rss_mib_peak": mib(sampler.peak_total_rss_kb),
         "total_pss_mib_peak": mib(sampler.peak_total_pss_kb) if with_pss else None,
+        "tensorboard": tensorboard_files(run_dir),
     }
     print(
         f"exit code {code}, `rlmq up` wall {wall:.1f} s, start-up (launch → first env step) "
@@ -186,6 +200,8 @@ def report(sampler: Sampler, summary: dict[str, Any], code: int, wall: float, wi
         "(sum over the supervisor's descendants at one sample; "
         f"{sampler.samples} samples)" + (f", peak PSS {result['total_pss_mib_peak']:.1f} MiB" if with_pss else "")
     )
+    tb = result["tensorboard"]
+    print(f"tensorboard: {tb['files']} event files from {tb['writers']} process(es), {tb['bytes'] / 1024:.0f} KiB")
     return result
 
 
@@ -237,7 +253,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     summary_path = args.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    result = report(sampler, summary, proc.returncode, wall, args.pss)
+    result = report(sampler, summary, proc.returncode, wall, args.pss, args.run_dir)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         result["command"] = argv[1:]

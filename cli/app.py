@@ -404,33 +404,12 @@ def up(
     ] = None,
 ) -> None:
     """Train locally: coordinator, learners and actors as separate processes (`rlmq.train` in Python)."""
+    options = {name: value for name, value in locals().items() if name != "redis_outage_s"}  # plan's, by name
     from rlmq.cli import launch
 
     _require_redis_url(redis_url)
     try:
-        up_cfg = launch.plan(
-            actors=actors,
-            learners=learners,
-            config=config,
-            env=env,
-            algo=algo,
-            total_steps=total_steps,
-            target_return=target_return,
-            num_envs=num_envs,
-            seed=seed,
-            population=population,
-            checkpoint_every=checkpoint_every,
-            redis_url=redis_url,
-            run_dir=run_dir,
-            torch_threads=torch_threads,
-            device=device,
-            actor_device=actor_device,
-            bind_host=bind_host,
-            collective_timeout=collective_timeout,
-            transport=transport,
-            secure=secure,
-            resume=resume,
-        )
+        up_cfg = launch.plan(**options)
         code = launch.run_up(up_cfg, redis_outage_s)
     except launch.Refused as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -491,9 +470,11 @@ def export(
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
+    parts = checkpoint.spec.obs_parts
+    takes = f"; it takes one tensor per part: {', '.join(f'{p.name} {p.dtype}[N, *{list(p.shape)}]' for p in parts)}"
     typer.echo(
         f"wrote {written}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
-        f"member {checkpoint.member}, version {checkpoint.version}"
+        f"member {checkpoint.member}, version {checkpoint.version}{takes if parts else ''}"
     )
 
 

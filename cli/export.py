@@ -23,15 +23,18 @@ from torch import Tensor, nn
 from rlmq.cli.evaluate import Checkpoint, policy_of
 from rlmq.common.images import Layer
 from rlmq.common.models import NumpyPolicy
+from rlmq.common.schema import ObsPart
 from rlmq.common.torch_images import run_plan
 
 
 class ExportedPolicy(nn.Module):
-    """Observations [N, *obs_shape] in the env's dtype → deterministic actions [N, ...]."""
+    """Observations [N, *obs_shape] in the env's dtype → deterministic actions [N, ...]; a Dict or
+    Tuple observation as one tensor per part, [N, *part shape] each, in the order of the spec's
+    parts (`rlmq export` prints it)."""
 
     def __init__(self, policy: NumpyPolicy) -> None:
         super().__init__()
-        spec = policy.spec
+        spec = self.spec = policy.spec
         self.categories, self.relu, self.head = spec.obs_categories, policy.activation_name == "relu", policy.head
         self.convs = nn.ModuleList()  # the convolutional encoder's, if the policy has one
         encoder = policy.encoder
@@ -65,15 +68,25 @@ class ExportedPolicy(nn.Module):
         self.register_buffer("scale", torch.from_numpy(policy.scale))
         self.register_buffer("bias", torch.from_numpy(policy.bias))
 
-    def forward(self, obs: Tensor) -> Tensor:
-        x = nn.functional.one_hot(obs.long(), self.categories).float() if self.categories else obs.flatten(1).float()
+    def forward(self, *parts: Tensor) -> Tensor:
+        obs = parts[0]
+        if self.spec.obs_parts:
+            x = torch.cat([part.flatten(1).float() for part in parts], dim=1)
+        elif self.categories:
+            x = nn.functional.one_hot(obs.long(), self.categories).float()
+        else:
+            x = obs.flatten(1).float()
         if self.normalize:
             x = ((x - self.mean) / self.std).clamp(-self.clip, self.clip)
         if len(self.convs):
-            x = x.reshape(x.shape[0], self.image_shape[0], self.image_shape[1], self.image_shape[2])
+            size = self.image_shape[0] * self.image_shape[1] * self.image_shape[2]
+            rest = x[:, size:]  # a composite observation's other parts go past the encoder
+            x = x[:, :size].reshape(x.shape[0], self.image_shape[0], self.image_shape[1], self.image_shape[2])
             if self.channels_last:
                 x = x.permute(0, 3, 1, 2)
             x = run_plan(self.plan, x * self.pixel_scale, lambda i, inputs, _conv: self.convs[i](inputs)).flatten(1)
+            if self.spec.obs_parts and rest.shape[1]:
+                x = torch.cat([x, rest], dim=1)
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:
@@ -93,7 +106,8 @@ def export(checkpoint: Checkpoint, out: Path) -> Path:
     """Write `out` (TorchScript, traced on an observation of the env's shape and dtype)."""
     module = ExportedPolicy(policy_of(checkpoint)).eval().requires_grad_(False)
     spec = checkpoint.spec
-    example = torch.zeros((2, *spec.obs_shape), dtype=getattr(torch, spec.obs_dtype))
+    pieces = spec.obs_parts or (ObsPart("obs", spec.obs_shape, spec.obs_dtype),)
+    example = tuple(torch.zeros((2, *p.shape), dtype=getattr(torch, p.dtype)) for p in pieces)
     with warnings.catch_warnings():  # torch 2.13 marks TorchScript deprecated; it still loads everywhere
         warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example)

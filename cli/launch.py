@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rlmq.cli import run_redis, rundir
 from rlmq.cli.redis_server import RedisServer
@@ -78,7 +79,7 @@ def plan(
         ).items()
         if v is not None
     }
-    options = dict(
+    options: dict[str, Any] = dict(
         actors=actors,
         overrides=overrides,
         redis_url=redis_url,
@@ -94,10 +95,10 @@ def plan(
         if resume is not None:
             if config is not None or run_dir is not None:
                 raise ValueError("--resume takes the run's config and directory: drop --config and --run-dir")
-            up_cfg = UpConfig.resume_run(resume, learners=learners, **options)  # type: ignore[arg-type]
+            up_cfg = UpConfig.resume_run(resume, learners=learners, **options)
         else:
             overrides["num_learners"] = learners or 1
-            up_cfg = UpConfig.build(learners=learners or 1, config=config, run_dir=run_dir, **options)  # type: ignore[arg-type]
+            up_cfg = UpConfig.build(learners=learners or 1, config=config, run_dir=run_dir, **options)
     except (OSError, ValueError) as exc:  # tomllib/json errors are ValueErrors too
         fix = (
             ""

@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 
 from rlmq.common import atari
 from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.composite import PackedObservations, travel_dtype
 from rlmq.common.images import resolve_encoder
 from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
 
@@ -146,6 +147,12 @@ def make_vector_env(
     if autoreset != AutoresetMode.NEXT_STEP:
         env.close()
         raise EnvError(f"{env_id}: rlmq needs next-step autoreset, the env uses {autoreset}")
+    if isinstance(env.single_observation_space, gym.spaces.Dict | gym.spaces.Tuple):
+        try:
+            return PackedObservations(env, env_id)
+        except ValueError as exc:
+            env.close()
+            raise EnvError(str(exc)) from None
     return env
 
 
@@ -176,6 +183,8 @@ def _native_atari(env_id: str) -> bool:
 
 def describe(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
     obs = {**observation_spec(env.single_observation_space, env_id), "frame_stack": frame_stack(env)}
+    if isinstance(env, PackedObservations):
+        obs["obs_parts"] = env.parts
     action_space = env.single_action_space
     if isinstance(action_space, gym.spaces.Discrete):
         return EnvSpec(**obs, action_kind="discrete", action_dim=int(action_space.n))
@@ -218,12 +227,10 @@ def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
         return {"obs_shape": (), "obs_dtype": "int64", "obs_categories": int(space.n)}
     if not isinstance(space, gym.spaces.Box) or not 1 <= len(space.shape) <= MAX_OBS_DIMS:
         raise EnvError(
-            f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions "
-            "nor a Discrete; wrap it (e.g. gymnasium.wrappers.FlattenObservation)"
+            f"{env_id}: observation space {space} is not a Box of 1 to {MAX_OBS_DIMS} dimensions, a "
+            "Discrete, or a Dict or Tuple of Boxes; wrap it (e.g. gymnasium.wrappers.FlattenObservation)"
         )
-    dtype = np.dtype(space.dtype)
-    travels = {"f": "float32", "b": "bool"}.get(dtype.kind, "uint8" if dtype == np.uint8 else "int64")
-    return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travels}
+    return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travel_dtype(np.dtype(space.dtype))}
 
 
 def probe(env_id: str, algo: str | None = None, encoder: str = "auto") -> EnvSpec:

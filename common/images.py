@@ -101,6 +101,12 @@ class ImageLayout:
     scale: float  # bytes are divided by 255; other dtypes are taken as they are
 
     @property
+    def size(self) -> int:
+        """The image's share of the features: the first `size` (a composite observation's other
+        parts follow it, and go past the encoder to the heads as they are)."""
+        return self.channels * self.height * self.width
+
+    @property
     def shape(self) -> tuple[int, int, int]:
         """The observation's own shape."""
         if self.channels_last:
@@ -109,15 +115,19 @@ class ImageLayout:
 
 
 def image_layout(spec: EnvSpec) -> ImageLayout | None:
-    """The layout of a three-dimensional Box observation; None for anything else."""
-    if len(spec.obs_shape) != 3 or spec.obs_categories:
+    """The layout of a three-dimensional Box observation, or of a composite observation's first
+    part if it is one (`encoded_size`); None for anything else."""
+    shape, dtype = spec.obs_shape, spec.obs_dtype
+    if spec.obs_parts:
+        shape, dtype = spec.obs_parts[0].shape, spec.obs_parts[0].dtype
+    if len(shape) != 3 or spec.obs_categories:
         return None
-    first, _middle, last = spec.obs_shape
-    scale = 1 / 255 if spec.obs_dtype == "uint8" else 1.0
+    first, _middle, last = shape
+    scale = 1 / 255 if dtype == "uint8" else 1.0
     if last < first:  # (10, 10, 4), (84, 84, 3): channels last
-        height, width, channels = spec.obs_shape
+        height, width, channels = shape
         return ImageLayout(channels, height, width, True, scale)
-    channels, height, width = spec.obs_shape
+    channels, height, width = shape
     return ImageLayout(channels, height, width, False, scale)
 
 
@@ -169,7 +179,7 @@ def encoded_size(spec: EnvSpec, encoder: str) -> int:
     layout = image_layout(spec)
     if encoder == "mlp" or layout is None:
         return spec.obs_size
-    return math.prod(conv_output(layout, ENCODERS[encoder]))
+    return math.prod(conv_output(layout, ENCODERS[encoder])) + spec.obs_size - layout.size
 
 
 def encoder_layer_names(params: dict[str, np.ndarray]) -> list[tuple[str, str]]:
@@ -206,11 +216,13 @@ class NumpyEncoder:
                 )
             self.convs.append((np.ascontiguousarray(weight.reshape(conv.channels, -1).T), bias, conv))
             channels = conv.channels
-        self.size = math.prod(conv_output(layout, self.plan))
+        self.size = math.prod(conv_output(layout, self.plan)) + spec.obs_size - layout.size
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
-        """[N, obs_size] float32 features → [N, size], channel-major as torch flattens."""
-        x = features.reshape(len(features), *self.layout.shape)
+        """[N, obs_size] float32 features → [N, size], channel-major as torch flattens; a composite
+        observation's other parts appended as they are."""
+        rest = features[:, self.layout.size :]
+        x = features[:, : self.layout.size].reshape(len(features), *self.layout.shape)
         if not self.layout.channels_last:
             x = x.transpose(0, 2, 3, 1)
         if self.layout.scale != 1.0:
@@ -231,7 +243,8 @@ class NumpyEncoder:
                 skip = x
             else:
                 x = x + skip
-        return x.transpose(0, 3, 1, 2).reshape(len(x), -1)
+        encoded = x.transpose(0, 3, 1, 2).reshape(len(x), -1)
+        return np.concatenate([encoded, rest], axis=1) if rest.shape[1] else encoded
 
 
 def windows(x: np.ndarray, kernel: int, stride: int, padding: int, pad_value: float) -> np.ndarray:

@@ -82,7 +82,7 @@ class NumpyPolicy:
             raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
         # An image policy given a torch `device` (a GPU: `acting_device`) runs its whole forward there.
         self._on_device: Callable[[np.ndarray], np.ndarray] | None = None
-        if device is not None and self.encoder is not None:
+        if device is not None and self.encoder is not None and not spec.obs_parts:  # composite: the CPU path
             from rlmq.common.torch_images import DeviceForward
 
             self._on_device = DeviceForward(self.encoder, self.layers, activation, self.norm, device)

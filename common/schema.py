@@ -29,6 +29,30 @@ MAX_OBS_DIMS = 4  # a rollout adds time and slot dimensions in front (the wire's
 
 
 @dataclass(frozen=True)
+class ObsPart:
+    """One key of a Dict (or Tuple) observation. A composite observation travels as one byte
+    record per step, each part's bytes in its own dtype, in the spec's order (common/composite.py):
+    a uint8 image stays bytes, a float32 vector stays exact, and every layer that moves
+    observations moves one array. The networks read the parts back (`obs_features`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # one of OBS_DTYPES
+
+    def __post_init__(self) -> None:
+        if self.dtype not in OBS_DTYPES or min(self.shape, default=1) < 1 or len(self.shape) > MAX_OBS_DIMS:
+            raise ValueError(f"observation part {self.name!r}: {self.dtype}{list(self.shape)} is not supported")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """The spaces of the environment, as the networks need them (probed by the coordinator)."""
 
@@ -42,6 +66,9 @@ class EnvSpec:
     # Frames stacked along the observation's first axis (gymnasium's FrameStackObservation, as in
     # Atari's preprocessing); 1: none. The replay stores each frame once (learners/frames.py).
     frame_stack: int = 1
+    # A Dict or Tuple observation's parts, in the order their bytes lie in each step's record
+    # (obs_shape (record bytes,), obs_dtype uint8); empty for any other observation.
+    obs_parts: tuple[ObsPart, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.obs_shape) > MAX_OBS_DIMS or min(self.obs_shape, default=1) < 1 or self.action_dim < 1:
@@ -57,6 +84,11 @@ class EnvSpec:
             raise ValueError("a Box observation needs a shape")
         if self.frame_stack < 1 or self.frame_stack > 1 and self.obs_shape[:1] != (self.frame_stack,):
             raise ValueError(f"frame_stack {self.frame_stack} must be 1 or the first of obs_shape {self.obs_shape}")
+        if self.obs_parts and (
+            (self.obs_shape, self.obs_dtype) != ((sum(p.nbytes for p in self.obs_parts),), "uint8")
+            or self.frame_stack != 1
+        ):
+            raise ValueError("a composite observation is one uint8 record of its parts' bytes, unstacked")
         if self.action_kind not in ("discrete", "continuous"):
             raise ValueError(f"action_kind must be discrete or continuous, not {self.action_kind!r}")
         if (
@@ -69,6 +101,8 @@ class EnvSpec:
     @property
     def obs_size(self) -> int:
         """The width of the networks' input: the flattened observation, or its one-hot code."""
+        if self.obs_parts:
+            return sum(part.size for part in self.obs_parts)
         return self.obs_categories or math.prod(self.obs_shape)
 
     @property
@@ -211,7 +245,15 @@ def obs_normalizer(params: dict[str, np.ndarray], size: int) -> ObsNorm | None:
 
 
 def obs_features(obs: np.ndarray, spec: EnvSpec) -> np.ndarray:
-    """What the actors' NumPy policies take: [N, obs_size] float32 (a view where nothing changes)."""
+    """What the actors' NumPy policies take: [N, obs_size] float32 (a view where nothing changes);
+    a composite observation's parts side by side, in the spec's order."""
+    if spec.obs_parts:
+        features, start = [], 0
+        for part in spec.obs_parts:
+            raw = np.ascontiguousarray(obs[:, start : start + part.nbytes])  # a view of other dtype needs it
+            features.append(raw.view(part.dtype).reshape(len(obs), part.size).astype(np.float32, copy=False))
+            start += part.nbytes
+        return np.concatenate(features, axis=1)
     if spec.obs_categories:
         one_hot = np.zeros((len(obs), spec.obs_categories), np.float32)
         one_hot[np.arange(len(obs)), obs] = 1

@@ -72,9 +72,10 @@ class TorchEncoder:
             return nn.functional.conv2d(x, weight, bias, layer.stride, layer.padding)
 
         with torch.inference_mode():
-            out = run_plan(self.plan, images(torch.from_numpy(features), self.layout), conv)
-            encoded: np.ndarray = out.flatten(1).numpy()
-        return encoded
+            pixels = torch.from_numpy(features[:, : self.layout.size])
+            encoded: np.ndarray = run_plan(self.plan, images(pixels, self.layout), conv).flatten(1).numpy()
+        rest = features[:, self.layout.size :]
+        return np.concatenate([encoded, rest], axis=1) if rest.shape[1] else encoded
 
 
 # Host buffers the observations are staged in before they go to a GPU, by (shape, dtype): pinned

@@ -31,6 +31,7 @@ log = logging.getLogger("rlmq.coordinator")
 
 FLUSH_S = 2.0  # how stale the files on disk may be: TensorBoard's reader sees what is flushed
 WINDOW_TAG = "episode/return_window_mean"  # the HParams sessions' metric
+FILE_HEADER_BYTES = 64  # an event file's first record: its version
 
 
 class Curves:
@@ -154,20 +155,21 @@ class Curves:
         return f"{name}/{run}" if run else name
 
     def _write(self, name: str, event: Any) -> None:
-        size = event.ByteSize() + 16  # the record's length, CRCs and framing
+        event.wall_time = time.time()
+        writer = self._writers.get(name)
+        # the record's length and CRCs; a new file also starts with a version record
+        size = event.ByteSize() + 16 + (FILE_HEADER_BYTES if writer is None else 0)
         if self.written + size > self.max_bytes:
             if self.written <= self.max_bytes:
                 log.warning(
-                    "TensorBoard curves reached their size bound (%.0f MiB): no more are written "
+                    "TensorBoard curves reached their size bound (%.1f MiB): no more are written "
                     "(raise tensorboard_max_mb)",
                     self.max_bytes / 2**20,
                 )
                 self.written = self.max_bytes + 1
             return
-        writer = self._writers.get(name)
         if writer is None:
             writer = self._writers[name] = self._writer_class(str(self.directory / name), flush_secs=FLUSH_S)
-        event.wall_time = time.time()
         writer.add_event(event)
         self.written += size
 

@@ -73,10 +73,11 @@ class ConvEncoder(nn.Module):
 
 
 def encode(encoder: ConvEncoder, layout: ImageLayout, features: Tensor) -> Tensor:
-    """One member: [..., obs_size] features → [..., encoded size], flattened channel-major."""
-    lead = features.shape[:-1]
-    out: Tensor = encoder(images(features.reshape(-1, features.shape[-1]), layout))
-    return out.reshape(*lead, -1)
+    """One member: [..., obs_size] features → [..., encoded size], flattened channel-major; a
+    composite observation's other parts appended as they are."""
+    lead, pixels = features.shape[:-1], features[..., : layout.size]
+    out: Tensor = encoder(images(pixels.reshape(-1, layout.size), layout)).reshape(*lead, -1)
+    return torch.cat([out, features[..., layout.size :]], dim=-1) if features.shape[-1] > layout.size else out
 
 
 def stacked_encode(
@@ -88,7 +89,12 @@ def stacked_encode(
 ) -> Tensor:
     """P members: [P, N, obs_size] features, each convolution's weights [P, out, in, k, k] and
     biases [P, out] → [P, N, encoded size]; through one grouped convolution per layer if `grouped`
-    (None: on a GPU), else through each member's layers in turn."""
+    (None: on a GPU), else through each member's layers in turn. A composite observation's other
+    parts are appended as they are."""
+    size = image.layout.size
+    if features.shape[-1] > size:
+        encoded = stacked_encode(features[..., :size], weights, biases, image, grouped)
+        return torch.cat([encoded, features[..., size:]], dim=-1)
     if not (features.is_cuda if grouped is None else grouped):
         members = []
         for m, member_features in enumerate(features):

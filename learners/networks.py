@@ -79,6 +79,13 @@ def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
     """[..., *obs_shape] observations in their own dtype → [..., obs_size] float32, the networks'
     input: flattened, or one-hot for a Discrete observation (as common/schema.py does for actors)."""
     lead = obs.shape[: obs.ndim - len(spec.obs_shape)]
+    if spec.obs_parts:  # each part's bytes read back in its dtype (common/schema.py, ObsPart)
+        features, start = [], 0
+        for part in spec.obs_parts:
+            raw = obs[..., start : start + part.nbytes].contiguous().view(getattr(torch, part.dtype))
+            features.append(raw.reshape(*lead, part.size).float())
+            start += part.nbytes
+        return torch.cat(features, dim=-1)
     if spec.obs_categories:
         return nn.functional.one_hot(obs.long(), spec.obs_categories).float()
     return obs.reshape(*lead, spec.obs_size).float()

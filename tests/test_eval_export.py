@@ -14,8 +14,9 @@ import torch
 
 from rlmq.cli.evaluate import Checkpoint, load_checkpoint, policy_of
 from rlmq.cli.export import export
+from rlmq.common.composite import pack
 from rlmq.common.config import RunConfig
-from rlmq.common.schema import EnvSpec
+from rlmq.common.schema import EnvSpec, ObsPart
 from rlmq.learners.dqn import QNetwork
 from rlmq.learners.networks import ActorCritic
 from rlmq.learners.sac import Actor as SACActor
@@ -27,6 +28,23 @@ CONTINUOUS = EnvSpec(
 )
 DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3)
 IMAGE = EnvSpec(obs_shape=(6, 6, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2)
+DICT = EnvSpec(
+    obs_shape=(80,),
+    obs_dtype="uint8",
+    obs_parts=(ObsPart("image", (6, 6, 2), "uint8"), ObsPart("vector", (2,), "float32")),
+    action_kind="discrete",
+    action_dim=4,
+)
+GOAL = EnvSpec(  # Gymnasium-Robotics' PointMaze: a goal-conditioned Dict observation
+    obs_shape=(32,),
+    obs_dtype="uint8",
+    obs_parts=(ObsPart("achieved_goal", (2,), "float32"), ObsPart("desired_goal", (2,), "float32"))
+    + (ObsPart("observation", (4,), "float32"),),
+    action_kind="continuous",
+    action_dim=2,
+    action_low=(-1.0, -1.0),
+    action_high=(1.0, 1.0),
+)
 ONE_HOT = EnvSpec(obs_shape=(), obs_dtype="int64", obs_categories=7, action_kind="discrete", action_dim=4)
 
 # Runs in a fresh interpreter: loads the exported file with plain torch and prints its actions.
@@ -82,13 +100,24 @@ STATS = {
         ("td3", CONTINUOUS, lambda: to_numpy_params(TD3Actor(CONTINUOUS, (16,))), {}),
         ("dqn", IMAGE, lambda: to_numpy_params(QNetwork(IMAGE, (16,), "minatar")), {}),  # a CNN: "auto" picks it
         ("dqn", ONE_HOT, lambda: to_numpy_params(QNetwork(ONE_HOT, (16,))), {}),
+        ("ppo", DICT, lambda: to_numpy_params(ActorCritic(DICT, (16,), encoder="minatar")), {}),  # image + vector
+        ("sac", GOAL, lambda: to_numpy_params(SACActor(GOAL, (16, 16))), {}),
+        ("td3", GOAL, lambda: to_numpy_params(TD3Actor(GOAL, (16,))), {}),
     ],
 )
 def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(
     tmp_path: Path, algo: str, spec: EnvSpec, params: object, stats: dict[str, np.ndarray]
 ) -> None:
     rng = np.random.default_rng(1)
-    if spec.obs_categories:
+    parts = {  # a composite observation as the env gives it
+        p.name: rng.integers(0, 256, (64, *p.shape)).astype(np.uint8)
+        if p.dtype == "uint8"
+        else rng.standard_normal((64, *p.shape)).astype(np.float32)
+        for p in spec.obs_parts
+    }
+    if spec.obs_parts:
+        obs = pack(parts, spec.obs_parts, 64)
+    elif spec.obs_categories:
         obs = np.arange(spec.obs_categories).repeat(4)
     elif spec.obs_dtype == "uint8":
         obs = rng.integers(0, 256, (64, *spec.obs_shape)).astype(np.uint8)
@@ -101,7 +130,10 @@ def test_the_exported_policy_acts_as_the_deterministic_numpy_policy(
         if spec.action_kind == "continuous" or len(set(expected.tolist())) > 1:
             break
     model = export(point, tmp_path / "policy.pt")
-    actions = run_plain_torch(model, obs, tmp_path)
+    if spec.obs_parts:  # one tensor per part, as the env gives them
+        actions = torch.jit.load(str(model))(*(torch.from_numpy(parts[p.name]) for p in spec.obs_parts)).numpy()
+    else:
+        actions = run_plain_torch(model, obs, tmp_path)
     if spec.action_kind == "discrete":
         assert actions.tolist() == expected.tolist() and len(set(expected.tolist())) > 1
     else:

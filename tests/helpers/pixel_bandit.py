@@ -49,3 +49,36 @@ class StackedPixelBandit(gym.wrappers.FrameStackObservation):
 
     def __init__(self) -> None:
         super().__init__(PixelBandit(), stack_size=4)
+
+
+class DictBandit(gym.Env[dict[str, np.ndarray], np.int64]):
+    """A Dict observation of one image and one vector (`pixel_bandit:DictBandit`): PixelBandit's
+    image beside a float32 vector that one-hot codes a second bit. The action 2 · side + bit earns
+    1, so a policy must read both: a random one earns 4 of 16, one that reads the image alone 8."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {"image": gym.spaces.Box(0, 255, SHAPE, np.uint8), "vector": gym.spaces.Box(-1, 1, (2,), np.float32)}
+        )
+        self.action_space = gym.spaces.Discrete(4)
+        self.image = PixelBandit()
+        self.bit, self.steps = 0, 0
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        vector = np.zeros(2, np.float32)
+        vector[self.bit] = 1.0
+        return {"image": self.image._observe(), "vector": vector}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.image.reset(seed=None if seed is None else seed + 1)
+        self.bit, self.steps = int(self.np_random.integers(2)), 0
+        return self._observe(), {}
+
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        reward = float(int(action) == 2 * self.image.side + self.bit)
+        self.image.step(0)
+        self.bit, self.steps = int(self.np_random.integers(2)), self.steps + 1
+        return self._observe(), reward, self.steps >= EPISODE_STEPS, False, {}
