@@ -53,6 +53,9 @@ ACTORS_LAST_WORD_S = 3.0
 # kernel this often: glibc keeps what other threads' arenas free, so without the trim a flood's
 # memory stays held (benchmarks/LOG.md §17).
 TRIM_EVERY_S = 10.0
+# How much longer than the grace period a run that ended on its budget waits for the evaluation of
+# its final weights (the learners and actors are done by then): a slow env's 10 episodes.
+FINAL_EVALUATION_S = 60.0
 
 
 class Coordinator:
@@ -465,8 +468,9 @@ class Coordinator:
         learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
         if learners_done and self.gatekeeper is not None and waited < ACTORS_LAST_WORD_S:
             learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
-        learners_done = learners_done and not self.final_evaluation_pending()
-        if learners_done or waited > self.cfg.shutdown_grace_s:
+        evaluating = learners_done and self.final_evaluation_pending()
+        limit = self.cfg.shutdown_grace_s + (FINAL_EVALUATION_S if evaluating else 0.0)
+        if (learners_done and not evaluating) or waited > limit:
             self.store.set_status(state="done", finished_at=time.time())
             return True
         return False

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import zmq
 
-from rlmq.common import wire
+from rlmq.common import envs, wire
 from rlmq.common.episodes import play_side_by_side
 from rlmq.common.models import make_policy
 from rlmq.common.service import StopFlag, configure_logging, die_with_parent, install_signal_handlers
@@ -37,8 +37,8 @@ class Evaluator:
     """The coordinator's end: starts the child, asks it one request at a time, and gives up on one
     the child does not answer within `timeout_s` or dies over (the child is started again)."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], timeout_s: float, env_id: str) -> None:
+        self.timeout_s, self.env_id = timeout_s, env_id
         self.directory = tempfile.mkdtemp(prefix="rlmq-evaluator-")  # mode 0700
         self.endpoint = f"ipc://{self.directory}/evaluator.sock"
         self.socket = ctx.socket(zmq.PAIR)
@@ -52,7 +52,9 @@ class Evaluator:
     def start(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rlmq.coordinator.evaluator", self.endpoint], env=env, preexec_fn=die_with_parent
+            [sys.executable, "-m", "rlmq.coordinator.evaluator", self.endpoint, self.env_id],
+            env=env,
+            preexec_fn=die_with_parent,
         )
         self.starts += 1
 
@@ -124,6 +126,15 @@ def evaluate(request: wire.EvaluationRequest) -> wire.EvaluationResult:
     )
 
 
+def warm_up(env_id: str) -> None:
+    """Build the env once, before any request: its package's imports (MuJoCo's, a user's module)
+    are paid while the run trains, not by the evaluation at its end."""
+    try:
+        envs.make_vector_env(env_id, 1).close()
+    except Exception:  # the request will fail the same way, and say so
+        log.exception("the evaluator could not build %s", env_id)
+
+
 def serve(endpoint: str, stop: StopFlag) -> int:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
@@ -150,4 +161,5 @@ if __name__ == "__main__":
     configure_logging("evaluator")
     flag = StopFlag()
     install_signal_handlers(flag, log)
+    warm_up(sys.argv[2])
     sys.exit(serve(sys.argv[1], flag))

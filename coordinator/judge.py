@@ -59,7 +59,7 @@ class Judge:
     ) -> None:
         self.run_config, self.spec, self.store, self.metrics = run_config, spec, store, metrics
         self.settings = run_config.evaluation
-        self.evaluator = Evaluator(ctx, self.settings.timeout_s)
+        self.evaluator = Evaluator(ctx, self.settings.timeout_s, run_config.env_id)
         self.evaluator.start()  # now, so that the first verdict does not wait for its imports
         self.wanted: dict[int, int] = {}  # member → the oldest version that would answer; asked in this order
         self.latest: dict[int, Judged] = {}
