@@ -40,8 +40,10 @@ class ExportedPolicy(nn.Module):
         encoder = policy.encoder
         self.plan: tuple[Layer, ...] = ()
         self.image_shape, self.channels_last, self.pixel_scale = (1, 1, 1), False, 1.0
+        self.beside = False
         if encoder is not None:
             layout, self.plan = encoder.layout, encoder.plan
+            self.beside = spec.obs_size > layout.size  # a composite observation's other parts
             self.image_shape, self.channels_last, self.pixel_scale = layout.shape, layout.channels_last, layout.scale
             for columns, bias, conv in encoder.convs:  # columns [C·k·k, out], as NumpyEncoder multiplies
                 layer = nn.Conv2d(
@@ -85,7 +87,7 @@ class ExportedPolicy(nn.Module):
             if self.channels_last:
                 x = x.permute(0, 3, 1, 2)
             x = run_plan(self.plan, x * self.pixel_scale, lambda i, inputs, _conv: self.convs[i](inputs)).flatten(1)
-            if self.spec.obs_parts and rest.shape[1]:
+            if self.beside:
                 x = torch.cat([x, rest], dim=1)
         for i, linear in enumerate(self.linears):
             x = linear(x)

@@ -102,15 +102,19 @@ exploration_final_eps = 0.02
 """
 
 
+REGISTERED = "pixel_bandit:PixelBandit/Dict-v0"  # Gymnasium's `module:EnvId`: the import registers it
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_a_dict_env_of_an_image_and_a_vector_is_learned(tmp_path: Path, algo: str) -> None:
-    """A random policy earns 4 of 16, one that reads the image alone 8: 12 needs both parts."""
+def test_a_dict_env_of_an_image_and_a_vector_registered_on_import_is_learned(tmp_path: Path, algo: str) -> None:
+    """A random policy earns 4 of 16, one that reads the image alone 8: 12 needs both parts. The env
+    is named as Gymnasium's own `make` reads a third-party id: the module's import registers it."""
     config = tmp_path / "run.toml"
     config.write_text(DQN_CONFIG if algo == "dqn" else 'algo = "ppo"\ntotal_steps = 60_000\n')
     done = subprocess.run(
         [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(tmp_path / "run"), "--actors", "2"]
-        + ["--config", str(config), "--env", DICT, "--target-return", "12"],
+        + ["--config", str(config), "--env", REGISTERED, "--target-return", "12"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -84,36 +84,6 @@ def test_up_learns_cartpole_and_restarts_a_killed_actor(tmp_path: Path) -> None:
     assert mean_sampled_return(run_dir / "checkpoint.pt") >= 60, "the saved policy did not learn"
 
 
-THIRD_PARTY = """
-import gymnasium as gym
-
-gym.register(
-    id="ThirdParty/Pole-v0",
-    entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
-    max_episode_steps=500,
-)
-"""
-
-
-def test_an_env_a_package_registers_on_import_trains_through_module_colon_id(tmp_path: Path) -> None:
-    """Gymnasium's own `package.module:EnvId` form: the import registers the id (in every process)."""
-    package = tmp_path / "site" / "thirdparty"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "envs.py").write_text(THIRD_PARTY)
-    done = subprocess.run(
-        [sys.executable, "-m", "rlmq.cli", "up", "--run-dir", str(tmp_path / "run"), "--actors", "2"]
-        + ["--env", "thirdparty.envs:ThirdParty/Pole-v0", "--target-return", "300", "--total-steps", "300000"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["success"] and summary["evaluation"]["mean_return"] >= 300, summary
-
-
 @pytest.mark.parametrize("interrupts", [1, 2])
 def test_sigint_leaves_no_process_behind(tmp_path: Path, interrupts: int) -> None:
     run_dir = tmp_path / "run"

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import torch
+from exits import leave
 from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import wire
@@ -185,3 +186,4 @@ def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str,
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7])
+    leave()

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import torch
+from exits import leave
 
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
@@ -56,3 +57,4 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    leave()

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import torch
+from exits import leave
 
 from rlmq.common import wire
 from rlmq.common.algorithms import DQNConfig, TD3Config
@@ -118,3 +119,4 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    leave()

@@ -82,3 +82,7 @@ class DictBandit(gym.Env[dict[str, np.ndarray], np.int64]):
         self.image.step(0)
         self.bit, self.steps = int(self.np_random.integers(2)), self.steps + 1
         return self._observe(), reward, self.steps >= EPISODE_STEPS, False, {}
+
+
+# Registered on import, as third-party packages register their ids: `--env pixel_bandit:PixelBandit/Dict-v0`.
+gym.register(id="PixelBandit/Dict-v0", entry_point=DictBandit)

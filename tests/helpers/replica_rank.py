@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from exits import leave
 
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
@@ -150,3 +151,4 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    leave()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from exits import leave
 
 from rlmq.common.algorithms import SACConfig
 from rlmq.common.schema import EnvSpec
@@ -51,3 +52,4 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    leave()
