@@ -16,14 +16,24 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+# Every `rlmq.*` import runs this module first (a service's, `rlmq check`'s): it imports nothing
+# heavy at the top, and RunConfig only when asked for (`rlmq.RunConfig`).
+if TYPE_CHECKING:
+    import numpy as np
 
-from rlmq.common.composite import pack
-from rlmq.common.config import RunConfig
+    from rlmq.common.config import RunConfig
 
 __all__ = ["Policy", "RunConfig", "RunFailed", "RunSummary", "load_policy", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunConfig":
+        from rlmq.common.config import RunConfig
+
+        return RunConfig
+    raise AttributeError(f"module 'rlmq' has no attribute {name!r}")
 
 
 class RunFailed(RuntimeError):
@@ -117,6 +127,8 @@ class Policy:
     or Tuple observation is given as the env gives it (a batch: each part with N rows)."""
 
     def __init__(self, run_dir: Path, member: int | None, deterministic: bool, seed: int) -> None:
+        import numpy as np
+
         from rlmq.cli.evaluate import load_checkpoint, policy_of
         from rlmq.common.episodes import Sampler
 
@@ -127,6 +139,10 @@ class Policy:
         self._sampler = None if deterministic else Sampler(self._policy, self.spec, np.random.default_rng(seed))
 
     def __call__(self, obs: Any) -> np.ndarray:
+        import numpy as np
+
+        from rlmq.common.composite import pack
+
         if self.spec.obs_parts:  # as the actors' envs give it: one record of the parts' bytes
             first = self.spec.obs_parts[0]
             rows = np.shape(obs[first.name if isinstance(obs, Mapping) else 0])

@@ -40,9 +40,14 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 @pytest.mark.slow
 def test_the_readme_script_trains_cartpole_to_475_and_plays_the_policy(readme_run: tuple[str, Path]) -> None:
     assert len([line for line in readme_script().splitlines() if line.strip()]) < 10
-    output, _ = readme_run
+    output, run_dir = readme_run
     trained, played = (float(x) for x in output.strip().splitlines()[-1].split())
     assert trained >= 475 and played >= 475, output
+    # what `rlmq up` says and does by default: the shipped config, experience over Unix sockets
+    # whose directory goes with the run
+    assert "rlmq up: config " in output and "ppo-cartpole.toml" in output, output
+    (endpoint,) = re.findall(r"experience at (\S+)", (run_dir / "logs" / "learner-0.log").read_text())
+    assert endpoint.startswith("ipc://") and not Path(endpoint.removeprefix("ipc://")).parent.exists()
 
 
 @pytest.mark.slow
