@@ -237,7 +237,7 @@ class Coordinator:
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
         if self.curves is not None:
-            self.curves.learner_report(report)
+            self.curves.learner_report(report, publisher=report.rank == 0 and identity == self.publisher)
         idle = self.learners.idle_requests(report.rank, report.idle_requests)
         if idle is not None:  # `rlmq status` warns
             self.store.set_status(idle_credit_requests=idle)

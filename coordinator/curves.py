@@ -69,12 +69,13 @@ class Curves:
         """Episodes counted for `member`, written as their means at the next tick."""
         self._episodes.setdefault(member, []).extend(zip(returns, lengths, strict=False))
 
-    def learner_report(self, report: LearnerReport) -> None:
-        """A learner rank's statistics, written as rates and means at the next tick."""
+    def learner_report(self, report: LearnerReport, publisher: bool) -> None:
+        """A learner rank's statistics, written as rates and means at the next tick; the losses are
+        the `publisher`'s (rank 0's socket: every rank's update is the same step of the same weights)."""
         for name in self._learned:
             self._learned[name] += getattr(report, name)
         self._queued[report.rank] = report.queue_depth
-        if report.rank == 0 and report.losses:  # every rank's update is the same step of the same weights
+        if publisher and report.losses:
             self._losses = dict(report.losses)
 
     def tick(

@@ -26,8 +26,8 @@ def test_points_follow_the_runs_env_steps_and_each_member_gets_its_curves_and_se
     for tick, step in enumerate((1_000, 2_000, 3_000)):
         curves.episodes(0, [10.0 + tick, 12.0 + tick], [10, 12])
         curves.episodes(1, [20.0], [20])
-        curves.learner_report(report(0, 4, {"pg_loss": -0.1 * tick, "v_loss": 1.0}))
-        curves.learner_report(report(1, 4, {"pg_loss": 99.0}))  # rank 1's losses are not the run's
+        curves.learner_report(report(0, 4, {"pg_loss": -0.1 * tick, "v_loss": 1.0}), publisher=True)
+        curves.learner_report(report(1, 4, {"pg_loss": 99.0}), publisher=False)  # only rank 0's socket's count
         if step == 3_000:  # PBT: member 0 copies member 1 and perturbs its learning rate
             hyperparams[0] = (1, {"learning_rate": 2.4e-3})
         status = RunStatus(evaluated_return=30.0, evaluated_member=1, evaluated_version=2, evaluated_at_steps=1_500)
