@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {
@@ -67,8 +67,39 @@ MINIBATCH_GROWTHS = ("count", "size", "sqrt")  # PPOConfig.minibatch_growth
 SYNC_MODES = ("auto", "gradients", "batch")  # PPOConfig.sync
 
 
+class Batching(NamedTuple):
+    """How the learner gathers an algorithm's rollouts into an update (learners/members.py)."""
+
+    rollouts_per_batch: int  # rollouts each learner rank gathers before one update
+    max_rollouts_per_batch: int  # learner batching's bound; 0: exactly rollouts_per_batch
+    max_policy_lag: int | None  # the lag gate: rollouts this many updates old are dropped; None: no gate
+
+
 @dataclass(frozen=True)
-class PPOConfig:
+class OnPolicyConfig:
+    """What the learner reads of every on-policy algorithm's section: how it batches rollouts and
+    how old a rollout it still learns from (`Algorithm.batching`)."""
+
+    rollouts_per_batch: int = 1  # rollouts each learner rank gathers before one update
+    # IMPALA's learner batching: an update takes every rollout a member has queued, up to this
+    # many (so more actors feed larger batches at the same policy lag), and its minibatches keep
+    # their size: their number grows with the batch. The world takes the largest count any rank
+    # has. The credits follow the fleet: one per actor heard from, at least rollouts_in_flight and
+    # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
+    max_rollouts_per_batch: int = 0
+    max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
+
+    def batching_problems(self, section: str) -> list[str]:
+        checks = {
+            "rollouts_per_batch >= 1": self.rollouts_per_batch >= 1,
+            "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
+            "max_policy_lag >= 0": self.max_policy_lag >= 0,
+        }
+        return [f"{section}: {rule}" for rule, ok in checks.items() if not ok]
+
+
+@dataclass(frozen=True)
+class PPOConfig(OnPolicyConfig):
     """Asynchronous PPO with V-trace targets (see learners/ppo.py)."""
 
     # Defaults tuned on CartPole-v1 (the default env) for wall time to a return of 475 on a
@@ -86,13 +117,6 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     epochs: int = 10
     minibatches: int = 1
-    rollouts_per_batch: int = 1  # rollouts each learner rank gathers before one update
-    # IMPALA's learner batching: an update takes every rollout a member has queued, up to this
-    # many (so more actors feed larger batches at the same policy lag), and its minibatches keep
-    # their size: their number grows with the batch. The world takes the largest count any rank
-    # has. The credits follow the fleet: one per actor heard from, at least rollouts_in_flight and
-    # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
-    max_rollouts_per_batch: int = 0
     # What a batch grown by learner batching changes: "count" (more minibatches of the same size:
     # the same gradient steps per sample), "size" (as many minibatches, larger: the same gradient
     # steps per update, for a GPU, whose step takes as long for many more samples) or "sqrt"
@@ -100,7 +124,6 @@ class PPOConfig:
     minibatch_growth: str = "count"
     rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient
-    max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
     # Each minibatch's advantages standardized per member (SB3's default).
     normalize_advantage: bool = True
@@ -122,9 +145,9 @@ class PPOConfig:
         refuse_non_finite(self, "ppo")
         problems = [
             f"ppo.{name} must be at least 1"
-            for name in ("epochs", "minibatches", "rollouts_per_batch", "publish_every")
+            for name in ("epochs", "minibatches", "publish_every")
             if getattr(self, name) < 1
-        ]
+        ] + self.batching_problems("ppo")
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
@@ -132,11 +155,9 @@ class PPOConfig:
             "clip_coef > 0": self.clip_coef > 0,
             "rho_bar > 0 and c_bar > 0": self.rho_bar > 0 and self.c_bar > 0,
             "max_grad_norm > 0": self.max_grad_norm > 0,
-            "max_policy_lag >= 0": self.max_policy_lag >= 0,
             "anneal_steps >= 0": self.anneal_steps >= 0,
             "reward_clip > 0": self.reward_clip > 0,
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
-            "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
             'minibatch_growth is "count", "size" or "sqrt"': self.minibatch_growth in MINIBATCH_GROWTHS,
             'sync is "auto", "gradients" or "batch"': self.sync in SYNC_MODES,
@@ -316,10 +337,21 @@ class Algorithm:
     config: type[AlgoConfig]
     tunable: tuple[str, ...]  # fields of `config` that population-based training may set per member
     action_kinds: tuple[str, ...]  # the action spaces it can act in
-    # Learns from its current policy's data only: rollouts too many updates old are dropped (the
-    # lag gate); off-policy data stay useful however old.
-    on_policy: bool
     takes_images: bool  # its networks can put a convolutional encoder in front (common/images.py)
+
+    @property
+    def on_policy(self) -> bool:
+        """Learns from its current policy's data only (its section is an OnPolicyConfig): rollouts
+        too many updates old are dropped (the lag gate); off-policy data stay useful however old."""
+        return issubclass(self.config, OnPolicyConfig)
+
+    def batching(self, section: AlgoConfig) -> Batching:
+        """How the learner batches this algorithm's rollouts, from its config `section`: an
+        on-policy section says (OnPolicyConfig); off-policy data go to the replay one rollout at a
+        time, however old."""
+        if isinstance(section, OnPolicyConfig):
+            return Batching(section.rollouts_per_batch, section.max_rollouts_per_batch, section.max_policy_lag)
+        return Batching(1, 0, None)
 
 
 ALGORITHMS = {
@@ -330,16 +362,11 @@ ALGORITHMS = {
             PPOConfig,
             ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm"),
             ("discrete", "continuous"),
-            on_policy=True,
             takes_images=True,
         ),
-        Algorithm(
-            "sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False
-        ),
-        Algorithm(
-            "td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), on_policy=False, takes_images=False
-        ),
-        Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), on_policy=False, takes_images=True),
+        Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),
+        Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),
+        Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), takes_images=True),
     )
 }
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)

@@ -14,6 +14,7 @@ from rlmq.common.algorithms import (
     ALGORITHMS,
     ALL_TUNABLE,
     AlgoConfig,
+    Batching,
     DQNConfig,
     PPOConfig,
     ReplayConfig,
@@ -178,6 +179,11 @@ class RunConfig:
         return section
 
     @property
+    def batching(self) -> Batching:
+        """How the learners batch this run's rollouts (its algorithm's entry says, from its section)."""
+        return ALGORITHMS[self.algo].batching(self.algo_config)
+
+    @property
     def signs_rewards(self) -> bool:
         """Whether learners train on the rewards' signs (`sign_rewards`, or its default)."""
         return self.env_id.startswith("ALE/") if self.sign_rewards is None else self.sign_rewards
@@ -220,8 +226,8 @@ class RunConfig:
             problems.append("need checkpoint_interval_s >= 0 and checkpoints_kept >= 1")
         if not 0 <= self.batch_wait_s <= self.rank_wait_s:
             problems.append("need 0 <= batch_wait_s <= rank_wait_s")
-        if self.rollouts_in_flight < self.ppo.rollouts_per_batch:
-            problems.append("rollouts_in_flight must be at least ppo.rollouts_per_batch")
+        if self.rollouts_in_flight < self.batching.rollouts_per_batch:
+            problems.append(f"rollouts_in_flight must be at least {self.algo}.rollouts_per_batch")
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             problems.append("hidden_sizes must be positive")
         if self.obs_clip <= 0:

@@ -18,11 +18,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlmq.common import atari
+from rlmq.common import atari, masked
 from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.composite import PackedObservations, travel_dtype
 from rlmq.common.images import resolve_encoder
 from rlmq.common.schema import MAX_OBS_DIMS, EnvSpec
+
+masked.register()  # CartPoleNoVel-v1, PendulumNoVel-v1: velocities hidden (common/masked.py)
 
 
 class EnvError(ValueError):

@@ -25,7 +25,6 @@ import torch
 import zmq
 
 from rlmq.common import failpoints, transport, wire
-from rlmq.common.algorithms import ALGORITHMS
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
@@ -205,19 +204,17 @@ class Learner:
         self.run_cfg: RunConfig = assign.config
         self.spec = assign.env_spec
         population = self.run_cfg.population
-        # The lag gate is for on-policy learning, PPO's alone so far: its section holds the bound.
-        on_policy = ALGORITHMS[self.run_cfg.algo].on_policy
-        max_lag = self.run_cfg.ppo.max_policy_lag if on_policy else 2**62
+        batching = self.run_cfg.batching  # what the registry says of the algorithm
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(
             population,
             self.run_cfg.rollouts_in_flight,
             timeouts,
-            self.run_cfg.ppo.rollouts_per_batch,
-            max_lag,
+            batching.rollouts_per_batch,
+            2**62 if batching.max_policy_lag is None else batching.max_policy_lag,
             self.run_cfg.batch_wait_s,
             self.run_cfg.rank_wait_s,
-            self.run_cfg.ppo.max_rollouts_per_batch if on_policy else 0,
+            batching.max_rollouts_per_batch,
         )
         base = self.run_cfg.base_hyperparams()
         self.pbt = PbtState(

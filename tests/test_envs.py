@@ -109,3 +109,27 @@ def test_episode_bookkeeping_across_rollouts() -> None:
     valid_steps = sum(int(r.valid.sum()) for r in rollouts)
     assert lengths.sum() + collector.episode_length.sum() == valid_steps
     env.close()
+
+
+@pytest.mark.parametrize(
+    ("masked", "full", "hidden"),
+    [("CartPoleNoVel-v1", "CartPole-v1", [1, 3]), ("PendulumNoVel-v1", "Pendulum-v1", [2])],
+)
+def test_the_no_velocity_envs_are_their_envs_with_the_velocities_zeroed(
+    masked: str, full: str, hidden: list[int]
+) -> None:
+    """Same seed, same actions: the masked env's observations are the full env's with the
+    velocity entries zeroed, step for step and across resets (CartPole's native vector env too)."""
+    pair = [envs.make_vector_env(env_id, 3) for env_id in (masked, full)]
+    obs = [env.reset(seed=7)[0] for env in pair]
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # CartPole's episodes end and reset within this
+        expected = obs[1].copy()
+        expected[:, hidden] = 0
+        np.testing.assert_array_equal(obs[0], expected)
+        assert np.abs(obs[1][:, hidden]).max() > 0
+        actions = rng.integers(0, 2, 3) if full == "CartPole-v1" else rng.uniform(-2, 2, (3, 1)).astype(np.float32)
+        obs = [env.step(actions)[0] for env in pair]
+    assert envs.describe(pair[0], masked) == envs.describe(pair[1], full)
+    for env in pair:
+        env.close()
