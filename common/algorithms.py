@@ -64,7 +64,7 @@ def _non_finite(value: Any, name: str) -> list[tuple[str, float]]:
 
 
 MINIBATCH_GROWTHS = ("count", "size", "sqrt")  # PPOConfig.minibatch_growth
-SYNC_MODES = ("auto", "gradients", "batch")  # PPOConfig.sync
+SYNC_MODES = ("auto", "gradients", "batch")  # OnPolicyConfig.sync
 
 
 class Batching(NamedTuple):
@@ -77,8 +77,9 @@ class Batching(NamedTuple):
 
 @dataclass(frozen=True)
 class OnPolicyConfig:
-    """What the learner reads of every on-policy algorithm's section: how it batches rollouts and
-    how old a rollout it still learns from (`Algorithm.batching`)."""
+    """What every on-policy algorithm's section holds: how the learner batches its rollouts and how
+    old a rollout it still learns from (`Algorithm.batching`), and what the on-policy trainer's
+    shell builds and syncs (learners/onpolicy.py: the networks, reward scaling, replicas)."""
 
     rollouts_per_batch: int = 1  # rollouts each learner rank gathers before one update
     # IMPALA's learner batching: an update takes every rollout a member has queued, up to this
@@ -88,12 +89,29 @@ class OnPolicyConfig:
     # at most this many (learners/credits.py). 0: exactly rollouts_per_batch, rollouts_in_flight credits.
     max_rollouts_per_batch: int = 0
     max_policy_lag: int = 20  # updates; older rollouts are dropped and counted
+    log_std_init: float = 0.0  # a Gaussian policy's starting log standard deviation (SB3's log_std_init)
+    # Rewards divided by the running std of their slot's discounted return, clipped to ±reward_clip
+    # (SB3's VecNormalize norm_reward; learners/normalization.py).
+    normalize_reward: bool = False
+    reward_clip: float = 10.0
+    # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default) or
+    # "relu" (gymnax-blines' and PureJaxRL's MinAtar agents).
+    activation: str = "tanh"
+    # How learner ranks stay in step: "gradients" (DDP: each minibatch's gradient all-reduced),
+    # "batch" (the ranks' batches all-gathered once per update, then every rank runs the same
+    # update: one collective instead of epochs × minibatches, each rank computing all of it) or
+    # "auto" (whichever the world times as cheaper when it forms: learners/replicas.py).
+    sync: str = "auto"
 
-    def batching_problems(self, section: str) -> list[str]:
+    def shell_problems(self, section: str) -> list[str]:
+        """What is wrong with the fields every on-policy trainer reads (learners/onpolicy.py)."""
         checks = {
             "rollouts_per_batch >= 1": self.rollouts_per_batch >= 1,
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             "max_policy_lag >= 0": self.max_policy_lag >= 0,
+            "reward_clip > 0": self.reward_clip > 0,
+            'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
+            'sync is "auto", "gradients" or "batch"': self.sync in SYNC_MODES,
         }
         return [f"{section}: {rule}" for rule, ok in checks.items() if not ok]
 
@@ -127,19 +145,6 @@ class PPOConfig(OnPolicyConfig):
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
     # Each minibatch's advantages standardized per member (SB3's default).
     normalize_advantage: bool = True
-    log_std_init: float = 0.0  # a Gaussian policy's starting log standard deviation (SB3's log_std_init)
-    # Rewards divided by the running std of their slot's discounted return, clipped to ±reward_clip
-    # (SB3's VecNormalize norm_reward; learners/normalization.py).
-    normalize_reward: bool = False
-    reward_clip: float = 10.0
-    # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default) or
-    # "relu" (gymnax-blines' and PureJaxRL's MinAtar agents).
-    activation: str = "tanh"
-    # How learner ranks stay in step: "gradients" (DDP: each minibatch's gradient all-reduced),
-    # "batch" (the ranks' batches all-gathered once per update, then every rank runs the same
-    # update: one collective instead of epochs × minibatches, each rank computing all of it) or
-    # "auto" (whichever the world times as cheaper when it forms: learners/replicas.py).
-    sync: str = "auto"
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
@@ -147,7 +152,7 @@ class PPOConfig(OnPolicyConfig):
             f"ppo.{name} must be at least 1"
             for name in ("epochs", "minibatches", "publish_every")
             if getattr(self, name) < 1
-        ] + self.batching_problems("ppo")
+        ] + self.shell_problems("ppo")
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
@@ -156,11 +161,8 @@ class PPOConfig(OnPolicyConfig):
             "rho_bar > 0 and c_bar > 0": self.rho_bar > 0 and self.c_bar > 0,
             "max_grad_norm > 0": self.max_grad_norm > 0,
             "anneal_steps >= 0": self.anneal_steps >= 0,
-            "reward_clip > 0": self.reward_clip > 0,
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
-            'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
             'minibatch_growth is "count", "size" or "sqrt"': self.minibatch_growth in MINIBATCH_GROWTHS,
-            'sync is "auto", "gradients" or "batch"': self.sync in SYNC_MODES,
         }
         problems += [f"ppo: {rule}" for rule, ok in checks.items() if not ok]
         if problems:

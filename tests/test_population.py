@@ -20,9 +20,9 @@ from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
+from rlmq.learners.onpolicy import copy_member
 from rlmq.learners.optim import FUSED_ROW_MIN, PopulationAdam, per_member
 from rlmq.learners.stacked_mlp import Activation
-from rlmq.learners.trainers import copy_member
 from tests.helpers.references import update_each_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable

@@ -19,8 +19,8 @@ from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.offpolicy import allreduce_mean
+from rlmq.learners.onpolicy import copy_member
 from rlmq.learners.optim import PopulationAdam, per_member
-from rlmq.learners.trainers import copy_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
