@@ -1,0 +1,60 @@
+"""Recurrent cores for a whole population in one step: each member's LSTM or GRU cell (weights
+[P, ...], one row a member, as `nn.LSTMCell`'s and `nn.GRUCell`'s) applied to its own batch by
+batched matmuls, the loop over members folded into them (Fast Population-Based RL's layout).
+
+`unroll` runs a core over a rollout's steps from the state it started with, zeroing each slot's
+state where an episode starts, as the actors do (common/recurrent.py, the same cells in NumPy):
+the learners recompute the core's outputs with the current weights this way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def lstm_step(x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """P members: (h [P, N, H], next state [P, N, 2H]) from `x` [P, N, I], `state` [P, N, 2H],
+    `weight_ih` [P, 4H, I], `weight_hh` [P, 4H, H] and `bias` [P, 4H] (bias_ih + bias_hh)."""
+    hidden = weight_hh.shape[2]
+    h, c = state[..., :hidden], state[..., hidden:]
+    gates = torch.baddbmm(bias.unsqueeze(1), x, weight_ih.transpose(1, 2)) + torch.bmm(h, weight_hh.transpose(1, 2))
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, torch.cat([h, c], dim=-1)
+
+
+def gru_step(
+    x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor, bias_hh: Tensor
+) -> tuple[Tensor, Tensor]:
+    """P members: (h, next state h), both [P, N, H], as `nn.GRUCell` computes them."""
+    from_x = torch.baddbmm(bias_ih.unsqueeze(1), x, weight_ih.transpose(1, 2))
+    from_h = torch.baddbmm(bias_hh.unsqueeze(1), state, weight_hh.transpose(1, 2))
+    xr, xz, xn = from_x.chunk(3, dim=-1)
+    hr, hz, hn = from_h.chunk(3, dim=-1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    h = (1 - z) * n + z * state
+    return h, h
+
+
+def unroll(kind: str, x: Tensor, state: Tensor, starts: Tensor, weights: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """The core over T steps: `x` [P, T, N, I] (time-major within each member), `state` [P, N, S]
+    at the first step, `starts` [P, T, N] (True where an episode starts at that step: its state
+    is zeroed first) → (outputs [P, T, N, H], the state after the last step)."""
+    outputs = []
+    for t in range(x.shape[1]):
+        state = state * (~starts[:, t]).unsqueeze(-1).to(state.dtype)
+        if kind == "lstm":
+            h, state = lstm_step(
+                x[:, t], state, weights["weight_ih"], weights["weight_hh"], weights["bias_ih"] + weights["bias_hh"]
+            )
+        elif kind == "gru":
+            h, state = gru_step(
+                x[:, t], state, weights["weight_ih"], weights["weight_hh"], weights["bias_ih"], weights["bias_hh"]
+            )
+        else:
+            raise ValueError(f"core {kind!r} is not lstm or gru")
+        outputs.append(h)
+    return torch.stack(outputs, dim=1), state
