@@ -407,7 +407,7 @@ class Coordinator:
         if self.curves is not None:
             self.curves.tick(
                 steps,
-                self.store.status(),
+                status,  # this tick's read: an evaluation recorded since is drawn at the next
                 {
                     WINDOW_TAG: mean_return,
                     "throughput/env_steps_per_s": rate,
@@ -472,6 +472,8 @@ class Coordinator:
         limit = self.cfg.shutdown_grace_s + (FINAL_EVALUATION_S if evaluating else 0.0)
         if (learners_done and not evaluating) or waited > limit:
             self.store.set_status(state="done", finished_at=time.time())
+            if self.curves is not None:  # the final weights' evaluation, which no tick drew
+                self.curves.evaluation(self.store.status())
             return True
         return False
 

@@ -92,7 +92,7 @@ class Curves:
         new HParams session when they change."""
         together = [e for member in sorted(self._episodes) for e in self._episodes[member]]
         self.add(step, {**run, **_episode_means(together), **self._learners()}, member=None)
-        self._evaluation(status)
+        self.evaluation(status)
         if self.population > 1:
             for member in range(self.population):
                 scalars = {**members.get(member, {}), **_episode_means(self._episodes.get(member, []))}
@@ -115,7 +115,7 @@ class Curves:
         scalars["learner/queue_depth"] = float(sum(self._queued.values()))
         return scalars
 
-    def _evaluation(self, status: RunStatus) -> None:
+    def evaluation(self, status: RunStatus) -> None:
         """The run's newest evaluation, once, at the env steps it was asked for."""
         which = (status.evaluated_member, status.evaluated_version, status.evaluated_at_steps)
         if which == self._evaluated or status.evaluated_return is None:

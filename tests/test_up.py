@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tb
 import torch
 from procs import descendants, running, start_up, wait_until_stepping
 
@@ -124,6 +125,9 @@ def test_budget_spent_before_the_target_exits_3(tmp_path: Path) -> None:
     evaluation = summary["evaluation"]
     assert evaluation["episodes"] == 10 and evaluation["deterministic"] and evaluation["version"] >= 1, evaluation
     assert f"the run's own evaluation: {evaluation['mean_return']:.1f} ±" in output, output
+    # and the curves draw it, though no tick came after it
+    drawn = tb.scalars(tmp_path / "run" / "tb")["evaluation/return"]
+    assert drawn[-1][1] == pytest.approx(evaluation["mean_return"], rel=1e-6), drawn
 
 
 @pytest.mark.parametrize("transport", ["tcp"])  # ipc, the default: tests/test_api.py, in the README's run
