@@ -128,7 +128,9 @@ class Actor:
                 if learner is None:
                     break
                 started_at = time.time()
-                rollout = collector.collect(self.held.policy, self.member, self.held.version, self.cfg.name)
+                rollout = collector.collect(
+                    self.held.policy, self.member, self.held.version, self.cfg.name, self.held.copied_by
+                )
                 self.learners[learner].send(wire.encode(rollout))
                 self.credits[learner] -= 1
                 self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit

@@ -4,6 +4,10 @@ Gymnasium 1.x vector envs reset a finished slot on the *next* step (that step ig
 and returns the first observation of the new episode with reward 0). Such steps are marked
 ``valid = False``: learners skip them, and they are not counted as env steps.
 
+A recurrent policy's state is kept per slot across rollouts and weight updates, zeroed before the
+first step of each episode (the step after the autoreset step), and each rollout carries the state
+it started from, so that a learner can recompute the core over it (learners/cores.py).
+
 An actor's slots may be split into lanes, vector envs over consecutive slots. A lane whose env
 steps in halves (the native Atari env: `send` starts a step on its C++ threads, `recv` waits for
 it) is stepped while the policy chooses the next lane's actions, so that acting (on a CPU core or
@@ -60,6 +64,11 @@ class Collector:
         self.obs = np.concatenate([lane.env.reset(seed=seed + lane.slots.start)[0] for lane in self.lanes])
         self.collected = 0  # rollouts so far: each one's `sequence`
         self.prev_done = np.zeros(self.num_envs, dtype=bool)
+        # A recurrent policy's state of each slot (None: a stateless policy's), and the slots whose
+        # state is zeroed before the next rollout's first step: a new episode starts there.
+        self.core_state: np.ndarray | None = None
+        self.starting = np.ones(self.num_envs, dtype=bool)
+        self.lineage = 0  # `collect`'s
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
         # Rollouts not yet scanned for finished episodes: scanning them together when the actor
@@ -79,9 +88,12 @@ class Collector:
         # and the rest, choosing actions above all.
         self.acting_s = self.env_wait_s = 0.0
 
-    def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str) -> Rollout:
+    def collect(self, policy: NumpyPolicy, member: int, version: int, actor: str, lineage: int = 0) -> Rollout:
         """One rollout of `rollout_length` vector steps under `policy`: each lane's step t is
-        sent once its actions are chosen, and its observations taken at t + 1, in lane order."""
+        sent once its actions are chosen, and its observations taken at t + 1, in lane order.
+        `lineage`: the PBT copy the weights descend from (`Weights.copied_by`); where it changes, a
+        recurrent policy's states start again from zeros (another member's memory means nothing to
+        the weights that replaced it)."""
         steps = self.length
         arrays = allocate(self.spec, steps, self.num_envs)
         obs, actions, logprobs, rewards = arrays["obs"], arrays["actions"], arrays["logprobs"], arrays["rewards"]
@@ -89,6 +101,23 @@ class Collector:
         rng, clip, noise = self.rng, self.clip, self.colored_noise(policy)
         if noise is not None and len(self.lanes) > 1:
             raise ValueError("colored noise needs the slots in one lane")
+        if lineage != self.lineage:
+            self.core_state, self.lineage = None, lineage
+        state, starting, prev_done = self.memory(policy), self.starting, self.prev_done
+        first_state = None
+        if state is not None:
+            state[starting] = 0.0
+            first_state = state.copy()
+
+        def starts_at(t: int, slots: slice) -> np.ndarray:
+            """The lane's slots whose episode starts at step t: those whose step t − 1 was an
+            autoreset step (done at t − 2)."""
+            if t == 0:
+                return starting[slots]
+            if t == 1:
+                return prev_done[slots]
+            return terminated[t - 2, slots] | truncated[t - 2, slots]
+
         # Each lane's views of the arrays, made once here, so that the loop indexes by time alone.
         lanes = []
         for lane in self.lanes:
@@ -99,7 +128,12 @@ class Collector:
         clock, waiting = time.perf_counter, 0.0
 
         def send(t: int, lane: Lane, obs: np.ndarray, actions: np.ndarray, logprobs: np.ndarray) -> None:
-            action, logp = policy.act(obs[t], rng) if noise is None else policy.act(obs[t], rng, noise.sample())
+            if state is None:
+                action, logp = policy.act(obs[t], rng) if noise is None else policy.act(obs[t], rng, noise.sample())
+            else:
+                lane_state = state[lane.slots]  # a view: the policy advances it in place
+                lane_state[starts_at(t, lane.slots)] = 0.0
+                action, logp = policy.act(obs[t], rng, None if noise is None else noise.sample(), lane_state)
             actions[t], logprobs[t] = action, logp
             if clip is not None:
                 action = np.clip(action, *clip)
@@ -130,6 +164,7 @@ class Collector:
         valid[0] = ~self.prev_done
         np.logical_not(done[:-1], out=valid[1:])
         self.prev_done = done[-1].copy()
+        self.starting = ~valid[-1]
         self.unscanned.append((rewards, valid, done))
         self.collected += 1
         return Rollout(
@@ -138,8 +173,18 @@ class Collector:
             actor=actor,
             sequence=self.collected,
             frame_stack=self.spec.frame_stack,
+            core_state=first_state,
             **arrays,
         )
+
+    def memory(self, policy: NumpyPolicy) -> np.ndarray | None:
+        """The slots' core state for `policy` (zeros at first), or None for a stateless policy."""
+        size = policy.state_size
+        if not size:
+            self.core_state = None
+        elif self.core_state is None or self.core_state.shape[1] != size:
+            self.core_state = np.zeros((self.num_envs, size), np.float32)
+        return self.core_state
 
     def take_times(self) -> tuple[float, float]:
         """(acting, waiting for the envs) in seconds since the last call."""

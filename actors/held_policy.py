@@ -23,6 +23,7 @@ class HeldPolicy:
         self.run_config, self.spec, self.member, self.device = run_config, spec, member, device
         self.policy: NumpyPolicy | None = None
         self.version = -1
+        self.copied_by = 0  # the PBT decision whose copy the weights descend from (wire.Weights)
 
     def offer(self, weights: wire.Weights, source: Source) -> bool:
         """Adopt these weights if the rules for their source say so; True if adopted.
@@ -51,4 +52,4 @@ class HeldPolicy:
             policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps, self.device)
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
-        self.policy, self.version = policy, weights.version
+        self.policy, self.version, self.copied_by = policy, weights.version, weights.copied_by

@@ -124,7 +124,10 @@ def train(
 class Policy:
     """A run's policy: observations in, actions out, as `rlmq eval` plays it (observation
     normalization included). One observation gives one action; a batch [N, *shape] gives N. A Dict
-    or Tuple observation is given as the env gives it (a batch: each part with N rows)."""
+    or Tuple observation is given as the env gives it (a batch: each part with N rows). A recurrent
+    policy (`state_size` > 0) also takes each env slot's `state` ([state_size], or
+    [N, state_size] for a batch: `initial_state`), advanced in place; zero a slot's state where its
+    episode starts."""
 
     def __init__(self, run_dir: Path, member: int | None, deterministic: bool, seed: int) -> None:
         import numpy as np
@@ -136,9 +139,22 @@ class Policy:
         self.run_config, self.spec, self.member = checkpoint.run_config, checkpoint.spec, checkpoint.member
         self.version = checkpoint.version
         self._policy = policy_of(checkpoint)
-        self._sampler = None if deterministic else Sampler(self._policy, self.spec, np.random.default_rng(seed))
+        self.state_size = self._policy.state_size
+        self._rng = np.random.default_rng(seed)
+        self._deterministic = deterministic
+        # Colored exploration noise is drawn one slot at a time, a sequence per slot.
+        self._sampler = (
+            None if deterministic or not self._policy.noise_color else Sampler(self._policy, self.spec, self._rng)
+        )
 
-    def __call__(self, obs: Any) -> np.ndarray:
+    def initial_state(self, slots: int | None = None) -> np.ndarray:
+        """Zeros: the state of a recurrent policy's env slot at an episode's start ([state_size],
+        or [slots, state_size])."""
+        import numpy as np
+
+        return np.zeros((self.state_size,) if slots is None else (slots, self.state_size), np.float32)
+
+    def __call__(self, obs: Any, state: np.ndarray | None = None) -> np.ndarray:
         import numpy as np
 
         from rlmq.common.composite import pack
@@ -151,10 +167,21 @@ class Policy:
         single = batch.shape == tuple(self.spec.obs_shape)
         if single:
             batch = batch[None]
-        if self._sampler is not None:
+        if (state is None) != (self.state_size == 0):
+            raise ValueError(
+                "a recurrent policy takes each slot's state (policy.initial_state(N)), a stateless one none"
+                if self.state_size
+                else "this policy has no recurrent state: call it without one"
+            )
+        rows_of_state = None if state is None else (state[None] if single else state)
+        if rows_of_state is not None and rows_of_state.shape != (len(batch), self.state_size):
+            raise ValueError(f"state {state.shape}: one row of {self.state_size} per observation")  # type: ignore[union-attr]
+        if self._deterministic:
+            actions = self._policy.mode(batch, rows_of_state)
+        elif self._sampler is not None:
             actions = np.stack([self._sampler(row[None]) for row in batch])
         else:
-            actions = self._policy.mode(batch)
+            actions = self._policy.act(batch, self._rng, None, rows_of_state)[0]
         return actions[0] if single else actions
 
 

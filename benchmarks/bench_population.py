@@ -132,6 +132,7 @@ def random_batch(population: int, steps: int, slots: int, device: torch.device, 
         terminated=torch.rand(shape, generator=g) < 0.03,
         truncated=torch.rand(shape, generator=g) < 0.01,
         valid=torch.rand(shape, generator=g) < 0.95,
+        core_state=torch.zeros(population, 1, slots, 0),
     )
     return ppo.Batch(*(t.to(device) for t in batch))
 

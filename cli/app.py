@@ -472,9 +472,14 @@ def export(
         raise typer.Exit(EXIT_USAGE) from None
     parts = checkpoint.spec.obs_parts
     takes = f"; it takes one tensor per part: {', '.join(f'{p.name} {p.dtype}[N, *{list(p.shape)}]' for p in parts)}"
+    size = checkpoint.run_config.core_state_size
+    state = (
+        f"; it takes and returns each slot's {checkpoint.run_config.core} state, float32[N, {size}], "
+        "zeros where an episode starts"
+    )
     typer.echo(
         f"wrote {written}: {checkpoint.run_config.algo} on {checkpoint.run_config.env_id}, "
-        f"member {checkpoint.member}, version {checkpoint.version}{takes if parts else ''}"
+        f"member {checkpoint.member}, version {checkpoint.version}{takes if parts else ''}{state if size else ''}"
     )
 
 

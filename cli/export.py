@@ -9,6 +9,9 @@ activation, observation statistics and deterministic head), so it acts exactly a
     obs = torch.as_tensor(env.reset(seed=0)[0])[None]  # [N, *observation shape], the env's dtype
     action = policy(obs)[0].numpy()                      # int64 index, or float32 in the bounds
     env.step(action)
+
+A recurrent policy also takes each slot's state, [N, S] float32 (`rlmq export` prints S; zeros
+where an episode starts), and returns the next one: ``action, state = policy(obs, state)``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from rlmq.common.torch_images import run_plan
 class ExportedPolicy(nn.Module):
     """Observations [N, *obs_shape] in the env's dtype → deterministic actions [N, ...]; a Dict or
     Tuple observation as one tensor per part, [N, *part shape] each, in the order of the spec's
-    parts (`rlmq export` prints it)."""
+    parts (`rlmq export` prints it). A recurrent policy takes the slots' state [N, S] after them
+    and returns (actions, next state)."""
 
     def __init__(self, policy: NumpyPolicy) -> None:
         super().__init__()
@@ -52,6 +56,18 @@ class ExportedPolicy(nn.Module):
                 layer.weight.data = torch.from_numpy(np.ascontiguousarray(columns.T)).reshape(layer.weight.shape)
                 layer.bias = nn.Parameter(torch.from_numpy(bias))
                 self.convs.append(layer)
+        core = policy.core
+        self.recurrent, self.lstm, self.hidden = core is not None, core is not None and core.kind == "lstm", 0
+        if core is not None:  # the actors' cell, as torch's own module
+            self.hidden, self.state_size = core.size, core.state_size
+            cell = (
+                nn.LSTMCell(core.weight_ih.shape[1], core.size)
+                if self.lstm
+                else nn.GRUCell(core.weight_ih.shape[1], core.size)
+            )
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(cell, name).data = torch.from_numpy(np.array(getattr(core, name)))
+            self.core = cell
         self.linears = nn.ModuleList()
         for weight_t, bias in policy.layers:  # stored transposed for x @ W
             linear = nn.Linear(*weight_t.shape)
@@ -70,7 +86,10 @@ class ExportedPolicy(nn.Module):
         self.register_buffer("scale", torch.from_numpy(policy.scale))
         self.register_buffer("bias", torch.from_numpy(policy.bias))
 
-    def forward(self, *parts: Tensor) -> Tensor:
+    def forward(self, *parts: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        state = parts[-1]
+        if self.recurrent:
+            parts = parts[:-1]
         obs = parts[0]
         if self.spec.obs_parts:
             x = torch.cat([part.flatten(1).float() for part in parts], dim=1)
@@ -89,6 +108,16 @@ class ExportedPolicy(nn.Module):
             x = run_plan(self.plan, x * self.pixel_scale, lambda i, inputs, _conv: self.convs[i](inputs)).flatten(1)
             if self.beside:
                 x = torch.cat([x, rest], dim=1)
+        if self.recurrent and self.lstm:
+            h, c = self.core(x, (state[:, : self.hidden], state[:, self.hidden :]))
+            x, state = h, torch.cat([h, c], dim=1)
+        elif self.recurrent:
+            x = state = self.core(x, state)
+        action = self.head_of(x)
+        return (action, state) if self.recurrent else action
+
+    def head_of(self, x: Tensor) -> Tensor:
+        """The deterministic action from the heads' input."""
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:
@@ -110,6 +139,8 @@ def export(checkpoint: Checkpoint, out: Path) -> Path:
     spec = checkpoint.spec
     pieces = spec.obs_parts or (ObsPart("obs", spec.obs_shape, spec.obs_dtype),)
     example = tuple(torch.zeros((2, *p.shape), dtype=getattr(torch, p.dtype)) for p in pieces)
+    if module.recurrent:
+        example += (torch.zeros(2, module.state_size),)
     with warnings.catch_warnings():  # torch 2.13 marks TorchScript deprecated; it still loads everywhere
         warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example)

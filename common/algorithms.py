@@ -340,6 +340,8 @@ class Algorithm:
     tunable: tuple[str, ...]  # fields of `config` that population-based training may set per member
     action_kinds: tuple[str, ...]  # the action spaces it can act in
     takes_images: bool  # its networks can put a convolutional encoder in front (common/images.py)
+    # Its networks can put a recurrent core between the encoder and the heads (RunConfig.core).
+    takes_core: bool = False
 
     @property
     def on_policy(self) -> bool:
@@ -365,6 +367,7 @@ ALGORITHMS = {
             ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm"),
             ("discrete", "continuous"),
             takes_images=True,
+            takes_core=True,
         ),
         Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),
         Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),

@@ -24,6 +24,7 @@ from rlmq.common.algorithms import (
     tunable_bounds,
 )
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
+from rlmq.common.recurrent import CORES, STATE_PARTS
 from rlmq.common.schema import EnvSpec
 
 
@@ -153,6 +154,12 @@ class RunConfig:
     # The convolutional encoder in front of the heads (common/images.py): "auto" gives image
     # observations a CNN sized to them (when the algorithm takes images), "mlp" flattens them.
     encoder: str = "auto"
+    # A recurrent core between the encoder and the heads (Sample Factory's encoder → core → decoder):
+    # "identity" (none: the heads take the encoder's output), "lstm" or "gru" of `core_size` units,
+    # stepped by the actors with a state per env slot and recomputed by the learners over each
+    # rollout from the state it started with (docs/architecture.md, "Recurrent policies").
+    core: str = "identity"
+    core_size: int = 64
     # Learners train on the sign of each reward (Atari's reward clipping, Mnih et al. 2015) while
     # actors report episode returns as the env gives them. None: for ALE/* envs only.
     sign_rewards: bool | None = None
@@ -182,6 +189,11 @@ class RunConfig:
     def batching(self) -> Batching:
         """How the learners batch this run's rollouts (its algorithm's entry says, from its section)."""
         return ALGORITHMS[self.algo].batching(self.algo_config)
+
+    @property
+    def core_state_size(self) -> int:
+        """Floats in one env slot's core state (common/recurrent.py): 0 without a core."""
+        return STATE_PARTS[self.core] * self.core_size if self.core in STATE_PARTS else 0
 
     @property
     def signs_rewards(self) -> bool:
@@ -236,8 +248,29 @@ class RunConfig:
             problems.append(f"encoder must be one of {', '.join(ENCODER_CHOICES)}")
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
+        problems += self.core_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def core_problems(self) -> list[str]:
+        """What is wrong with the recurrent core for this run's algorithm."""
+        if self.core not in CORES:
+            return [f"core must be one of {', '.join(CORES)}"]
+        if self.core == "identity":
+            return []
+        problems = [] if self.core_size >= 1 else ["core_size must be at least 1"]
+        if not ALGORITHMS[self.algo].takes_core:
+            takers = ", ".join(name for name, a in ALGORITHMS.items() if a.takes_core)
+            problems.append(f'core = "{self.core}": {self.algo} has no recurrent policy (it is for {takers})')
+        if self.compile_update != "off":
+            problems.append('a recurrent core trains eagerly: set compile_update = "off"')
+        section = self.algo_config
+        if isinstance(section, PPOConfig) and section.minibatches > self.num_envs * section.rollouts_per_batch:
+            problems.append(
+                "a recurrent core's minibatches are whole env slots: ppo.minibatches must be at most "
+                "num_envs × ppo.rollouts_per_batch"
+            )
+        return problems
 
 
 @dataclass(frozen=True)

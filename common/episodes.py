@@ -40,18 +40,28 @@ class Evaluation:
 
 
 class Sampler:
-    """The actors' own sampling for one env slot: a policy with a `noise_color` draws colored
-    noise, a new sequence each episode, as the collector does (actors/collector.py)."""
+    """How the actors act in one env slot, episode by episode: the deterministic action
+    (`NumpyPolicy.mode`), or their own sampling, where a policy with a `noise_color` draws colored
+    noise, a new sequence each episode (actors/collector.py); a recurrent policy steps from a state
+    zeroed at each episode's start."""
 
-    def __init__(self, policy: NumpyPolicy, spec: EnvSpec, rng: np.random.Generator) -> None:
-        self.policy, self.spec, self.rng = policy, spec, rng
+    def __init__(
+        self, policy: NumpyPolicy, spec: EnvSpec, rng: np.random.Generator, deterministic: bool = False
+    ) -> None:
+        self.policy, self.spec, self.rng, self.deterministic = policy, spec, rng, deterministic
         self.noise: ColoredNoise | None = None
+        self.state = np.zeros((1, policy.state_size), np.float32) if policy.state_size else None
 
     def new_episode(self, time_limit: int | None) -> None:
-        self.noise = colored_noise_for(self.policy.noise_color, self.spec, 1, time_limit, self.rng)
+        if not self.deterministic:
+            self.noise = colored_noise_for(self.policy.noise_color, self.spec, 1, time_limit, self.rng)
+        if self.state is not None:
+            self.state[:] = 0.0
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample())[0]
+        if self.deterministic:
+            return self.policy.mode(obs, self.state)
+        return self.policy.act(obs, self.rng, None if self.noise is None else self.noise.sample(), self.state)[0]
 
 
 def play(
@@ -101,16 +111,8 @@ def play_policy(
     frames: list[np.ndarray] | None = None,
 ) -> Evaluation:
     """`play` for an actors' policy: its deterministic action, or its own sampling (seeded by `seed`)."""
-    sampler = None if deterministic else Sampler(policy, spec, np.random.default_rng(seed))
-    return play(
-        env_id,
-        policy.mode if sampler is None else sampler,
-        episodes,
-        seed,
-        clip_of(spec),
-        frames,
-        None if sampler is None else sampler.new_episode,
-    )
+    sampler = Sampler(policy, spec, np.random.default_rng(seed), deterministic)
+    return play(env_id, sampler, episodes, seed, clip_of(spec), frames, sampler.new_episode)
 
 
 def clip_of(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray] | None:
@@ -131,7 +133,7 @@ def play_side_by_side(
     """`episodes` episodes in waves of up to `slots` played side by side in one vector env (the
     actors' own), each slot's first episode of a wave counted: one batched forward pass a step
     instead of one per episode. Wave k resets the env with seed + k·slots (a vector env seeds its
-    slots from it)."""
+    slots from it); a recurrent policy's slots start each wave from zero states."""
     width = min(slots, episodes)
     env = envs.make_vector_env(env_id, width)
     rng = np.random.default_rng(seed)
@@ -151,11 +153,12 @@ def play_side_by_side(
             )
             total, steps = np.zeros(width), np.zeros(width, np.int64)
             playing = np.arange(width) < wanted
+            state = np.zeros((width, policy.state_size), np.float32) if policy.state_size else None
             while playing.any() and steps.max() < MAX_EPISODE_STEPS:
                 action = (
-                    policy.mode(obs)
+                    policy.mode(obs, state)
                     if deterministic
-                    else policy.act(obs, rng, None if noise is None else noise.sample())[0]
+                    else policy.act(obs, rng, None if noise is None else noise.sample(), state)[0]
                 )
                 obs, reward, terminated, truncated, _ = env.step(action if clip is None else np.clip(action, *clip))
                 total += np.where(playing, reward, 0.0)

@@ -4,8 +4,10 @@ Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict name
 read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of an MLP (tanh or ReLU),
 ``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
 policy (run by `rlmq.common.images.NumpyEncoder`, or by torch for the large encoders:
-`images.TORCH_IN_ACTORS`). NumPy keeps torch out of actor processes (64 actors would otherwise
-import it 64 times) and, at these sizes, is cheaper per call than torch (benchmarks/LOG.md §1).
+`images.TORCH_IN_ACTORS`), and ``core.*`` for a recurrent core between the two
+(`rlmq.common.recurrent.NumpyCore`: the caller keeps each env slot's state). NumPy keeps torch
+out of actor processes (64 actors would otherwise import it 64 times) and, at these sizes, is
+cheaper per call than torch (benchmarks/LOG.md §1).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from rlmq.common.config import RunConfig
 from rlmq.common.images import TORCH_IN_ACTORS, NumpyEncoder, encoder_layer_names
+from rlmq.common.recurrent import CORE_WEIGHTS, NumpyCore
 from rlmq.common.schema import OBS_NORM_KEYS, EnvSpec, obs_features, obs_normalizer
 from rlmq.common.wire import Params
 
@@ -74,6 +77,8 @@ class NumpyPolicy:
             self._encode = TorchEncoder(self.encoder)
         # Each layer takes what the one before gives.
         width = spec.obs_size if self.encoder is None else self.encoder.size
+        self.core = NumpyCore(params, width) if any(name in params for name in CORE_WEIGHTS) else None
+        width = width if self.core is None else self.core.size
         for weight, bias in self.layers:
             if weight.ndim != 2 or weight.shape[0] != width or bias.shape != (weight.shape[1],):
                 raise ValueError(f"policy layer {weight.shape} / {bias.shape} does not fit width {width}")
@@ -82,7 +87,7 @@ class NumpyPolicy:
             raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
         # An image policy given a torch `device` (a GPU: `acting_device`) runs its whole forward there.
         self._on_device: Callable[[np.ndarray], np.ndarray] | None = None
-        if device is not None and self.encoder is not None and not spec.obs_parts:  # composite: the CPU path
+        if device is not None and self.encoder is not None and not spec.obs_parts and self.core is None:
             from rlmq.common.torch_images import DeviceForward
 
             self._on_device = DeviceForward(self.encoder, self.layers, activation, self.norm, device)
@@ -96,8 +101,14 @@ class NumpyPolicy:
         if self._log_std is not None and self._log_std.shape != (spec.action_dim,):
             raise ValueError(f"log_std {self._log_std.shape} does not fit {spec.action_dim} actions")
 
-    def forward(self, obs: np.ndarray) -> np.ndarray:
-        """The network's output for observations [N, *obs_shape] as the env gives them."""
+    @property
+    def state_size(self) -> int:
+        """Floats of an env slot's core state: 0 for a policy without memory."""
+        return 0 if self.core is None else self.core.state_size
+
+    def forward(self, obs: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
+        """The network's output for observations [N, *obs_shape] as the env gives them. A recurrent
+        policy (`state_size` > 0) needs each slot's `state` [N, state_size], advanced in place."""
         if self._on_device is not None:
             return self._on_device(obs)
         x = obs_features(obs, self.spec)
@@ -105,6 +116,10 @@ class NumpyPolicy:
             x = self.norm(x)
         if self._encode is not None:
             x = self._encode(x)
+        if self.core is not None:
+            if state is None:
+                raise ValueError("a recurrent policy steps from each env slot's state: pass it")
+            x = self.core(x, state)
         for weight, bias in self.layers[:-1]:
             x = self.activation(x @ weight + bias)
         weight, bias = self.layers[-1]
@@ -112,12 +127,17 @@ class NumpyPolicy:
         return out
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+        self,
+        obs: np.ndarray,
+        rng: np.random.Generator,
+        noise: np.ndarray | None = None,
+        state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(actions, log-probabilities) for a batch of observations. A continuous policy's
-        standard-normal draws [N, action_dim] come from `rng`, or are `noise` where the caller keeps
-        colored noise for the policy's `noise_color` (common/noise.py)."""
-        out = self.forward(obs)
+        """(actions, log-probabilities) for a batch of observations (and the slots' core `state`,
+        advanced, for a recurrent policy). A continuous policy's standard-normal draws
+        [N, action_dim] come from `rng`, or are `noise` where the caller keeps colored noise for the
+        policy's `noise_color` (common/noise.py)."""
+        out = self.forward(obs, state)
         if self.discrete:
             return sample_categorical(out, rng)
         assert self._log_std is not None
@@ -127,11 +147,11 @@ class NumpyPolicy:
         logp = -(0.5 * noise * noise + self._log_std + _HALF_LOG_2PI).sum(axis=-1)
         return actions, logp.astype(np.float32)
 
-    def mode(self, obs: np.ndarray) -> np.ndarray:
+    def mode(self, obs: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
         """The deterministic action (evaluation, export), as `head` says: the likeliest one, the
         Gaussian's mean clipped to the env's bounds (as SB3's predict), or tanh of the mean (SAC)
-        or of the output (TD3) mapped onto the bounds."""
-        out = self.forward(obs)
+        or of the output (TD3) mapped onto the bounds; a recurrent policy's `state` advanced."""
+        out = self.forward(obs, state)
         if self.head == "argmax":
             return np.argmax(out, axis=-1)
         if self.head == "mean":
@@ -161,7 +181,11 @@ class SquashedGaussianPolicy(NumpyPolicy):
         self.noise_color = noise_color
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+        self,
+        obs: np.ndarray,
+        rng: np.random.Generator,
+        noise: np.ndarray | None = None,
+        state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         mean, log_std = np.split(self.forward(obs), 2, axis=-1)
         if noise is None:
@@ -187,7 +211,11 @@ class DeterministicPolicy(NumpyPolicy):
         self.noise, self.warmup, self.noise_color = noise, warmup, noise_color
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+        self,
+        obs: np.ndarray,
+        rng: np.random.Generator,
+        noise: np.ndarray | None = None,
+        state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         shape = (len(obs), len(self.scale))
         if self.warmup:
@@ -211,9 +239,13 @@ class EpsilonGreedyPolicy(NumpyPolicy):
         self.epsilon, self.actions = epsilon, spec.action_dim
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None = None
+        self,
+        obs: np.ndarray,
+        rng: np.random.Generator,
+        noise: np.ndarray | None = None,
+        state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        greedy = np.argmax(self.forward(obs), axis=-1)
+        greedy = np.argmax(self.forward(obs, state), axis=-1)
         explore = rng.random(len(obs)) < self.epsilon
         action = np.where(explore, rng.integers(0, self.actions, len(obs)), greedy)
         return action.astype(np.int64), np.zeros(len(obs), np.float32)
@@ -263,14 +295,21 @@ def make_policy(
 ) -> NumpyPolicy:
     """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps,
     acting on `device` (`acting_device`'s); raises KeyError/ValueError for weights that do not fit,
-    observation statistics included: a run that normalizes observations publishes them with every
-    member's weights, and no other does."""
+    the recurrent core and observation statistics included: a run that normalizes observations
+    publishes them with every member's weights, and no other does."""
     if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
         raise ValueError(
             f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "
             f"in a run with normalize_obs = {str(run_config.normalize_obs).lower()}"
         )
-    return POLICIES[run_config.algo](run_config, params, spec, trained_steps, device)
+    policy = POLICIES[run_config.algo](run_config, params, spec, trained_steps, device)
+    core = "identity" if policy.core is None else policy.core.kind
+    if (core, policy.state_size) != (run_config.core, run_config.core_state_size):
+        raise ValueError(
+            f"weights with core {core} ({policy.state_size} state floats) in a run with core = "
+            f"{run_config.core!r}, core_size = {run_config.core_size}"
+        )
+    return policy
 
 
 def acting_device(requested: str, encoder: str, index: int = 0) -> str | None:

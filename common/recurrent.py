@@ -59,3 +59,42 @@ def gru_step(
 def reset(state: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """`state` [N, ...] with the slots whose episode starts now (`starts` [N] bool) zeroed."""
     return np.where(starts[:, None], np.float32(0.0), state).astype(state.dtype, copy=False)
+
+
+CORE_WEIGHTS = ("core.weight_ih", "core.weight_hh", "core.bias_ih", "core.bias_hh")  # nn.LSTMCell's, nn.GRUCell's
+
+
+class NumpyCore:
+    """A member's core as an actor steps it: built from the weights' ``core.*`` tensors (the kind
+    read off their shapes: four gate blocks an LSTM, three a GRU), each call one step that advances
+    the caller's state in place (one array per env slot, kept by the caller across steps and weight
+    updates)."""
+
+    def __init__(self, params: dict[str, np.ndarray], width: int) -> None:
+        weight_ih, weight_hh, bias_ih, bias_hh = (np.asarray(params[name], np.float32) for name in CORE_WEIGHTS)
+        hidden = weight_hh.shape[1] if weight_hh.ndim == 2 else 0
+        gates = weight_hh.shape[0] // max(hidden, 1)
+        self.kind = {4: "lstm", 3: "gru"}.get(gates, "")
+        if (
+            not self.kind
+            or hidden < 1
+            or weight_hh.shape != (gates * hidden, hidden)
+            or weight_ih.shape != (gates * hidden, width)
+            or not bias_ih.shape == bias_hh.shape == (gates * hidden,)
+        ):
+            raise ValueError(
+                f"core weights {weight_ih.shape}, {weight_hh.shape} are no LSTM or GRU cell on {width} inputs"
+            )
+        self.size, self.state_size = hidden, STATE_PARTS[self.kind] * hidden
+        self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh = weight_ih, weight_hh, bias_ih, bias_hh
+        self.bias = bias_ih + bias_hh  # the LSTM's two biases are one
+
+    def __call__(self, x: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The core's output [N, size] for inputs `x` [N, width]; `state` [N, state_size] advanced."""
+        if state.shape != (len(x), self.state_size):
+            raise ValueError(f"core state {state.shape}, the core steps [{len(x)}, {self.state_size}]")
+        if self.kind == "lstm":
+            h, state[:] = lstm_step(x, state, self.weight_ih, self.weight_hh, self.bias)
+        else:
+            h, state[:] = gru_step(x, state, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        return h

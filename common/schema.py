@@ -186,6 +186,16 @@ def layout_problem(arrays: dict[str, np.ndarray], spec: EnvSpec, steps: int, slo
     return None
 
 
+def core_state_problem(state: np.ndarray | None, size: int, slots: int) -> tuple[str, str] | None:
+    """(reason, detail) of how a rollout's core state differs from the run's: none without a
+    recurrent core (`size` 0), [slots, size] with one (the wire has checked its dtype); None if fine."""
+    shape = None if state is None else list(state.shape)
+    if (shape is None) != (size == 0) or shape is not None and shape != [slots, size]:
+        want = f"float32[{slots}, {size}]" if size else "none"
+        return "bad_shape", f"core_state is {shape or 'none'}, the run's rollouts hold {want}"
+    return None
+
+
 @functools.cache
 def _checked_layout(spec: EnvSpec, steps: int, slots: int) -> tuple[tuple[str, tuple[int, ...], np.dtype], ...]:
     """`rollout_layout` as `layout_problem` checks every rollout against it: built once per run."""

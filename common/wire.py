@@ -94,10 +94,13 @@ class Weights:
     final: bool = False  # the learner's last publication before it stops
     # Env steps the member has trained on: actors derive exploration schedules from it (ε, noise).
     trained_steps: int = 0
+    # The id of the last PBT decision that copied another member's weights into this one (0: none):
+    # an actor whose weights change lineage zeroes its recurrent states (actors/collector.py).
+    copied_by: int = 0
 
     def __post_init__(self) -> None:
         _require(bool(self.params), "Weights.params is empty")
-        _counts(self, "member", "version", "trained_steps")
+        _counts(self, "member", "version", "trained_steps", "copied_by")
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,10 @@ class Rollout:
     # Frames each observation stacks along its first axis (EnvSpec.frame_stack): above 1, `encode`
     # sends each frame once, as rows and a key per observation, and `decode` rebuilds the stacks.
     frame_stack: int = 1
+    # A recurrent policy's state of each slot at the rollout's first step, [N, S] float32 (after the
+    # reset of a slot whose episode starts there: docs/architecture.md, "Recurrent policies"). None
+    # for a stateless policy: then the field is not sent at all.
+    core_state: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         _counts(self, "sequence")
@@ -168,6 +175,11 @@ class Rollout:
         for name, dtypes in ROLLOUT_DTYPES.items():
             if dtype_name(getattr(self, name).dtype) not in dtypes:
                 raise WireError("bad_dtype", f"Rollout.{name} must be {' or '.join(dtypes)}")
+        state = self.core_state
+        if state is not None and (state.ndim != 2 or state.shape[0] != slots or state.shape[1] < 1):
+            raise WireError("bad_shape", f"Rollout.core_state must be [{slots}, state size], got {list(state.shape)}")
+        if state is not None and dtype_name(state.dtype) != "float32":
+            raise WireError("bad_dtype", "Rollout.core_state must be float32")
 
     @property
     def num_steps(self) -> int:
@@ -456,6 +468,8 @@ def encode(message: Message) -> bytes:
     if kind not in MESSAGE_TYPES:
         raise TypeError(f"not an rlmq message: {type(message)!r}")
     fields = pack(message)
+    if isinstance(message, Rollout) and message.core_state is None:
+        del fields["core_state"]  # a stateless policy's rollouts are what they were before cores
     if isinstance(message, Rollout) and message.frame_stack > 1:
         rows, keys = stack_rows(message.obs, message.frame_stack)
         fields["obs"], fields["frame_keys"] = pack(rows), pack(keys.astype(np.int32))

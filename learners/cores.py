@@ -10,7 +10,7 @@ the learners recompute the core's outputs with the current weights this way.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def lstm_step(x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -58,3 +58,30 @@ def unroll(kind: str, x: Tensor, state: Tensor, starts: Tensor, weights: dict[st
             raise ValueError(f"core {kind!r} is not lstm or gru")
         outputs.append(h)
     return torch.stack(outputs, dim=1), state
+
+
+def episode_starts(valid: Tensor) -> Tensor:
+    """[..., T + 1, B] where each slot's state is zeroed before its step, from a rollout's `valid`
+    [..., T, B]: the step after an autoreset step starts an episode (the reset step itself acts on
+    the old episode's last observation, its action ignored). Row 0 is False: the state shipped with
+    a rollout is taken after the actor's reset (actors/collector.py)."""
+    starts = torch.zeros(
+        (*valid.shape[:-2], valid.shape[-2] + 1, valid.shape[-1]), dtype=torch.bool, device=valid.device
+    )
+    starts[..., 1:, :] = ~valid
+    return starts
+
+
+def unroll_cell(cell: nn.LSTMCell | nn.GRUCell, x: Tensor, state: Tensor, starts: Tensor) -> Tensor:
+    """One member's core as torch's own cell module runs it (the reference `unroll` is held to, and
+    `ActorCritic`'s): `x` [T, N, I], `state` [N, S], `starts` [T, N] → outputs [T, N, H]."""
+    hidden, outputs = cell.hidden_size, []
+    for t in range(x.shape[0]):
+        state = state * (~starts[t]).unsqueeze(-1).to(state.dtype)
+        if isinstance(cell, nn.LSTMCell):
+            h, c = cell(x[t], (state[:, :hidden], state[:, hidden:]))
+            state = torch.cat([h, c], dim=-1)
+        else:
+            h = state = cell(x[t], state)
+        outputs.append(h)
+    return torch.stack(outputs)

@@ -27,7 +27,7 @@ import zmq
 from rlmq.common import failpoints, transport, wire
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
-from rlmq.common.schema import ROLLOUT_DTYPES, layout_problem
+from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem
 from rlmq.common.security import Credentials, check_sender, counting_refusals, peer_of
 from rlmq.common.service import (
     EXIT_DISK,
@@ -154,6 +154,7 @@ class Learner:
             params=self.trainer.member_params(member),
             final=final,
             trained_steps=self.trainer.trained_steps(member),
+            copied_by=self.pbt.copied_by[member],
         )
 
     def weights_frame(self, member: int) -> bytes:
@@ -161,7 +162,10 @@ class Learner:
 
     def check_rollout(self, r: wire.Rollout) -> None:
         arrays = {name: getattr(r, name) for name in ROLLOUT_DTYPES}
-        problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, self.run_cfg.num_envs)
+        slots = self.run_cfg.num_envs
+        problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, slots) or core_state_problem(
+            r.core_state, self.run_cfg.core_state_size, slots
+        )
         if problem:
             raise wire.WireError(*problem)
 

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlmq.common.images import encoded_size
+from rlmq.common.recurrent import CORE_WEIGHTS
 from rlmq.common.schema import EnvSpec
+from rlmq.learners import cores
 from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
 from rlmq.learners.stacked_mlp import Activation, Tower, fast_tanh, stacked_mlp, stacked_towers
 
@@ -35,10 +38,32 @@ def mlp(sizes: list[int], out_gain: float, activation: Activation = "tanh") -> n
     return nn.Sequential(*layers)
 
 
+class Memory(NamedTuple):
+    """What a recurrent core steps from over rows of observations laid out time-major (row r of
+    slot n at r · N + n, as a rollout's): each slot's state at the first row [..., N, S], and where
+    its episodes start [..., R, N] (`cores.episode_starts`)."""
+
+    state: Tensor
+    starts: Tensor
+
+
+def recurrent_cell(kind: str, width: int, size: int) -> nn.LSTMCell | nn.GRUCell:
+    """An LSTM or GRU cell on `width` inputs, initialised as CleanRL's `ppo_atari_lstm`: orthogonal
+    weights, zero biases."""
+    cell = nn.LSTMCell(width, size) if kind == "lstm" else nn.GRUCell(width, size)
+    for name, param in cell.named_parameters():
+        if name.startswith("weight"):
+            nn.init.orthogonal_(param, 1.0)
+        else:
+            nn.init.zeros_(param)
+    return cell
+
+
 class ActorCritic(nn.Module):
     """Separate MLPs (tanh, or ReLU: `activation`) for the policy and the value, behind one
     convolutional encoder that both share when the run encodes images (`encoder`, resolved:
-    `RunConfig.encoder_for`); Gaussian policies learn a state-free log standard deviation."""
+    `RunConfig.encoder_for`) and one recurrent core (`core`: "lstm" or "gru" of `core_size` units;
+    "identity": none); Gaussian policies learn a state-free log standard deviation."""
 
     def __init__(
         self,
@@ -47,6 +72,8 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         encoder: str = "mlp",
         activation: Activation = "tanh",
+        core: str = "identity",
+        core_size: int = 0,
     ) -> None:
         super().__init__()
         self.discrete = spec.action_kind == "discrete"
@@ -54,18 +81,29 @@ class ActorCritic(nn.Module):
         if self.image is not None:  # first: its parameters lead the state dict, as the actors read it
             self.encoder = ConvEncoder(self.image)
         width = encoded_size(spec, encoder)
+        self.recurrent = core != "identity"
+        if self.recurrent:  # between the encoder and the heads, in the state dict too
+            self.core = recurrent_cell(core, width, core_size)
+            width = core_size
         self.policy = mlp([width, *hidden_sizes, spec.action_dim], 0.01, activation)
         self.value = mlp([width, *hidden_sizes, 1], 1.0, activation)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.action_dim,), log_std_init))
 
-    def features(self, obs: Tensor) -> Tensor:
-        """What the heads take: the encoded images, or the features themselves."""
-        return obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+    def trunk(self, obs: Tensor, memory: Memory | None = None) -> Tensor:
+        """What the heads take for [R · N, obs_size] features: the encoded images, or the features
+        themselves, through the core from `memory` (a recurrent network's: `Memory`)."""
+        x = obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+        if not self.recurrent:
+            return x
+        if memory is None:
+            raise ValueError("a recurrent network steps from each slot's state: pass its memory")
+        rows, slots = memory.starts.shape
+        return cores.unroll_cell(self.core, x.view(rows, slots, -1), memory.state, memory.starts).flatten(0, 1)
 
-    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, obs: Tensor, actions: Tensor, memory: Memory | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """(log-probability of `actions`, entropy, value) — one call, so DDP sees every grad."""
-        obs = self.features(obs)
+        obs = self.trunk(obs, memory)
         value = self.value(obs).squeeze(-1)
         if self.discrete:  # by hand: torch.distributions' checks cost more than the maths here
             log_probs = torch.log_softmax(self.policy(obs), dim=-1)
@@ -189,13 +227,18 @@ class PopulationActorCritic(Stacked):
         log_std_init: float = 0.0,
         encoder: str = "mlp",
         activation: Activation = "tanh",
+        core: str = "identity",
+        core_size: int = 0,
     ) -> None:
         # Members are initialised exactly as single agents, one after the other (same RNG draws).
         super().__init__(
-            [ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation) for _ in range(population)],
+            [
+                ActorCritic(spec, hidden_sizes, log_std_init, encoder, activation, core, core_size)
+                for _ in range(population)
+            ],
             image_encoder(spec, encoder),
         )
-        self.discrete = spec.action_kind == "discrete"
+        self.discrete, self.core_kind = spec.action_kind == "discrete", core
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is several
         # times slower than along the middle one (benchmarks/LOG.md §4). Gaussian means as [P, N, A].
         self.towers = (
@@ -203,10 +246,29 @@ class PopulationActorCritic(Stacked):
             self.tower(self.linear_names("value"), activation, outputs_first=True),
         )
 
-    def logp_and_values(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    @property
+    def recurrent(self) -> bool:
+        return self.core_kind != "identity"
+
+    def trunk(self, obs: Tensor, memory: Memory | None = None) -> Tensor:
+        """[P, R · N, obs_size] features → [P, R · N, width] the heads take: encoded, then through
+        every member's core at once (`cores.unroll`) from `memory` [P, ...] where there is one."""
+        x = self.encode(obs)
+        if not self.recurrent:
+            return x
+        if memory is None:
+            raise ValueError("a recurrent network steps from each slot's state: pass its memory")
+        population, rows, slots = memory.starts.shape
+        weights = dict(
+            zip((name.split(".")[1] for name in CORE_WEIGHTS), self.tensors(list(CORE_WEIGHTS)), strict=True)
+        )
+        out, _ = cores.unroll(self.core_kind, x.view(population, rows, slots, -1), memory.state, memory.starts, weights)
+        return out.flatten(1, 2)
+
+    def logp_and_values(self, obs: Tensor, actions: Tensor, memory: Memory | None = None) -> tuple[Tensor, Tensor]:
         """(log-probability [P, n] of `actions` [P, n, ...] at the first n observations, value
         [P, N] of every observation) in one pass: an image encoder runs once over all N."""
-        out, value = stacked_towers(self.encode(obs), self.flat, self.towers)
+        out, value = stacked_towers(self.trunk(obs, memory), self.flat, self.towers)
         n = actions.shape[1]
         logp, _ = self.log_prob_and_entropy(out[:, :, :n] if self.discrete else out[:, :n], actions)
         return logp, value.squeeze(1)
@@ -223,11 +285,11 @@ class PopulationActorCritic(Stacked):
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1).expand_as(logp)
         return logp, entropy
 
-    def forward(self, obs: Tensor, actions: Tensor | None) -> tuple[Tensor, ...]:
+    def forward(self, obs: Tensor, actions: Tensor | None, memory: Memory | None = None) -> tuple[Tensor, ...]:
         """(log-probability of `actions`, entropy, value), each [P, N] — one call, so DDP sees every
         grad. With `actions` None (discrete actions only): (logits [P, A, N], value [P, N]), for
         `ppo_logits.ppo_loss_from_logits`. Both towers are one `stacked_towers`."""
-        out, value = stacked_towers(self.encode(obs), self.flat, self.towers)
+        out, value = stacked_towers(self.trunk(obs, memory), self.flat, self.towers)
         if actions is None:
             if not self.discrete:
                 raise ValueError("logits are for discrete actions: pass the actions")

@@ -73,6 +73,8 @@ class OnPolicyTrainer:
             self.cfg.log_std_init,
             run_cfg.encoder_for(spec),
             cast(Activation, self.cfg.activation),
+            run_cfg.core,
+            run_cfg.core_size,
         ).to(device)
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = (
@@ -165,7 +167,9 @@ class OnPolicyTrainer:
         if not self.agrees_in_gather:
             return distributed.agreement(proposal)
         slots = self.cfg.rollouts_per_batch * self.run_cfg.num_envs
-        joined = ppo.join_rollouts(batch(), self.spec, self.run_cfg.rollout_length, slots, self.device)
+        joined = ppo.join_rollouts(
+            batch(), self.spec, self.run_cfg.rollout_length, slots, self.device, self.run_cfg.core_state_size
+        )
         self.staged, _, rows = self.gather(joined, None, proposal)
         assert rows is not None
         return distributed.agreement_of(rows)
@@ -177,7 +181,9 @@ class OnPolicyTrainer:
             staged, self.staged = self.staged, None
             return self.train_on(staged, None, member_samples, batch_rollouts)
         slots = batch_rollouts * self.run_cfg.num_envs
-        batch = ppo.join_rollouts(rollouts, self.spec, self.run_cfg.rollout_length, slots, self.device)
+        batch = ppo.join_rollouts(
+            rollouts, self.spec, self.run_cfg.rollout_length, slots, self.device, self.run_cfg.core_state_size
+        )
         returns = (
             None
             if self.reward_scaler is None

@@ -24,6 +24,11 @@ class PbtState:
     hyperparams: list[dict[str, float]]  # per member
     applied: int = 0  # id of the last decision applied
     pending: dict[int, bytes] = dataclasses.field(default_factory=dict)  # rank 0: id → the decision's frame
+    # Per member, the id of the last decision that copied another member's weights into it (0: none).
+    copied_by: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.copied_by = self.copied_by or [0] * len(self.hyperparams)
 
     def check(self, decision: wire.Decision) -> None:
         """A WireError for a decision this population cannot take: a member it does not have, or
@@ -57,14 +62,21 @@ class PbtState:
         if not isinstance(decision, wire.Decision) or decision.id != self.applied + 1:
             raise RuntimeError(f"decision {getattr(decision, 'id', '?')} offered after {self.applied}")
         self.hyperparams[decision.target] = dict(decision.hyperparams)
+        if decision.source != decision.target:
+            self.copied_by[decision.target] = decision.id
         self.applied = decision.id
         self.pending = {i: frame for i, frame in self.pending.items() if i > decision.id}
         return decision
 
     def to_json(self) -> dict[str, Any]:
         """What a checkpoint holds and what rank 0 shares with the other ranks at the start."""
-        return {"applied": self.applied, "hyperparams": [dict(h) for h in self.hyperparams]}
+        return {
+            "applied": self.applied,
+            "hyperparams": [dict(h) for h in self.hyperparams],
+            "copied_by": self.copied_by,
+        }
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> PbtState:
-        return cls([dict(h) for h in state["hyperparams"]], int(state["applied"]))
+        copied_by = [int(i) for i in state.get("copied_by", [])]  # checkpoints before cores hold none
+        return cls([dict(h) for h in state["hyperparams"]], int(state["applied"]), copied_by=copied_by)

@@ -7,8 +7,10 @@ corrects μ → π_old (clipped importance weights, in the advantages and value 
 clip keeps the epochs near π_old. With fresh data (μ = π_old) this is plain PPO.
 
 Shapes: P members, each with T steps of B slots; per-sample tensors in the update are [P, n] with
-n = T·B and a validity mask. A member with no data this update has an all-False mask; it is
-*inactive*, and the optimizer leaves it untouched. A single agent is a population of one.
+n = T·B (time-major) and a validity mask. A recurrent network's minibatches are whole slots, each
+slot's T steps unrolled through the core from the state its rollout started with (`Memory`). A
+member with no data this update has an all-False mask; it is *inactive*, and the optimizer leaves
+it untouched. A single agent is a population of one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -27,7 +30,8 @@ from rlmq.common.schema import EnvSpec, allocate, side_by_side
 from rlmq.common.wire import Rollout
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.capture import captured, compiled, with_gradient
-from rlmq.learners.networks import PopulationActorCritic, obs_features
+from rlmq.learners.cores import episode_starts
+from rlmq.learners.networks import Memory, PopulationActorCritic, obs_features
 from rlmq.learners.optim import (
     PopulationAdam,
     Step,
@@ -51,6 +55,11 @@ class Batch(NamedTuple):
     terminated: Tensor
     truncated: Tensor
     valid: Tensor
+    core_state: Tensor  # [P, 1, B, S]: each slot's core state at the first step (S = 0: no core)
+
+    def memory(self) -> Memory:
+        """What a recurrent network unrolls the batch's T + 1 rows from."""
+        return Memory(self.core_state[:, 0], episode_starts(self.valid))
 
 
 class MemberHyperparams(NamedTuple):
@@ -81,15 +90,29 @@ def _field(name: str, _member: int, rollout: Rollout) -> Any:
     return getattr(rollout, name)
 
 
+def _first_state(_member: int, rollout: Rollout) -> np.ndarray:
+    assert rollout.core_state is not None  # the learner checked it (schema.core_state_problem)
+    return rollout.core_state[None]
+
+
 def join_rollouts(
-    per_member: Sequence[Sequence[Rollout]], spec: EnvSpec, steps: int, slots: int, device: torch.device
+    per_member: Sequence[Sequence[Rollout]],
+    spec: EnvSpec,
+    steps: int,
+    slots: int,
+    device: torch.device,
+    state_size: int = 0,
 ) -> Batch:
-    """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid."""
+    """Member m's rollouts side by side in row m; members with fewer fill the rest as invalid (and
+    their core states with zeros)."""
     arrays = allocate(spec, steps, slots, lead=(len(per_member),), zeros=True)
     t = {
         name: torch.from_numpy(side_by_side(per_member, array, functools.partial(_field, name))).to(device)
         for name, array in arrays.items()
     }
+    state = np.zeros((len(per_member), 1, slots, state_size), np.float32)
+    if state_size:
+        side_by_side(per_member, state, _first_state)
     return Batch(
         obs_features(t["obs"], spec),
         t["actions"],
@@ -98,6 +121,7 @@ def join_rollouts(
         t["terminated"],
         t["truncated"],
         t["valid"],
+        torch.from_numpy(state).to(device),
     )
 
 
@@ -169,9 +193,22 @@ def annealed(cfg: PPOConfig, trained_steps: int, horizon_steps: int) -> float:
     return max(1.0 - trained_steps / horizon, cfg.anneal_floor)
 
 
-def pick(x: Tensor, idx: Tensor | None) -> Tensor:
-    """A minibatch's samples of a [P, n, ...] tensor (None: all of them)."""
-    return x if idx is None else x[:, idx]
+def pick(x: Tensor, idx: Tensor | None, slots: int = 0) -> Tensor:
+    """A minibatch's samples of a [P, n, ...] tensor (None: all of them). With `slots`, `idx` names
+    whole env slots of the n = T · slots time-major samples: each slot's T steps, in order."""
+    if idx is None:
+        return x
+    if not slots:
+        return x[:, idx]
+    return x.reshape(x.shape[0], -1, slots, *x.shape[2:])[:, :, idx].flatten(1, 2)
+
+
+def minibatch_memory(memory: Memory | None, idx: Tensor | None) -> Memory | None:
+    """A minibatch's part of the batch's `memory` (whole slots), over the T rows that have actions."""
+    if memory is None:
+        return None
+    starts = memory.starts[:, :-1]
+    return memory._replace(starts=starts) if idx is None else Memory(memory.state[:, idx], starts[:, :, idx])
 
 
 def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
@@ -192,7 +229,8 @@ def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
 
 
 def minibatch_plan(samples: int, cfg: PPOConfig, generator: torch.Generator) -> list[Tensor | None]:
-    """Sample indices of each minibatch of each epoch (None: all of them, in order). The same
+    """Sample indices (a recurrent network's: slot indices, `samples` the slots) of each minibatch
+    of each epoch (None: all of them, in order). The same
     number of minibatches on every rank, whatever its sample count: DDP needs every rank to run
     the same number of backward passes."""
     if cfg.minibatches == 1:
@@ -219,6 +257,7 @@ def _targets(
         old_logp, values = core.logp_and_values(
             batch.obs.reshape(population, rows * slots, -1),
             batch.actions.reshape(population, steps * slots, *batch.actions.shape[3:]),
+            batch.memory() if core.recurrent else None,
         )
         values = values.view(population, rows, slots)
 
@@ -261,12 +300,14 @@ def minibatch_loss(
     ent_coef: Tensor,
     vf_coef: Tensor,
     normalize: bool,
+    memory: Memory | None = None,
 ) -> tuple[PPOLoss, Tensor]:
     """A minibatch's loss terms [P] and the new log-probabilities [P, n] (for the diagnostics):
-    `advantages` normalized here if `normalize`; `model` as `update` says."""
+    `advantages` normalized here if `normalize`; `model` as `update` says; a recurrent one unrolls
+    from `memory`."""
     advantages = normalize_advantages(advantages, mask, normalize)
     if discrete:  # the same loss, one autograd node from the logits (ppo_logits.py)
-        logits, new_values = model(obs, None)
+        logits, new_values = model(obs, None, memory)
         total, pg_loss, v_loss, mean_entropy, new_logp = ppo_loss_from_logits(
             logits,
             new_values,
@@ -281,7 +322,7 @@ def minibatch_loss(
             vf_coef=vf_coef,
         )
         return PPOLoss(total, pg_loss, v_loss, mean_entropy), new_logp
-    new_logp, entropy, new_values = model(obs, actions)
+    new_logp, entropy, new_values = model(obs, actions, memory)
     loss = ppo_loss(
         new_logp,
         old_logp,
@@ -352,6 +393,8 @@ def update(
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     normalize = cfg.normalize_advantage
+    # A recurrent network's plan names whole slots (`minibatch_plan` over B), unrolled from `memory`.
+    memory, by_slot = (batch.memory(), slots) if core.recurrent else (None, 0)
     if captured is None and None in plan:  # the epochs over the whole batch normalize its advantages once
         whole_batch_advantages = normalize_advantages(advantages, mask, normalize)
     for idx in plan:
@@ -360,17 +403,18 @@ def update(
             loss, new_logp = minibatch_loss(
                 model,
                 core.discrete,
-                pick(obs, idx),
-                pick(actions, idx),
-                pick(old_logp, idx),
-                whole_batch_advantages if whole else pick(advantages, idx),
-                pick(vs, idx),
-                pick(mask, idx),
+                pick(obs, idx, by_slot),
+                pick(actions, idx, by_slot),
+                pick(old_logp, idx, by_slot),
+                whole_batch_advantages if whole else pick(advantages, idx, by_slot),
+                pick(vs, idx, by_slot),
+                pick(mask, idx, by_slot),
                 norm,
                 clip,
                 hp.ent_coef,
                 hp.vf_coef,
                 normalize and not whole,
+                minibatch_memory(memory, idx),
             )
             optimizer.zero_grad()
             loss.total.sum().backward()  # under DDP, all-reduced in backward
@@ -394,7 +438,7 @@ def update(
         assert core.flat.grad is not None
         captured.sync(core.flat.grad)
         captured.step(optimizer, hp.max_grad_norm, lr, active)
-    terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx), pick(mask, idx), clip)}
+    terms = {**loss._asdict(), **diagnostics(new_logp, pick(old_logp, idx, by_slot), pick(mask, idx, by_slot), clip)}
     weight = active.to(torch.float32) / active.sum().clamp(min=1)
     stats = {name: float((value.detach() * weight).sum()) for name, value in terms.items()}
     stats["mean_rho"] = float(mean_rho)

@@ -87,7 +87,8 @@ def test_the_pbt_state_reads_the_learner_record_of_checkpoints_already_written()
     }
     state = PbtState.from_json(written)
     assert (state.applied, state.hyperparams) == (3, [hyperparams(0.2), hyperparams(0.3)])
-    assert set(state.to_json()) == {"applied", "hyperparams"}  # the keys it writes into that record
+    assert set(state.to_json()) == {"applied", "hyperparams", "copied_by"}  # the keys it writes into that record
+    assert state.copied_by == [0, 0]  # no copy is known from a record that does not say
 
 
 def test_the_state_a_checkpoint_holds_comes_back_equal_and_unshared() -> None:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
+from rlmq.common.recurrent import STATE_PARTS
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import distributed, ppo, stacked_mlp
@@ -24,12 +25,20 @@ from rlmq.learners.optim import PopulationAdam, per_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
-# Flat observations, or [H, W, C] byte images through MinAtar's convolutional encoder (argv[6]).
-SPECS = {
-    "mlp": EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2),
-    "minatar": EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
+# Flat observations, [H, W, C] byte images through MinAtar's convolutional encoder, or flat ones
+# through an LSTM core (argv[6]): the spec, encoder and core of each.
+FLAT = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
+NETWORKS = {
+    "mlp": (FLAT, "mlp", "identity"),
+    "minatar": (
+        EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
+        "minatar",
+        "identity",
+    ),
+    "lstm": (FLAT, "mlp", "lstm"),
 }
-SPEC = SPECS["mlp"]
+SPEC, CORE, CORE_SIZE = FLAT, "identity", 8
+STATE_SIZE = 0
 POPULATION, STEPS, SLOTS = 3, 16, 8
 DECISION = wire.Decision(id=1, target=2, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5))
 
@@ -53,6 +62,7 @@ def rollout(rng: np.random.Generator, member: int) -> Rollout:
         terminated=done & (rng.random((STEPS, SLOTS)) < 0.5),
         truncated=np.zeros((STEPS, SLOTS), bool),
         valid=valid,
+        core_state=rng.standard_normal((SLOTS, STATE_SIZE)).astype(np.float32) if STATE_SIZE else None,
     )
 
 
@@ -88,10 +98,10 @@ def train_once(
         model,
         core,
         optimizer,
-        ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device),
+        ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device, STATE_SIZE),
         hp,
         cfg,
-        ppo.minibatch_plan(STEPS * width * SLOTS, cfg, generator),
+        ppo.minibatch_plan(width * SLOTS if STATE_SIZE else STEPS * width * SLOTS, cfg, generator),
         torch.ones(POPULATION),
         ppo.loss_normalizers(samples, cfg.minibatches, 2),
         samples > 0,
@@ -100,16 +110,17 @@ def train_once(
     return width
 
 
-def main(rank: int, world: int, port: int, updates: int, out: str, encoder: str, backend: str) -> None:
+def main(rank: int, world: int, port: int, updates: int, out: str, network: str, backend: str) -> None:
     """`backend` "": eager, under DDP; else the update captured with that torch.compile backend
     (learners/capture.py), without DDP: its steps all-reduce the gradient themselves."""
-    global SPEC
-    SPEC = SPECS[encoder]
+    global SPEC, CORE, STATE_SIZE
+    SPEC, encoder, CORE = NETWORKS[network]
+    STATE_SIZE = STATE_PARTS[CORE] * CORE_SIZE
     torch.set_num_threads(1)
     # NumPy's matmuls, though these batches are small: a population's path.
     stacked_mlp.use_cpu_matmul("numpy", min_macs=0)
     torch.manual_seed(1234 + rank)  # different initial weights: DDP must make them equal
-    core = PopulationActorCritic(SPEC, (32, 32), POPULATION, encoder=encoder)
+    core = PopulationActorCritic(SPEC, (32, 32), POPULATION, encoder=encoder, core=CORE, core_size=CORE_SIZE)
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
     model: torch.nn.Module = core
     captured = ppo.capture("default", allreduce_mean, backend) if backend else None

@@ -20,7 +20,8 @@ IMAGE_RESNET = EnvSpec(obs_shape=(6, 5, 2), obs_dtype="uint8", action_kind="disc
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CI has none)")
 
 
-def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: int) -> ppo.Batch:
+def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: int, state_size: int = 0) -> ppo.Batch:
+    """Random rollouts (and, for a recurrent network of `state_size`, random first states)."""
     g = torch.Generator().manual_seed(seed)
     shape = (population, steps, slots)
     if spec.action_kind == "discrete":
@@ -35,4 +36,5 @@ def random_batch(spec: EnvSpec, population: int, steps: int, slots: int, seed: i
         terminated=torch.rand(shape, generator=g) < 0.05,
         truncated=torch.rand(shape, generator=g) < 0.03,
         valid=torch.rand(shape, generator=g) < 0.95,
+        core_state=torch.randn(population, 1, slots, state_size, generator=g) * 0.5,
     )

@@ -11,13 +11,22 @@ from torch import Tensor, nn
 
 from rlmq.common.algorithms import PPOConfig
 from rlmq.learners.advantages import vtrace
-from rlmq.learners.networks import ActorCritic
+from rlmq.learners.cores import episode_starts
+from rlmq.learners.networks import ActorCritic, Memory
 from rlmq.learners.ppo import Batch, MemberHyperparams, normalize_advantages, pick, ppo_loss
 
 
 def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:
     """`model`'s weights as an actor's NumPy policy takes them (common/models.py)."""
     return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in model.state_dict().items()}
+
+
+def _slots_of(memory: Memory | None, idx: Tensor | None) -> Memory | None:
+    """One member's minibatch of whole slots (None: all), over the rows that have actions."""
+    if memory is None:
+        return None
+    starts = memory.starts[:-1]
+    return memory._replace(starts=starts) if idx is None else Memory(memory.state[idx], starts[:, idx])
 
 
 def update_each_member(
@@ -32,7 +41,9 @@ def update_each_member(
     active: Tensor,
 ) -> None:
     """The reference `update` is tested against: a Python loop over members, each an ordinary
-    `ActorCritic` with its own `torch.optim.Adam` (lr set per member) and `clip_grad_norm_`."""
+    `ActorCritic` with its own `torch.optim.Adam` (lr set per member) and `clip_grad_norm_`. A
+    recurrent member runs its own `nn.LSTMCell` or `nn.GRUCell` over each slot's steps, and its
+    plan names slots."""
     for m, (net, optimizer) in enumerate(zip(nets, optimizers, strict=True)):
         if not active[m]:
             continue
@@ -40,9 +51,12 @@ def update_each_member(
         rows, slots = batch.obs.shape[1:3]
         obs_all = batch.obs[m].reshape(rows * slots, -1)
         actions = batch.actions[m].reshape((rows - 1) * slots, *batch.actions.shape[3:])
+        memory = Memory(batch.core_state[m, 0], episode_starts(batch.valid[m])) if net.recurrent else None
+        by_slot = slots if net.recurrent else 0
+
         with torch.no_grad():
-            values = net.value(net.features(obs_all)).view(rows, slots)
-            old_logp = net(obs_all[: (rows - 1) * slots], actions)[0]
+            values = net.value(net.trunk(obs_all, memory)).view(rows, slots)
+            old_logp = net(obs_all[: (rows - 1) * slots], actions, _slots_of(memory, None))[0]
             returns = vtrace(
                 batch.behaviour_logp[m],
                 old_logp.view(rows - 1, slots),
@@ -62,16 +76,18 @@ def update_each_member(
         for group in optimizer.param_groups:
             group["lr"] = float(hp.learning_rate[m] * anneal[m])
         for idx in plan:
-            sel = slice(None) if idx is None else idx
-            new_logp, entropy, new_values = (t.unsqueeze(0) for t in net(obs[sel], actions[sel]))
+            picked_obs, picked_actions = (pick(x.unsqueeze(0), idx, by_slot)[0] for x in (obs, actions))
+            new_logp, entropy, new_values = (
+                t.unsqueeze(0) for t in net(picked_obs, picked_actions, _slots_of(memory, idx))
+            )
             loss = ppo_loss(
                 new_logp,
-                pick(old_logp.unsqueeze(0), idx),
-                normalize_advantages(pick(advantages, idx), pick(mask, idx), cfg.normalize_advantage),
+                pick(old_logp.unsqueeze(0), idx, by_slot),
+                normalize_advantages(pick(advantages, idx, by_slot), pick(mask, idx, by_slot), cfg.normalize_advantage),
                 new_values,
-                pick(vs, idx),
+                pick(vs, idx, by_slot),
                 entropy,
-                pick(mask, idx),
+                pick(mask, idx, by_slot),
                 norm[one],
                 clip_coef=hp.clip_coef[one] * anneal[one],
                 ent_coef=hp.ent_coef[one],
