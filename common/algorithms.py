@@ -145,6 +145,11 @@ class PPOConfig(OnPolicyConfig):
     publish_every: int = 1  # rank 0 sends weights to the coordinator every N updates
     # Each minibatch's advantages standardized per member (SB3's default).
     normalize_advantage: bool = True
+    # A recurrent core's minibatches are sequences of a slot's steps, backpropagated through whole:
+    # the rollout's (0), or chunks of this many steps each, which start from the state the core
+    # reached there with the update's starting weights (Sample Factory's `recurrence`): shorter
+    # sequences, more of them, less time in the step-by-step loop.
+    bptt_steps: int = 0
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "ppo")
@@ -161,6 +166,7 @@ class PPOConfig(OnPolicyConfig):
             "rho_bar > 0 and c_bar > 0": self.rho_bar > 0 and self.c_bar > 0,
             "max_grad_norm > 0": self.max_grad_norm > 0,
             "anneal_steps >= 0": self.anneal_steps >= 0,
+            "bptt_steps >= 0": self.bptt_steps >= 0,
             "0 <= anneal_floor <= 1": 0 <= self.anneal_floor <= 1,
             'minibatch_growth is "count", "size" or "sqrt"': self.minibatch_growth in MINIBATCH_GROWTHS,
         }

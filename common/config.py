@@ -265,11 +265,15 @@ class RunConfig:
         if self.compile_update != "off":
             problems.append('a recurrent core trains eagerly: set compile_update = "off"')
         section = self.algo_config
-        if isinstance(section, PPOConfig) and section.minibatches > self.num_envs * section.rollouts_per_batch:
-            problems.append(
-                "a recurrent core's minibatches are whole env slots: ppo.minibatches must be at most "
-                "num_envs × ppo.rollouts_per_batch"
-            )
+        if isinstance(section, PPOConfig):
+            chunks = self.rollout_length // (section.bptt_steps or self.rollout_length)
+            if section.bptt_steps and self.rollout_length % section.bptt_steps:
+                problems.append("ppo.bptt_steps must divide rollout_length")
+            elif section.minibatches > self.num_envs * section.rollouts_per_batch * chunks:
+                problems.append(
+                    "a recurrent core's minibatches are whole sequences: ppo.minibatches must be at most "
+                    "num_envs × ppo.rollouts_per_batch × rollout_length / ppo.bptt_steps"
+                )
         return problems
 
 

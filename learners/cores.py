@@ -16,10 +16,14 @@ from torch import Tensor, nn
 def lstm_step(x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     """P members: (h [P, N, H], next state [P, N, 2H]) from `x` [P, N, I], `state` [P, N, 2H],
     `weight_ih` [P, 4H, I], `weight_hh` [P, 4H, H] and `bias` [P, 4H] (bias_ih + bias_hh)."""
-    hidden = weight_hh.shape[2]
+    return _lstm(torch.baddbmm(bias.unsqueeze(1), x, weight_ih.transpose(1, 2)), state, weight_hh.transpose(1, 2))
+
+
+def _lstm(from_x: Tensor, state: Tensor, weight_hh_t: Tensor) -> tuple[Tensor, Tensor]:
+    """An LSTM step from its input's share of the gates (`from_x` [P, N, 4H], biases included)."""
+    hidden = weight_hh_t.shape[1]
     h, c = state[..., :hidden], state[..., hidden:]
-    gates = torch.baddbmm(bias.unsqueeze(1), x, weight_ih.transpose(1, 2)) + torch.bmm(h, weight_hh.transpose(1, 2))
-    i, f, g, o = gates.chunk(4, dim=-1)
+    i, f, g, o = (from_x + torch.bmm(h, weight_hh_t)).chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     h = torch.sigmoid(o) * torch.tanh(c)
     return h, torch.cat([h, c], dim=-1)
@@ -30,7 +34,12 @@ def gru_step(
 ) -> tuple[Tensor, Tensor]:
     """P members: (h, next state h), both [P, N, H], as `nn.GRUCell` computes them."""
     from_x = torch.baddbmm(bias_ih.unsqueeze(1), x, weight_ih.transpose(1, 2))
-    from_h = torch.baddbmm(bias_hh.unsqueeze(1), state, weight_hh.transpose(1, 2))
+    return _gru(from_x, state, weight_hh.transpose(1, 2), bias_hh)
+
+
+def _gru(from_x: Tensor, state: Tensor, weight_hh_t: Tensor, bias_hh: Tensor) -> tuple[Tensor, Tensor]:
+    """A GRU step from its input's share of the gates (`from_x` [P, N, 3H], bias_ih included)."""
+    from_h = torch.baddbmm(bias_hh.unsqueeze(1), state, weight_hh_t)
     xr, xz, xn = from_x.chunk(3, dim=-1)
     hr, hz, hn = from_h.chunk(3, dim=-1)
     r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
@@ -42,20 +51,25 @@ def gru_step(
 def unroll(kind: str, x: Tensor, state: Tensor, starts: Tensor, weights: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """The core over T steps: `x` [P, T, N, I] (time-major within each member), `state` [P, N, S]
     at the first step, `starts` [P, T, N] (True where an episode starts at that step: its state
-    is zeroed first) → (outputs [P, T, N, H], the state after the last step)."""
+    is zeroed first) → (outputs [P, T, N, H], the state after the last step). The inputs' share of
+    every step's gates is one matmul before the loop; each step multiplies the state alone."""
+    if kind not in ("lstm", "gru"):
+        raise ValueError(f"core {kind!r} is not lstm or gru")
+    population, steps, slots, width = x.shape
+    bias = weights["bias_ih"] + weights["bias_hh"] if kind == "lstm" else weights["bias_ih"]
+    from_x = torch.baddbmm(
+        bias.unsqueeze(1), x.reshape(population, steps * slots, width), weights["weight_ih"].transpose(1, 2)
+    )
+    from_x = from_x.view(population, steps, slots, -1)
+    keep = (~starts).unsqueeze(-1).to(state.dtype)
+    weight_hh_t = weights["weight_hh"].transpose(1, 2)
     outputs = []
-    for t in range(x.shape[1]):
-        state = state * (~starts[:, t]).unsqueeze(-1).to(state.dtype)
+    for t in range(steps):
+        state = state * keep[:, t]
         if kind == "lstm":
-            h, state = lstm_step(
-                x[:, t], state, weights["weight_ih"], weights["weight_hh"], weights["bias_ih"] + weights["bias_hh"]
-            )
-        elif kind == "gru":
-            h, state = gru_step(
-                x[:, t], state, weights["weight_ih"], weights["weight_hh"], weights["bias_ih"], weights["bias_hh"]
-            )
+            h, state = _lstm(from_x[:, t], state, weight_hh_t)
         else:
-            raise ValueError(f"core {kind!r} is not lstm or gru")
+            h, state = _gru(from_x[:, t], state, weight_hh_t, weights["bias_hh"])
         outputs.append(h)
     return torch.stack(outputs, dim=1), state
 

@@ -90,10 +90,14 @@ class ActorCritic(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.action_dim,), log_std_init))
 
+    def features(self, obs: Tensor) -> Tensor:
+        """What the core (or, without one, the heads) takes: the encoded images, or the features."""
+        return obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+
     def trunk(self, obs: Tensor, memory: Memory | None = None) -> Tensor:
-        """What the heads take for [R · N, obs_size] features: the encoded images, or the features
-        themselves, through the core from `memory` (a recurrent network's: `Memory`)."""
-        x = obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+        """What the heads take for [R · N, obs_size] features: `features` through the core from
+        `memory` (a recurrent network's: `Memory`)."""
+        x = self.features(obs)
         if not self.recurrent:
             return x
         if memory is None:
@@ -259,11 +263,28 @@ class PopulationActorCritic(Stacked):
         if memory is None:
             raise ValueError("a recurrent network steps from each slot's state: pass its memory")
         population, rows, slots = memory.starts.shape
-        weights = dict(
-            zip((name.split(".")[1] for name in CORE_WEIGHTS), self.tensors(list(CORE_WEIGHTS)), strict=True)
+        out, _ = cores.unroll(
+            self.core_kind, x.view(population, rows, slots, -1), memory.state, memory.starts, self.core_weights()
         )
-        out, _ = cores.unroll(self.core_kind, x.view(population, rows, slots, -1), memory.state, memory.starts, weights)
         return out.flatten(1, 2)
+
+    def core_weights(self) -> dict[str, Tensor]:
+        """Every member's core weights [P, ...], by their `nn.LSTMCell`/`nn.GRUCell` names."""
+        return dict(zip((name.split(".")[1] for name in CORE_WEIGHTS), self.tensors(list(CORE_WEIGHTS)), strict=True))
+
+    @torch.no_grad()
+    def states_every(self, obs: Tensor, memory: Memory, every: int) -> Tensor:
+        """[P, C, N, S]: each slot's core state entering rows 0, every, 2 · every, ... (before
+        the reset of an episode starting there) of [P, R · N, obs_size] features unrolled from
+        `memory`, C = R / every: where the chunks of truncated backpropagation start."""
+        population, rows, slots = memory.starts.shape
+        x, weights = self.encode(obs).view(population, rows, slots, -1), self.core_weights()
+        state, states = memory.state, [memory.state]
+        for start in range(every, rows, every):
+            chunk = slice(start - every, start)
+            _, state = cores.unroll(self.core_kind, x[:, chunk], state, memory.starts[:, chunk], weights)
+            states.append(state)
+        return torch.stack(states, dim=1)
 
     def logp_and_values(self, obs: Tensor, actions: Tensor, memory: Memory | None = None) -> tuple[Tensor, Tensor]:
         """(log-probability [P, n] of `actions` [P, n, ...] at the first n observations, value

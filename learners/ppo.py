@@ -204,11 +204,40 @@ def pick(x: Tensor, idx: Tensor | None, slots: int = 0) -> Tensor:
 
 
 def minibatch_memory(memory: Memory | None, idx: Tensor | None) -> Memory | None:
-    """A minibatch's part of the batch's `memory` (whole slots), over the T rows that have actions."""
-    if memory is None:
-        return None
-    starts = memory.starts[:, :-1]
-    return memory._replace(starts=starts) if idx is None else Memory(memory.state[:, idx], starts[:, :, idx])
+    """A minibatch's part of `memory` (whole sequences: `in_sequences`)."""
+    if memory is None or idx is None:
+        return memory
+    return Memory(memory.state[:, idx], memory.starts[:, :, idx])
+
+
+def in_sequences(
+    core: PopulationActorCritic, batch: Batch, obs: Tensor, length: int, per_sample: Sequence[Tensor]
+) -> tuple[Memory, list[Tensor]]:
+    """What a recurrent network trains on: its `per_sample` tensors [P, T · B, ...] (time-major,
+    `obs` among them) cut into sequences of `length` steps of a slot, [P, length · (C · B), ...]
+    time-major over C · B sequences (chunk c of slot b is sequence c · B + b, C = T / length), and
+    each sequence's `Memory`: the slot's state where the chunk starts, as the core reaches it with
+    the update's starting weights, and where episodes start in it."""
+    memory = batch.memory()
+    memory = memory._replace(starts=memory.starts[:, :-1])  # the T rows that have actions
+    population, steps, slots = memory.starts.shape
+    if length in (0, steps):
+        return memory, list(per_sample)
+    chunks = steps // length
+
+    def cut(x: Tensor) -> Tensor:  # [P, C · L · B, ...] → [P, L · C · B, ...]
+        rest = x.shape[2:]
+        return x.reshape(population, chunks, length, slots, *rest).transpose(1, 2).reshape(population, -1, *rest)
+
+    states = core.states_every(obs, memory, length).flatten(1, 2)  # [P, C · B, S]
+    starts = cut(memory.starts.reshape(population, -1)).view(population, length, chunks * slots)
+    return Memory(states, starts), [cut(x) for x in per_sample]
+
+
+def plan_size(cfg: PPOConfig, batch: Batch, recurrent: bool) -> int:
+    """What `minibatch_plan` splits: the batch's samples, or a recurrent network's sequences."""
+    steps, slots = batch.valid.shape[1:]
+    return steps // (cfg.bptt_steps or steps) * slots if recurrent else steps * slots
 
 
 def for_batch(cfg: PPOConfig, rollouts: int) -> PPOConfig:
@@ -393,8 +422,13 @@ def update(
     mask = batch.valid.reshape(population, -1).to(torch.float32)
     lr, clip = hp.learning_rate * anneal, hp.clip_coef * anneal
     normalize = cfg.normalize_advantage
-    # A recurrent network's plan names whole slots (`minibatch_plan` over B), unrolled from `memory`.
-    memory, by_slot = (batch.memory(), slots) if core.recurrent else (None, 0)
+    # A recurrent network's plan names whole sequences of steps (`in_sequences`), unrolled from `memory`.
+    memory, by_slot = None, 0
+    if core.recurrent:
+        memory, (obs, actions, old_logp, advantages, vs, mask) = in_sequences(
+            core, batch, obs, cfg.bptt_steps, (obs, actions, old_logp, advantages, vs, mask)
+        )
+        by_slot = memory.state.shape[1]
     if captured is None and None in plan:  # the epochs over the whole batch normalize its advantages once
         whole_batch_advantages = normalize_advantages(advantages, mask, normalize)
     for idx in plan:

@@ -84,9 +84,7 @@ class PPOTrainer(OnPolicyTrainer):
         anneal = torch.tensor([ppo.annealed(cfg, t, self.horizon) for t in self.trained], device=self.device)
         plan = [
             None if idx is None else idx.to(self.device)
-            for idx in ppo.minibatch_plan(
-                batch.valid.shape[2] if self.core.recurrent else batch.valid[0].numel(), cfg, self.generator
-            )
+            for idx in ppo.minibatch_plan(ppo.plan_size(cfg, batch, self.core.recurrent), cfg, self.generator)
         ]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, 1 if self.replicated else self.world_size)
         return ppo.update(

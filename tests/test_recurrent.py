@@ -80,16 +80,24 @@ def test_the_learner_recomputes_the_actors_core_at_every_step_across_episodes_an
 
 
 @pytest.mark.parametrize(
-    "spec,kind,minibatches",
-    [(DISCRETE, "lstm", 2), (CONTINUOUS, "lstm", 1), (DISCRETE, "gru", 1), (CONTINUOUS, "gru", 2)],
+    "spec,kind,minibatches,bptt_steps",
+    [
+        (DISCRETE, "lstm", 2, 0),
+        (CONTINUOUS, "lstm", 1, 0),
+        (DISCRETE, "gru", 1, 0),
+        (CONTINUOUS, "gru", 2, 0),
+        (DISCRETE, "lstm", 3, 3),
+        (CONTINUOUS, "gru", 1, 2),
+    ],
 )
 def test_the_vectorized_recurrent_update_equals_the_loop_over_members(
-    spec: EnvSpec, kind: str, minibatches: int
+    spec: EnvSpec, kind: str, minibatches: int, bptt_steps: int
 ) -> None:
     """Three members with different learning rates, discounts and clip ranges, random first states
-    and episode starts: after updates of whole-slot minibatches each member's weights and Adam
-    moments equal those of its own ActorCritic (torch's own cell unrolled step by step) with
-    torch.optim.Adam and clip_grad_norm_."""
+    and episode starts: after updates of minibatches of whole slots, or of chunks of `bptt_steps`
+    from the states the core reaches there, each member's weights and Adam moments equal those of
+    its own ActorCritic (torch's own cell stepped one step at a time) with torch.optim.Adam and
+    clip_grad_norm_."""
     population, steps, slots = 3, 6, 4
     torch.manual_seed(3)
     pop = PopulationActorCritic(spec, (16,), population, core=kind, core_size=CORE_SIZE)
@@ -105,13 +113,13 @@ def test_the_vectorized_recurrent_update_equals_the_loop_over_members(
         for m, lr in enumerate((1e-3, 3e-3, 1e-2))
     ]
     hp = per_member(ppo.MemberHyperparams, members, CPU)
-    cfg = PPOConfig(epochs=2, minibatches=minibatches)
+    cfg = PPOConfig(epochs=2, minibatches=minibatches, bptt_steps=bptt_steps)
     anneal = torch.tensor([1.0, 0.5, 0.8])
     for step in range(2):
         batch = random_batch(spec, population, steps, slots, seed=10 + step, state_size=STATE_PARTS[kind] * CORE_SIZE)
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
-        plan = ppo.minibatch_plan(slots, cfg, torch.Generator().manual_seed(step))
+        plan = ppo.minibatch_plan(ppo.plan_size(cfg, batch, True), cfg, torch.Generator().manual_seed(step))
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())

@@ -21,12 +21,42 @@ def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in model.state_dict().items()}
 
 
-def _slots_of(memory: Memory | None, idx: Tensor | None) -> Memory | None:
-    """One member's minibatch of whole slots (None: all), over the rows that have actions."""
-    if memory is None:
-        return None
-    starts = memory.starts[:-1]
-    return memory._replace(starts=starts) if idx is None else Memory(memory.state[idx], starts[:, idx])
+def _cell_step(cell: nn.Module, x: Tensor, state: Tensor) -> Tensor:
+    if isinstance(cell, nn.LSTMCell):
+        h, c = cell(x, state.chunk(2, dim=1))
+        return torch.cat([h, c], dim=1)
+    out: Tensor = cell(x, state)
+    return out
+
+
+def _sequences_of(memory: Memory | None, idx: Tensor | None) -> Memory | None:
+    """One member's minibatch of whole sequences (None: all)."""
+    if memory is None or idx is None:
+        return memory
+    return Memory(memory.state[idx], memory.starts[:, idx])
+
+
+def _in_sequences(
+    net: ActorCritic, obs: Tensor, first_state: Tensor, starts: Tensor, length: int, per_sample: Sequence[Tensor]
+) -> tuple[Memory, list[Tensor]]:
+    """One member's [T · B, ...] tensors as sequences of `length` steps of a slot (chunk c of slot
+    b is sequence c · B + b), and their memory: the state entering each chunk, stepped by the
+    member's own cell."""
+    steps, slots = starts.shape
+    chunks = steps // length
+    x, state, entering = net.features(obs).view(steps, slots, -1), first_state, []
+    with torch.no_grad():
+        for t in range(steps):
+            if t % length == 0:
+                entering.append(state)
+            state = _cell_step(net.core, x[t], state * (~starts[t]).unsqueeze(1))
+
+    def cut(y: Tensor) -> Tensor:
+        rest = y.shape[1:]
+        return y.reshape(chunks, length, slots, *rest).transpose(0, 1).reshape(-1, *rest)
+
+    memory = Memory(torch.cat(entering), cut(starts.reshape(-1)).view(length, chunks * slots))
+    return memory, [cut(y) for y in per_sample]
 
 
 def update_each_member(
@@ -51,12 +81,12 @@ def update_each_member(
         rows, slots = batch.obs.shape[1:3]
         obs_all = batch.obs[m].reshape(rows * slots, -1)
         actions = batch.actions[m].reshape((rows - 1) * slots, *batch.actions.shape[3:])
-        memory = Memory(batch.core_state[m, 0], episode_starts(batch.valid[m])) if net.recurrent else None
-        by_slot = slots if net.recurrent else 0
-
+        starts = episode_starts(batch.valid[m])
+        memory = Memory(batch.core_state[m, 0], starts) if net.recurrent else None
         with torch.no_grad():
             values = net.value(net.trunk(obs_all, memory)).view(rows, slots)
-            old_logp = net(obs_all[: (rows - 1) * slots], actions, _slots_of(memory, None))[0]
+            steps_memory = None if memory is None else Memory(memory.state, starts[:-1])
+            old_logp = net(obs_all[: (rows - 1) * slots], actions, steps_memory)[0]
             returns = vtrace(
                 batch.behaviour_logp[m],
                 old_logp.view(rows - 1, slots),
@@ -71,18 +101,30 @@ def update_each_member(
                 c_bar=cfg.c_bar,
             )
         obs = obs_all[: (rows - 1) * slots]
-        advantages, vs = returns.pg_advantages.reshape(1, -1), returns.vs.reshape(1, -1)
-        mask = batch.valid[m].reshape(1, -1).to(torch.float32)
+        advantages, vs = returns.pg_advantages.reshape(-1), returns.vs.reshape(-1)
+        mask = batch.valid[m].reshape(-1).to(torch.float32)
+        by_slot = 0
+        if steps_memory is not None:  # sequences of whole slots, or of chunks of `bptt_steps`
+            steps_memory, (obs, actions, old_logp, advantages, vs, mask) = _in_sequences(
+                net,
+                obs,
+                memory.state,
+                starts[:-1],
+                cfg.bptt_steps or rows - 1,
+                (obs, actions, old_logp, advantages, vs, mask),
+            )
+            by_slot = steps_memory.state.shape[0]
+        old_logp, advantages, vs, mask = (x.unsqueeze(0) for x in (old_logp, advantages, vs, mask))
         for group in optimizer.param_groups:
             group["lr"] = float(hp.learning_rate[m] * anneal[m])
         for idx in plan:
             picked_obs, picked_actions = (pick(x.unsqueeze(0), idx, by_slot)[0] for x in (obs, actions))
             new_logp, entropy, new_values = (
-                t.unsqueeze(0) for t in net(picked_obs, picked_actions, _slots_of(memory, idx))
+                t.unsqueeze(0) for t in net(picked_obs, picked_actions, _sequences_of(steps_memory, idx))
             )
             loss = ppo_loss(
                 new_logp,
-                pick(old_logp.unsqueeze(0), idx, by_slot),
+                pick(old_logp, idx, by_slot),
                 normalize_advantages(pick(advantages, idx, by_slot), pick(mask, idx, by_slot), cfg.normalize_advantage),
                 new_values,
                 pick(vs, idx, by_slot),
