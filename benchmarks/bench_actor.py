@@ -30,6 +30,7 @@ gatekeeper and the actor connects with its key (`rlmq keys`; `common/security.py
 
     python benchmarks/bench_actor.py --num-envs 64 --pairs 15
     python benchmarks/bench_actor.py --env ALE/Pong-v5 --num-envs 8 --hidden 512 --pairs 7
+    python benchmarks/bench_actor.py --num-envs 64 --pairs 15 --core lstm   # a recurrent policy's
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class Rate:
         return self.slot_steps / self.seconds
 
 
-def initial_params(spec: EnvSpec, hidden: tuple[int, ...], encoder: str, seed: int) -> wire.Params:
+def initial_params(
+    spec: EnvSpec, hidden: tuple[int, ...], encoder: str, seed: int, core: str = "identity", core_size: int = 64
+) -> wire.Params:
     """Weights of a fresh learner network, as the learner would publish them (torch only here)."""
     import torch
 
@@ -85,7 +88,7 @@ def initial_params(spec: EnvSpec, hidden: tuple[int, ...], encoder: str, seed: i
     from tests.helpers.references import to_numpy_params
 
     torch.manual_seed(seed)
-    return to_numpy_params(ActorCritic(spec, hidden, encoder=encoder))
+    return to_numpy_params(ActorCritic(spec, hidden, encoder=encoder, core=core, core_size=core_size))
 
 
 # --- (1) the bare loop ------------------------------------------------------------------------
@@ -102,6 +105,9 @@ def bare_loop(conn: Connection, cpu: int | None, params: wire.Params, run_config
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     prev_done = np.zeros(num_envs, dtype=bool)
+    # A recurrent policy's slot states, zeroed the step after an autoreset step (as the collector).
+    state = np.zeros((num_envs, policy.state_size), np.float32) if policy.state_size else None
+    resetting = np.zeros(num_envs, dtype=bool)
     while (turn := conn.recv()) is not None:
         ramp, window = turn
         start = time.perf_counter()
@@ -109,7 +115,10 @@ def bare_loop(conn: Connection, cpu: int | None, params: wire.Params, run_config
         end = window_start + window
         counting, valid, slots, now = False, 0, 0, start
         while now < end:
-            actions, _logp = policy.act(obs, rng)
+            if state is not None:
+                state[resetting] = 0.0
+                resetting = prev_done
+            actions, _logp = policy.act(obs, rng, None, state)
             obs, _reward, term, trunc, _ = env.step(actions)
             if counting:
                 valid += num_envs - int(np.count_nonzero(prev_done))
@@ -311,6 +320,8 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=64, help="vector-env slots (N)")
     parser.add_argument("--rollout-length", type=int, default=32, help="steps per rollout (T)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="policy hidden sizes")
+    parser.add_argument("--core", default="identity", help="recurrent core: identity, lstm or gru")
+    parser.add_argument("--core-size", type=int, default=64, help="the core's units")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="each loop's warm-up, once")
     parser.add_argument("--ramp-s", type=float, default=0.5, help="uncounted start of each turn")
     parser.add_argument("--window-s", type=float, default=3.0, help="counted part of each turn")
@@ -327,10 +338,16 @@ def main() -> None:
     spec = envs.probe(args.env)
     hidden = tuple(args.hidden)
     run_config = RunConfig(
-        env_id=args.env, num_envs=args.num_envs, rollout_length=args.rollout_length, seed=args.seed, hidden_sizes=hidden
+        env_id=args.env,
+        num_envs=args.num_envs,
+        rollout_length=args.rollout_length,
+        seed=args.seed,
+        hidden_sizes=hidden,
+        core=args.core,
+        core_size=args.core_size,
     )
     encoder = run_config.encoder_for(spec)
-    params = initial_params(spec, hidden, encoder, args.seed)
+    params = initial_params(spec, hidden, encoder, args.seed, args.core, args.core_size)
     assign = wire.Assign(
         run="bench-actor",
         member=0,
@@ -342,7 +359,8 @@ def main() -> None:
     )
 
     print(
-        f"{args.env} × {args.num_envs}, policy {encoder} → {'×'.join(map(str, hidden))}, "
+        f"{args.env} × {args.num_envs}, policy {encoder} → "
+        f"{'' if args.core == 'identity' else f'{args.core} {args.core_size} → '}{'×'.join(map(str, hidden))}, "
         f"rollout {args.rollout_length}, "
         f"warm-up {args.warmup_s:g} s, turns of {args.ramp_s:g} + {args.window_s:g} s, {args.pairs} pairs, "
         f"cpu {'any' if args.cpu is None else args.cpu}",

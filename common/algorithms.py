@@ -313,6 +313,11 @@ class DQNConfig(ReplayConfig):
     exploration_fraction: float = 0.16
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.04
+    # With a recurrent core (RunConfig.core; R2D2, Kapturowski et al. 2019): the replay keeps whole
+    # rollout sequences of a slot with the state they started from, `batch_size` of them a batch,
+    # and the first `burn_in` steps of each only warm the online network's state (no loss, no
+    # gradient) before the loss over the rest.
+    burn_in: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -326,6 +331,7 @@ class DQNConfig(ReplayConfig):
             "0 <= exploration_final_eps, exploration_initial_eps <= 1": 0 <= self.exploration_final_eps <= 1
             and 0 <= self.exploration_initial_eps <= 1,
             "hidden_sizes positive": bool(self.hidden_sizes) and min(self.hidden_sizes) >= 1,
+            "burn_in >= 0": self.burn_in >= 0,
         }
         problems = [f"dqn: {rule}" for rule, ok in checks.items() if not ok]
         if problems:
@@ -377,7 +383,7 @@ ALGORITHMS = {
         ),
         Algorithm("sac", SACConfig, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),
         Algorithm("td3", TD3Config, ("learning_rate", "gamma", "tau"), ("continuous",), takes_images=False),
-        Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), takes_images=True),
+        Algorithm("dqn", DQNConfig, ("learning_rate", "gamma"), ("discrete",), takes_images=True, takes_core=True),
     )
 }
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)

@@ -265,6 +265,10 @@ class RunConfig:
         if self.compile_update != "off":
             problems.append('a recurrent core trains eagerly: set compile_update = "off"')
         section = self.algo_config
+        if isinstance(section, DQNConfig) and section.burn_in >= self.rollout_length:
+            problems.append("dqn.burn_in must be shorter than rollout_length (the sequences the replay keeps)")
+        if isinstance(section, DQNConfig) and section.share_replay:
+            problems.append("a recurrent core's replay is each member's own: set dqn.share_replay = false")
         if isinstance(section, PPOConfig):
             chunks = self.rollout_length // (section.bptt_steps or self.rollout_length)
             if section.bptt_steps and self.rollout_length % section.bptt_steps:

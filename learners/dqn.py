@@ -30,9 +30,10 @@ from torch import Tensor, nn
 from rlmq.common.algorithms import DQNConfig
 from rlmq.common.images import encoded_size
 from rlmq.common.schema import EnvSpec
+from rlmq.learners import cores
 from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.encoders import ConvEncoder, encode, image_encoder
-from rlmq.learners.networks import Stacked
+from rlmq.learners.networks import Memory, Stacked, recurrent_cell
 from rlmq.learners.offpolicy import relu_mlp
 from rlmq.learners.optim import (
     PopulationAdam,
@@ -49,19 +50,32 @@ from rlmq.learners.replay import Transitions
 
 class QNetwork(nn.Module):
     """`policy` maps an observation to one value per action (named for the actors' reader), behind
-    a convolutional `encoder` when the run encodes images (resolved: `RunConfig.encoder_for`)."""
+    a convolutional `encoder` when the run encodes images (resolved: `RunConfig.encoder_for`) and a
+    recurrent `core` (R2D2's: learners/r2d2.py) when the run has one."""
 
-    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...], encoder: str = "mlp") -> None:
+    def __init__(
+        self, spec: EnvSpec, hidden: tuple[int, ...], encoder: str = "mlp", core: str = "identity", core_size: int = 0
+    ) -> None:
         super().__init__()
         image = image_encoder(spec, encoder)
         if image is not None:  # first: its parameters lead the state dict, as the actors read it
             self.encoder = ConvEncoder(image)
         self.image = image
-        self.policy = relu_mlp([encoded_size(spec, encoder), *hidden, spec.action_dim])
+        width = encoded_size(spec, encoder)
+        self.recurrent = core != "identity"
+        if self.recurrent:
+            self.core = recurrent_cell(core, width, core_size)
+            width = core_size
+        self.policy = relu_mlp([width, *hidden, spec.action_dim])
 
-    def forward(self, obs: Tensor) -> Tensor:
-        """Q of every action for [N, obs_size] features (the reference the stacked network is held to)."""
+    def forward(self, obs: Tensor, memory: Memory | None = None) -> Tensor:
+        """Q of every action for [R · N, obs_size] features, a recurrent network's unrolled from
+        `memory` (the reference the stacked network is held to)."""
         x = obs if self.image is None else encode(self.encoder, self.image.layout, obs)
+        if self.recurrent:
+            assert memory is not None, "a recurrent network steps from each slot's state"
+            rows, slots = memory.starts.shape
+            x = cores.unroll_cell(self.core, x.view(rows, slots, -1), memory.state, memory.starts).flatten(0, 1)
         out: Tensor = self.policy(x)
         return out
 
@@ -92,12 +106,23 @@ class DQN:
     STATE = ("q", "target", "optimizers", "steps")  # what a checkpoint saves (learners/checkpoint.py)
 
     def __init__(
-        self, spec: EnvSpec, cfg: DQNConfig, population: int, device: torch.device, encoder: str = "mlp"
+        self,
+        spec: EnvSpec,
+        cfg: DQNConfig,
+        population: int,
+        device: torch.device,
+        encoder: str = "mlp",
+        core: str = "identity",
+        core_size: int = 0,
     ) -> None:
         self.cfg, self.population = cfg, population
         image = image_encoder(spec, encoder)
-        self.q = Stacked([QNetwork(spec, cfg.hidden_sizes, encoder) for _ in range(population)], image).to(device)
-        self.target = Stacked([QNetwork(spec, cfg.hidden_sizes, encoder) for _ in range(population)], image).to(device)
+        self.q, self.target = (
+            Stacked([QNetwork(spec, cfg.hidden_sizes, encoder, core, core_size) for _ in range(population)], image).to(
+                device
+            )
+            for _ in range(2)
+        )
         self.target.flat.requires_grad_(False)
         with torch.no_grad():
             self.target.flat.copy_(self.q.flat)
@@ -151,7 +176,7 @@ class DQN:
         rank holds transitions of — the others' rows are zeros, and their losses here count 0.
         `generator` is unused: nothing here is random.
         """
-        loss, q = self.loss_of(batch, hp.gamma, has_data.to(batch.rewards.dtype))
+        loss, q = self.loss_of(batch, hp.gamma, has_data.to(torch.float32))
         optimizer = self.optimizers["q"]
         lr = hp.learning_rate * decayed_fraction(optimizer.steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction)
         norms = descend(

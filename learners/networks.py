@@ -183,6 +183,10 @@ class Stacked(nn.Module):
         both = self.tensors([f"{c}.{kind}" for kind in ("weight", "bias") for c in convs])
         return stacked_encode(obs, both[: len(convs)], both[len(convs) :], self.image)
 
+    def core_weights(self) -> dict[str, Tensor]:
+        """Every member's recurrent core weights [P, ...], by `nn.LSTMCell`'s/`nn.GRUCell`'s names."""
+        return dict(zip((name.split(".")[1] for name in CORE_WEIGHTS), self.tensors(list(CORE_WEIGHTS)), strict=True))
+
     def linear_names(self, prefix: str) -> list[tuple[str, str]]:
         """[(weight, bias)] of the Linears of nn.Sequential `prefix`, in order (even indices)."""
         count = sum(1 for name in self.layout if name.startswith(f"{prefix}.") and name.endswith(".weight"))
@@ -267,10 +271,6 @@ class PopulationActorCritic(Stacked):
             self.core_kind, x.view(population, rows, slots, -1), memory.state, memory.starts, self.core_weights()
         )
         return out.flatten(1, 2)
-
-    def core_weights(self) -> dict[str, Tensor]:
-        """Every member's core weights [P, ...], by their `nn.LSTMCell`/`nn.GRUCell` names."""
-        return dict(zip((name.split(".")[1] for name in CORE_WEIGHTS), self.tensors(list(CORE_WEIGHTS)), strict=True))
 
     @torch.no_grad()
     def states_every(self, obs: Tensor, memory: Memory, every: int) -> Tensor:

@@ -24,7 +24,8 @@ from rlmq.learners import distributed
 from rlmq.learners.networks import Stacked
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
 from rlmq.learners.optim import PopulationAdam, Sync
-from rlmq.learners.replay import Replay, Transitions
+from rlmq.learners.replay import Replay
+from rlmq.learners.sequence_replay import SequenceReplay
 
 Params = dict[str, np.ndarray]
 
@@ -94,7 +95,7 @@ class OffPolicy(Protocol):
 
     def step(
         self,
-        batch: Transitions,
+        batch: Any,  # what its replay draws: Transitions, or R2D2's Sequences
         hp: Any,
         active: torch.Tensor,
         has_data: torch.Tensor,
@@ -140,7 +141,19 @@ class OffPolicyTrainer:
             for tensor in algorithm.replicated():
                 dist.broadcast(tensor.data, src=0)
             self.obs_norm.broadcast()
-        self.replay = Replay(population, self.cfg.buffer_size, spec, algorithm.n_step, self.cfg.share_replay)
+        # A recurrent core's replay keeps whole slot sequences with their first state (R2D2).
+        self.replay: Replay | SequenceReplay = (
+            Replay(population, self.cfg.buffer_size, spec, algorithm.n_step, self.cfg.share_replay)
+            if run_cfg.core == "identity"
+            else SequenceReplay(
+                population,
+                max(self.cfg.buffer_size // run_cfg.rollout_length, run_cfg.num_envs),
+                spec,
+                run_cfg.rollout_length,
+                run_cfg.core_state_size,
+                algorithm.n_step,
+            )
+        )
         self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
         self.due = 0.0
         self.rng = np.random.default_rng([run_cfg.seed, rank])
@@ -192,7 +205,7 @@ class OffPolicyTrainer:
         totals: dict[str, torch.Tensor] = {}
         for _ in range(steps):
             batch, has_data = self.replay.sample(self.cfg.batch_size, self.rng, self.device)
-            batch = batch._replace(obs=self.obs_norm(batch.obs), next_obs=self.obs_norm(batch.next_obs))
+            batch = batch.normalized(self.obs_norm)
             stats = self.algorithm.step(batch, self.hp, active, has_data, allreduce_mean, self.generator)
             for name, value in stats.items():
                 totals[name] = totals.get(name, 0) + value

@@ -17,6 +17,7 @@ Batches leave as torch, observations as the networks' float features.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -45,6 +46,10 @@ class Transitions(NamedTuple):
     next_obs: Tensor  # [P, B, obs_size] float32
     terminated: Tensor  # [P, B] float32: 1.0 where the episode ended for real (no bootstrap)
     horizon: Tensor  # [P, B] float32: env steps from obs to next_obs (1; up to n with n-step returns)
+
+    def normalized(self, norm: Callable[[Tensor], Tensor]) -> Transitions:
+        """The batch with both observations through `norm` (the members' statistics)."""
+        return self._replace(obs=norm(self.obs), next_obs=norm(self.next_obs))
 
 
 def n_step(

@@ -22,6 +22,7 @@ from rlmq.learners import distributed, ppo
 from rlmq.learners.dqn import DQN
 from rlmq.learners.offpolicy import OffPolicy, OffPolicyTrainer
 from rlmq.learners.onpolicy import OnPolicyTrainer
+from rlmq.learners.r2d2 import R2D2
 from rlmq.learners.sac import SAC
 from rlmq.learners.td3 import TD3
 
@@ -118,7 +119,19 @@ TRAINERS: dict[str, MakeTrainer] = {
     "sac": from_replay(lambda spec, run_cfg, device: SAC(spec, run_cfg.sac, run_cfg.population, device)),
     "td3": from_replay(lambda spec, run_cfg, device: TD3(spec, run_cfg.td3, run_cfg.population, device)),
     "dqn": from_replay(
-        lambda spec, run_cfg, device: DQN(spec, run_cfg.dqn, run_cfg.population, device, run_cfg.encoder_for(spec))
+        lambda spec, run_cfg, device: (
+            DQN(spec, run_cfg.dqn, run_cfg.population, device, run_cfg.encoder_for(spec))
+            if run_cfg.core == "identity"
+            else R2D2(
+                spec,
+                run_cfg.dqn,
+                run_cfg.population,
+                device,
+                run_cfg.encoder_for(spec),
+                run_cfg.core,
+                run_cfg.core_size,
+            )
+        )
     ),
 }
 

@@ -18,7 +18,7 @@ from rlmq.actors.collector import Collector
 from rlmq.cli.evaluate import load_checkpoint, policy_of
 from rlmq.cli.export import export
 from rlmq.common import envs, wire
-from rlmq.common.algorithms import ALGORITHMS, PPOConfig
+from rlmq.common.algorithms import ALGORITHMS, DQNConfig, PPOConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.recurrent import CORE_WEIGHTS, STATE_PARTS
@@ -172,6 +172,12 @@ def test_a_recurrent_run_is_checked_where_it_is_configured() -> None:
         RunConfig(core="lstm", num_envs=2, ppo=PPOConfig(minibatches=4))
     with pytest.raises(ValueError, match="core must be one of"):
         RunConfig(core="transformer")
+    with pytest.raises(ValueError, match="ppo.bptt_steps must divide rollout_length"):
+        RunConfig(core="lstm", rollout_length=32, ppo=PPOConfig(bptt_steps=5))
+    with pytest.raises(ValueError, match="dqn.burn_in must be shorter"):
+        RunConfig(algo="dqn", core="lstm", rollout_length=8, dqn=DQNConfig(burn_in=8))
+    with pytest.raises(ValueError, match="share_replay = false"):
+        RunConfig(algo="dqn", core="gru", population=2, dqn=DQNConfig(share_replay=True))
     spec = envs.probe("CartPoleNoVel-v1")
     params = to_numpy_params(ActorCritic(spec, (16,), core="lstm", core_size=CORE_SIZE))
     run = RunConfig(env_id="CartPoleNoVel-v1", hidden_sizes=(16,), core="lstm", core_size=CORE_SIZE)
