@@ -61,7 +61,7 @@ import torch  # noqa: E402
 
 from rlmq.common.algorithms import PPOConfig  # noqa: E402
 from rlmq.common.schema import EnvSpec  # noqa: E402
-from rlmq.learners import ppo, stacked_mlp  # noqa: E402
+from rlmq.learners import minibatching, ppo, stacked_mlp  # noqa: E402
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic  # noqa: E402
 from rlmq.learners.optim import PopulationAdam, per_member  # noqa: E402
 from tests.helpers.references import update_each_member  # noqa: E402
@@ -147,7 +147,7 @@ def make_problem(population: int, args: argparse.Namespace, device: torch.device
     batch = random_batch(population, args.steps, args.slots, device, args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     samples = args.steps * args.slots
-    plans = [ppo.minibatch_plan(samples, cfg, generator) for _ in range(8)]
+    plans = [minibatching.minibatch_plan(samples, cfg, generator) for _ in range(8)]
     plans = [[None if idx is None else idx.to(device) for idx in plan] for plan in plans]
     valid = batch.valid.flatten(1)
     return Problem(

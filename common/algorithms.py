@@ -138,7 +138,7 @@ class PPOConfig(OnPolicyConfig):
     # What a batch grown by learner batching changes: "count" (more minibatches of the same size:
     # the same gradient steps per sample), "size" (as many minibatches, larger: the same gradient
     # steps per update, for a GPU, whose step takes as long for many more samples) or "sqrt"
-    # (between the two). learners/ppo.py's `for_batch` says how each cuts a batch.
+    # (between the two). learners/minibatching.py's `for_batch` says how each cuts a batch.
     minibatch_growth: str = "count"
     rho_bar: float = 1.0  # V-trace clip on the importance weight of the TD error
     c_bar: float = 1.0  # V-trace clip on the trace-cutting coefficient

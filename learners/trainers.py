@@ -18,7 +18,7 @@ from rlmq.common import wire
 from rlmq.common.algorithms import PPOConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import distributed, ppo
+from rlmq.learners import distributed, minibatching, ppo
 from rlmq.learners.dqn import DQN
 from rlmq.learners.offpolicy import OffPolicy, OffPolicyTrainer
 from rlmq.learners.onpolicy import OnPolicyTrainer
@@ -81,11 +81,13 @@ class PPOTrainer(OnPolicyTrainer):
         samples: torch.Tensor,
         active: torch.Tensor,
     ) -> dict[str, float]:
-        cfg = ppo.for_batch(self.cfg, batch_rollouts)
+        cfg = minibatching.for_batch(self.cfg, batch_rollouts)
         anneal = torch.tensor([ppo.annealed(cfg, t, self.horizon) for t in self.trained], device=self.device)
         plan = [
             None if idx is None else idx.to(self.device)
-            for idx in ppo.minibatch_plan(ppo.plan_size(cfg, batch, self.core.recurrent), cfg, self.generator)
+            for idx in minibatching.minibatch_plan(
+                minibatching.plan_size(cfg, batch.valid, self.core.recurrent), cfg, self.generator
+            )
         ]
         norm = ppo.loss_normalizers(samples, cfg.minibatches, 1 if self.replicated else self.world_size)
         return ppo.update(

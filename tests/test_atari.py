@@ -21,6 +21,7 @@ from rlmq.common.config import RunConfig
 from rlmq.common.models import EpsilonGreedyPolicy, NumpyPolicy, acting_device, make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import cores_given
+from rlmq.learners import minibatching
 from rlmq.learners.networks import ActorCritic
 from tests.helpers.references import to_numpy_params
 
@@ -236,8 +237,7 @@ def test_the_gpu_pong_candidate_config_loads_and_fits_pong() -> None:
     """benchmarks/ppo-pong-gpu.toml, which benchmarks/gpu_checks.sh runs: the Nature CNN on Pong,
     and a batch of its 4 actors' rollouts cut into √4 × 4 minibatches."""
     from rlmq.common.loading import load_run_config
-    from rlmq.learners import ppo
 
     run = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-pong-gpu.toml", {})
     assert run.encoder_for(envs.probe(run.env_id, run.algo)) == "nature"
-    assert ppo.for_batch(run.ppo, 4).minibatches == 8 and run.num_envs % 2 == 0
+    assert minibatching.for_batch(run.ppo, 4).minibatches == 8 and run.num_envs % 2 == 0

@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 from rlmq.common.algorithms import ALGORITHMS, DQNConfig, PPOConfig, SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import capture, dqn, ppo, sac, td3
+from rlmq.learners import capture, dqn, minibatching, ppo, sac, td3
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, clip_and_step, clip_then_step, per_member
@@ -73,7 +73,7 @@ def train(
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), cfg.minibatches, world_size=1)
         plan = [
             None if i is None else i.to(device)
-            for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+            for i in minibatching.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
         ]
         anneal = torch.tensor([1.0, 0.5, 0.8], device=device)
         ppo.update(core, core, optimizer, batch, members(device), cfg, plan, anneal, norm, active, captured)

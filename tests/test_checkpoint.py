@@ -43,10 +43,20 @@ CONFIGS = {
     ),
     "sac": (CONTINUOUS, {"sac": SACConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
     "td3": (CONTINUOUS, {"td3": TD3Config(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
+    # Recurrent: PPO's core, and R2D2's sequence replay with its stored states.
+    "ppo-lstm": (DISCRETE, {"ppo": PPOConfig(epochs=2, minibatches=2), "core": "lstm", "core_size": 8}),
+    "dqn-gru": (
+        DISCRETE,
+        {
+            "dqn": DQNConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, n_step=2, burn_in=2),
+            "core": "gru",
+            "core_size": 8,
+        },
+    ),
 }
 
 
-def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int) -> Rollout:
+def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int, state_size: int = 0) -> Rollout:
     arrays = allocate(spec, STEPS, SLOTS, zeros=True)
     arrays["obs"][:] = rng.standard_normal(arrays["obs"].shape) * 3 + 1
     if spec.action_kind == "discrete":
@@ -58,13 +68,14 @@ def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int)
     arrays["terminated"][:] = rng.random(arrays["terminated"].shape) < 0.1
     arrays["truncated"][:] = rng.random(arrays["truncated"].shape) < 0.05
     arrays["valid"][:] = True
-    return Rollout(member=member, policy_version=0, actor="actor-0", sequence=sequence, **arrays)
+    state = rng.standard_normal((SLOTS, state_size)).astype(np.float32) if state_size else None
+    return Rollout(member=member, policy_version=0, actor="actor-0", sequence=sequence, core_state=state, **arrays)
 
 
 def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
     spec, sections = CONFIGS[algo]
     run_cfg = RunConfig(
-        algo=algo,
+        algo=algo.split("-")[0],
         num_envs=SLOTS,
         rollout_length=STEPS,
         population=POPULATION,
@@ -77,8 +88,8 @@ def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
     return trainer, run_cfg, spec
 
 
-def train(trainer: Trainer, spec: EnvSpec, rng: np.random.Generator, sequence: int) -> None:
-    rollouts = [[rollout(spec, rng, m, sequence)] for m in range(POPULATION)]
+def train(trainer: Trainer, spec: EnvSpec, rng: np.random.Generator, sequence: int, state_size: int = 0) -> None:
+    rollouts = [[rollout(spec, rng, m, sequence, state_size)] for m in range(POPULATION)]
     trainer.train(rollouts, [STEPS * SLOTS] * POPULATION, 1)
 
 
@@ -87,10 +98,10 @@ def test_a_restored_trainer_carries_on_exactly_as_the_one_that_never_stopped(alg
     """Weights, every optimizer's moments, normalization statistics, the replay and the random
     streams: after a save and a restore into a fresh trainer, the next update is bit for bit the
     one the original makes."""
-    original, _, spec = trainer_for(algo)
-    rng = np.random.default_rng(0)
+    original, run_cfg, spec = trainer_for(algo)
+    rng, size = np.random.default_rng(0), run_cfg.core_state_size
     for sequence in range(3):
-        train(original, spec, rng, sequence)
+        train(original, spec, rng, sequence, size)
     saved = checkpoint.capture(original)
     files = checkpoint.Checkpoints(tmp_path, rank=0, kept=2)
     assert files.write(1, {"trainer": saved})
@@ -103,8 +114,8 @@ def test_a_restored_trainer_carries_on_exactly_as_the_one_that_never_stopped(alg
     # Sequence 0: the actors' slots start anew, since a checkpoint leaves out the running return of
     # each actor slot that PPO's reward scale follows (learners/normalization.py, RewardScaler).
     following = np.random.default_rng(1), np.random.default_rng(1)
-    train(original, spec, following[0], 0)
-    train(resumed, spec, following[1], 0)
+    train(original, spec, following[0], 0, size)
+    train(resumed, spec, following[1], 0, size)
     assert_same(checkpoint.capture(resumed), checkpoint.capture(original))
     for member in range(POPULATION):
         published, again = original.member_params(member), resumed.member_params(member)

@@ -15,7 +15,7 @@ from rlmq.common.algorithms import PPOConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import load_run_config
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import ppo
+from rlmq.learners import minibatching
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.members import MemberQueues
 from rlmq.learners.trainers import make_trainer
@@ -79,9 +79,9 @@ def assert_each_epoch_covers_every_sample_once(plan: list[torch.Tensor | None], 
 @pytest.mark.parametrize("rollouts,minibatches", [(2, 3), (3, 4), (4, 6), (8, 12)])
 def test_the_minibatches_keep_their_size_and_grow_in_number(rollouts: int, minibatches: int) -> None:
     cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8)
-    grown = ppo.for_batch(cfg, rollouts)
+    grown = minibatching.for_batch(cfg, rollouts)
     assert grown.minibatches == minibatches and grown.epochs == cfg.epochs
-    plan = ppo.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
+    plan = minibatching.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
     assert len(plan) == cfg.epochs * minibatches
     sizes = {len(idx) for idx in plan if idx is not None}
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - 2 * SLOTS * STEPS / 3) <= 2  # as with 2 rollouts
@@ -91,9 +91,9 @@ def test_the_minibatches_keep_their_size_and_grow_in_number(rollouts: int, minib
 @pytest.mark.parametrize("rollouts", [2, 3, 8])
 def test_minibatches_grown_in_size_keep_their_number(rollouts: int) -> None:
     cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8, minibatch_growth="size")
-    grown = ppo.for_batch(cfg, rollouts)
+    grown = minibatching.for_batch(cfg, rollouts)
     assert grown.minibatches == 3 and grown.epochs == cfg.epochs
-    plan = ppo.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
+    plan = minibatching.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
     assert len(plan) == cfg.epochs * 3
     sizes = {len(idx) for idx in plan if idx is not None}
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - rollouts * SLOTS * STEPS / 3) <= 2
@@ -103,9 +103,9 @@ def test_minibatches_grown_in_size_keep_their_number(rollouts: int) -> None:
 @pytest.mark.parametrize("rollouts,minibatches", [(2, 3), (4, 4), (8, 6)])  # 3·√1, 3·√2 = 4.2, 3·√4
 def test_minibatches_grown_by_the_square_root_grow_in_number_and_size_alike(rollouts: int, minibatches: int) -> None:
     cfg = PPOConfig(rollouts_per_batch=2, minibatches=3, max_rollouts_per_batch=8, minibatch_growth="sqrt")
-    grown = ppo.for_batch(cfg, rollouts)
+    grown = minibatching.for_batch(cfg, rollouts)
     assert grown.minibatches == minibatches and grown.epochs == cfg.epochs
-    plan = ppo.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
+    plan = minibatching.minibatch_plan(rollouts * SLOTS * STEPS, grown, torch.Generator().manual_seed(0))
     assert len(plan) == cfg.epochs * minibatches
     sizes = {len(idx) for idx in plan if idx is not None}
     assert max(sizes) - min(sizes) <= 1 and abs(min(sizes) - rollouts * SLOTS * STEPS / minibatches) <= 2
@@ -116,8 +116,8 @@ def test_the_fleet_candidate_config_loads_and_cuts_14_rollouts_into_4_minibatche
     """benchmarks/ppo-cartpole-fleet.toml, which benchmarks/gpu_checks.sh runs: √14 ≈ 3.7."""
     run_cfg = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-cartpole-fleet.toml", {})
     assert run_cfg.env_id == "CartPole-v1" and run_cfg.ppo.minibatch_growth == "sqrt"
-    assert ppo.for_batch(run_cfg.ppo, 1) == run_cfg.ppo
-    assert ppo.for_batch(run_cfg.ppo, 14).minibatches == 4
+    assert minibatching.for_batch(run_cfg.ppo, 1) == run_cfg.ppo
+    assert minibatching.for_batch(run_cfg.ppo, 14).minibatches == 4
 
 
 def test_a_minibatch_growth_that_does_not_exist_is_refused() -> None:

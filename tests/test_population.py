@@ -18,7 +18,7 @@ from ppo_batches import (
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import ppo, stacked_mlp
+from rlmq.learners import minibatching, ppo, stacked_mlp
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
 from rlmq.learners.onpolicy import copy_member
 from rlmq.learners.optim import FUSED_ROW_MIN, PopulationAdam, per_member
@@ -172,7 +172,7 @@ def test_vectorized_update_equals_the_loop_over_members(
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
         plan = [
             None if i is None else i.to(device)
-            for i in ppo.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
+            for i in minibatching.minibatch_plan(6 * 5, cfg, torch.Generator().manual_seed(step))
         ]
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
@@ -271,7 +271,7 @@ def test_a_ppo_update_on_absurd_rewards_leaves_the_weights_finite() -> None:
         batch,
         hp,
         cfg,
-        ppo.minibatch_plan(8 * 4, cfg, torch.Generator()),
+        minibatching.minibatch_plan(8 * 4, cfg, torch.Generator()),
         torch.ones(2),
         ppo.loss_normalizers(torch.tensor([32, 32]), cfg.minibatches, 1),
         active,

@@ -23,7 +23,7 @@ from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.recurrent import CORE_WEIGHTS, STATE_PARTS
 from rlmq.common.schema import EnvSpec, core_state_problem
-from rlmq.learners import cores, ppo
+from rlmq.learners import cores, minibatching, ppo
 from rlmq.learners.networks import ActorCritic, Memory, PopulationActorCritic
 from rlmq.learners.optim import PopulationAdam, per_member
 from rlmq.learners.pbt_state import PbtState
@@ -119,7 +119,9 @@ def test_the_vectorized_recurrent_update_equals_the_loop_over_members(
         batch = random_batch(spec, population, steps, slots, seed=10 + step, state_size=STATE_PARTS[kind] * CORE_SIZE)
         active = batch.valid.flatten(1).any(1)
         norm = ppo.loss_normalizers(batch.valid.flatten(1).sum(1), minibatches, world_size=1)
-        plan = ppo.minibatch_plan(ppo.plan_size(cfg, batch, True), cfg, torch.Generator().manual_seed(step))
+        plan = minibatching.minibatch_plan(
+            minibatching.plan_size(cfg, batch.valid, True), cfg, torch.Generator().manual_seed(step)
+        )
         stats = ppo.update(pop, pop, optimizer, batch, hp, cfg, plan, anneal, norm, active)
         update_each_member(nets, adams, batch, hp, cfg, plan, anneal, norm, active)
         assert all(np.isfinite(v) for v in stats.values())

@@ -17,7 +17,7 @@ from rlmq.common.algorithms import ALGORITHMS, PPOConfig
 from rlmq.common.recurrent import STATE_PARTS
 from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
-from rlmq.learners import distributed, ppo, stacked_mlp
+from rlmq.learners import distributed, minibatching, ppo, stacked_mlp
 from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.onpolicy import copy_member
@@ -84,7 +84,7 @@ def train_once(
     agreed = distributed.agree(ready, overdue, False, local, 0, False, device, max(len(rs) for rs in rollouts))
     assert agreed.update and not agreed.stop
     width = agreed.batch_rollouts
-    cfg = ppo.for_batch(cfg, width)
+    cfg = minibatching.for_batch(cfg, width)
     samples = torch.tensor(agreed.member_samples)
     hp = per_member(
         ppo.MemberHyperparams,
@@ -101,7 +101,7 @@ def train_once(
         ppo.join_rollouts(rollouts, SPEC, STEPS, width * SLOTS, device, STATE_SIZE),
         hp,
         cfg,
-        ppo.minibatch_plan(width * SLOTS if STATE_SIZE else STEPS * width * SLOTS, cfg, generator),
+        minibatching.minibatch_plan(width * SLOTS if STATE_SIZE else STEPS * width * SLOTS, cfg, generator),
         torch.ones(POPULATION),
         ppo.loss_normalizers(samples, cfg.minibatches, 2),
         samples > 0,

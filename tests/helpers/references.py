@@ -12,8 +12,9 @@ from torch import Tensor, nn
 from rlmq.common.algorithms import PPOConfig
 from rlmq.learners.advantages import vtrace
 from rlmq.learners.cores import episode_starts
+from rlmq.learners.minibatching import pick
 from rlmq.learners.networks import ActorCritic, Memory
-from rlmq.learners.ppo import Batch, MemberHyperparams, normalize_advantages, pick, ppo_loss
+from rlmq.learners.ppo import Batch, MemberHyperparams, normalize_advantages, ppo_loss
 
 
 def to_numpy_params(model: nn.Module) -> dict[str, np.ndarray]:
