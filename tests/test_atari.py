@@ -33,6 +33,7 @@ class ByPixels:
     two ways of stepping the same slots must give the same rollouts."""
 
     noise_color = 0.0
+    state_size = 0  # no recurrent core
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         actions = obs.reshape(len(obs), -1)[:, ::97].sum(axis=1, dtype=np.int64) % 6
