@@ -25,17 +25,16 @@ from rlmq.learners.optim import PopulationAdam, per_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
 
-# Flat observations, [H, W, C] byte images through MinAtar's convolutional encoder, or flat ones
-# through an LSTM core (argv[6]): the spec, encoder and core of each.
+# Flat observations, or [H, W, C] byte images through MinAtar's convolutional encoder and an LSTM
+# core, whose minibatches are whole slots (argv[6]): the spec, encoder and core of each.
 FLAT = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 NETWORKS = {
     "mlp": (FLAT, "mlp", "identity"),
-    "minatar": (
+    "minatar-lstm": (
         EnvSpec(obs_shape=(5, 5, 2), obs_dtype="uint8", action_kind="discrete", action_dim=2),
         "minatar",
-        "identity",
+        "lstm",
     ),
-    "lstm": (FLAT, "mlp", "lstm"),
 }
 SPEC, CORE, CORE_SIZE = FLAT, "identity", 8
 STATE_SIZE = 0
