@@ -13,12 +13,6 @@ import torch
 from torch import Tensor, nn
 
 
-def lstm_step(x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-    """P members: (h [P, N, H], next state [P, N, 2H]) from `x` [P, N, I], `state` [P, N, 2H],
-    `weight_ih` [P, 4H, I], `weight_hh` [P, 4H, H] and `bias` [P, 4H] (bias_ih + bias_hh)."""
-    return _lstm(torch.baddbmm(bias.unsqueeze(1), x, weight_ih.transpose(1, 2)), state, weight_hh.transpose(1, 2))
-
-
 def _lstm(from_x: Tensor, state: Tensor, weight_hh_t: Tensor) -> tuple[Tensor, Tensor]:
     """An LSTM step from its input's share of the gates (`from_x` [P, N, 4H], biases included)."""
     hidden = weight_hh_t.shape[1]
@@ -27,14 +21,6 @@ def _lstm(from_x: Tensor, state: Tensor, weight_hh_t: Tensor) -> tuple[Tensor, T
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     h = torch.sigmoid(o) * torch.tanh(c)
     return h, torch.cat([h, c], dim=-1)
-
-
-def gru_step(
-    x: Tensor, state: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor, bias_hh: Tensor
-) -> tuple[Tensor, Tensor]:
-    """P members: (h, next state h), both [P, N, H], as `nn.GRUCell` computes them."""
-    from_x = torch.baddbmm(bias_ih.unsqueeze(1), x, weight_ih.transpose(1, 2))
-    return _gru(from_x, state, weight_hh.transpose(1, 2), bias_hh)
 
 
 def _gru(from_x: Tensor, state: Tensor, weight_hh_t: Tensor, bias_hh: Tensor) -> tuple[Tensor, Tensor]:

@@ -63,9 +63,9 @@ def test_the_actors_numpy_cells_equal_the_learners(kind: str) -> None:
     weights = {n: t.detach() for n, t in stacked(cells).items()}
     rng = np.random.default_rng(2)
     x, state = rng.normal(size=(P, N, IN)).astype(np.float32), rng.normal(size=(P, N, size)).astype(np.float32)
-    step = cores.lstm_step if kind == "lstm" else cores.gru_step
-    args = [weights["bias_ih"] + weights["bias_hh"]] if kind == "lstm" else [weights["bias_ih"], weights["bias_hh"]]
-    h, nxt = step(torch.from_numpy(x), torch.from_numpy(state), weights["weight_ih"], weights["weight_hh"], *args)
+    no_start = torch.zeros(P, 1, N, dtype=torch.bool)  # one step of the learners' unroll
+    out, nxt = cores.unroll(kind, torch.from_numpy(x)[:, None], torch.from_numpy(state), no_start, weights)
+    h = out[:, 0]
     for m in range(P):
         w = {n: t[m].numpy() for n, t in weights.items()}
         if kind == "lstm":
