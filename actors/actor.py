@@ -102,7 +102,7 @@ class Actor:
         # Two lanes where the emulators have a core of their own while the policy acts (a GPU acts,
         # or a second core): on one core they would only take turns with it (benchmarks/LOG.md §15).
         split = device is not None or threads >= 2
-        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split)
+        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split, run_cfg.frame_stack)
         seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
         collector = Collector(lanes, spec, run_cfg.rollout_length, seed)
         log.info(

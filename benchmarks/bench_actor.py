@@ -99,7 +99,7 @@ def bare_loop(conn: Connection, cpu: int | None, params: wire.Params, run_config
     for `window` seconds and send the Rate back; None ends it."""
     pin(cpu)  # the parent is not pinned: it runs the peers
     num_envs, seed = run_config.num_envs, run_config.seed
-    env = envs.make_vector_env(run_config.env_id, num_envs)
+    env = envs.make_vector_env(run_config.env_id, num_envs, frame_stack=run_config.frame_stack)
     spec = envs.describe(env, run_config.env_id)
     policy = NumpyPolicy(params, spec, encoder=run_config.encoder_for(spec))
     rng = np.random.default_rng(seed)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 39's GPU points (benchmarks/LOG.md §15), as one run that ends within a lent machine's 10-minute call:
+# Issue 39's GPU points (benchmarks/LOG.md §15), and issue 43's with PONG_LSTM=1, as one run that ends within
+# a lent machine's 10-minute call:
 #   1. the acting tests on the GPU: a policy acting there chooses the reference's actions
 #      (tests/test_atari.py; ~30 s);
 #   2. the box's env limit: bench_atari.py's env-only rows, both env paths on all cores (~70 s);
@@ -8,7 +9,11 @@
 #      in one call; run SEEDS=2 in the next) while time is left, each cut off 205 s after its launch
 #      (the target: 18 within 180 s of training, start-up not counted);
 #   4. with ACTING=1, bench_atari.py's acting rows (the actors' loop with the CNN on the CPU and on
-#      the GPU, ~3 min), while time is left.
+#      the GPU, ~3 min), while time is left;
+#   5. with PONG_LSTM=1, issue 43's point in place of 2-4: Pong without frame stacks and an LSTM
+#      (benchmarks/ppo-pong-lstm-gpu.toml, CleanRL's ppo_atari_lstm reaches 19.8 at 10 M env
+#      steps) for what is left of the call, its return against env steps and wall time in the JSON
+#      (10 M steps do not fit in one call: the run is cut off where the call ends).
 # Each step is cut off so that the whole ends by 570 s; a step without the time it needs is skipped
 # and logged, and a failed one does not stop the rest. Output to $1 (default $OUT, the device tool's
 # folder that comes back): gpu_checks.log and a JSON per step, at most 6 files; run directories in
@@ -47,6 +52,13 @@ checks() {
     nproc
     install
     step "acting tests" 60 python3 -m pytest -q -p no:cacheprovider tests/test_atari.py -k "device or gpu"
+    if [ -n "${PONG_LSTM:-}" ]; then
+        step "pong lstm" 300 python3 benchmarks/bench_atari.py --skip env acting --actors 4 --device cuda \
+            --config benchmarks/ppo-pong-lstm-gpu.toml --total-steps 10000000 --train-s $((deadline_s - SECONDS - 40)) \
+            --seed 0 --out-dir "$runs/pong-lstm" --json "$out/pong-lstm.json"
+        cp "$runs/pong-lstm/train.log" "$out/pong-lstm.log"  # rlmq up's lines: the return as it went
+        return
+    fi
     step "env limit" 90 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 5 --rounds 1 --skip acting \
         --train-s 0 --json "$out/env-limit.json"
     for seed in ${SEEDS:-0 1}; do

@@ -67,13 +67,12 @@ def evaluate(
     checkpoint: Checkpoint, episodes: int, seed: int = 0, deterministic: bool = True, video: Path | None = None
 ) -> Evaluation:
     policy = policy_of(checkpoint)
-    found = envs.probe(checkpoint.run_config.env_id)
+    run = checkpoint.run_config
+    found = envs.probe(run.env_id, frame_stack=run.frame_stack)
     if found != checkpoint.spec:
-        raise ValueError(
-            f"{checkpoint.run_config.env_id} now has spaces {found}, the checkpoint was trained on {checkpoint.spec}"
-        )
+        raise ValueError(f"{run.env_id} now has spaces {found}, the checkpoint was trained on {checkpoint.spec}")
     frames: list[np.ndarray] | None = [] if video is not None else None
-    result = play_policy(policy, checkpoint.run_config.env_id, checkpoint.spec, episodes, seed, deterministic, frames)
+    result = play_policy(policy, run.env_id, checkpoint.spec, episodes, seed, deterministic, frames, run.frame_stack)
     if video is not None and frames:
         write_video(video, frames, fps=VIDEO_FPS)
     return result

@@ -120,8 +120,9 @@ def plan(
 def preflight(cfg: UpConfig) -> EnvSpec:
     """The env's spec, once the env, the devices, Redis and the run directory are found fit, before
     anything starts; Refused naming the fix."""
+    run = cfg.run_config
     try:
-        spec = envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder)
+        spec = envs.probe(run.env_id, run.algo, run.encoder, run.frame_stack)
         if cfg.actor_device.startswith("cuda"):  # a GPU named and not there: say so before anything starts
             acting_device(cfg.actor_device, cfg.run_config.encoder_for(spec))
     except (envs.EnvError, ValueError) as exc:

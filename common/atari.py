@@ -26,7 +26,7 @@ class Preprocessing:
     noop_max: int = 30  # up to this many no-op steps at reset
     frame_skip: int = 4  # emulator frames per step, the last two max-pooled
     screen_size: int = 84  # frames resized to this square, grayscale bytes
-    frame_stack: int = 4  # observations stack the last this many frames: [4, 84, 84]
+    frame_stack: int = 4  # observations stack the last this many frames: [4, 84, 84] (RunConfig.frame_stack)
 
 
 PREPROCESSING = Preprocessing()
@@ -37,8 +37,9 @@ def is_atari(spec: gym.envs.registration.EnvSpec) -> bool:
     return str(spec.entry_point).startswith("ale_py") and spec.kwargs.get("obs_type", "rgb") != "ram"
 
 
-def wrappers() -> list[Callable[[gym.Env], gym.Env]]:
-    """Gymnasium's preprocessing around an ALE env made with frameskip=1. Rewards are clipped to
+def wrappers(frame_stack: int = PREPROCESSING.frame_stack) -> list[Callable[[gym.Env], gym.Env]]:
+    """Gymnasium's preprocessing around an ALE env made with frameskip=1, observations of the last
+    `frame_stack` frames ([1, 84, 84] for one, as the native env gives them). Rewards are clipped to
     their sign by the learners (`RunConfig.signs_rewards`), so that actors report real returns.
     OpenCV, which does the resize, gets one thread: its pool ignores OMP_NUM_THREADS, and a
     process's pools fight the other processes' on shared cores (common/service.py)."""
@@ -55,16 +56,19 @@ def wrappers() -> list[Callable[[gym.Env], gym.Env]]:
             terminal_on_life_loss=False,
             grayscale_obs=True,
         ),
-        lambda env: gym.wrappers.FrameStackObservation(env, p.frame_stack),
+        lambda env: gym.wrappers.FrameStackObservation(env, frame_stack),
     ]
 
 
-def native_settings(spec: gym.envs.registration.EnvSpec) -> dict[str, Any]:
+def native_settings(
+    spec: gym.envs.registration.EnvSpec, frame_stack: int = PREPROCESSING.frame_stack
+) -> dict[str, Any]:
     """What `native_env` builds the env with, besides the slots and threads: the id's game, sticky
-    actions, action set and frame limit, and `PREPROCESSING`. Rewards come unclipped and a lost
-    life does not end an episode, as on the wrapper path; no FIRE at reset (the wrappers press
-    none either). At an episode's start the frames before the first are zeros (EnvPool's and
-    SB3's convention), where the wrappers repeat the first frame."""
+    actions, action set and frame limit, `PREPROCESSING`, and observations of `frame_stack`
+    frames. Rewards come unclipped and a lost life does not end an episode, as on the wrapper
+    path; no FIRE at reset (the wrappers press none either). At an episode's start the frames
+    before the first are zeros (EnvPool's and SB3's convention), where the wrappers repeat the
+    first frame."""
     kwargs: dict[str, Any] = spec.kwargs
     p = PREPROCESSING
     return dict(
@@ -76,7 +80,7 @@ def native_settings(spec: gym.envs.registration.EnvSpec) -> dict[str, Any]:
         noop_max=p.noop_max,
         img_height=p.screen_size,
         img_width=p.screen_size,
-        stack_num=p.frame_stack,
+        stack_num=frame_stack,
         grayscale=True,
         maxpool=True,
         episodic_life=False,
@@ -86,12 +90,14 @@ def native_settings(spec: gym.envs.registration.EnvSpec) -> dict[str, Any]:
     )
 
 
-def native_env(spec: gym.envs.registration.EnvSpec, num_envs: int, threads: int) -> gym.vector.VectorEnv:
+def native_env(
+    spec: gym.envs.registration.EnvSpec, num_envs: int, threads: int, frame_stack: int = PREPROCESSING.frame_stack
+) -> gym.vector.VectorEnv:
     """`num_envs` slots of a registered ALE id in ale-py's `AtariVectorEnv`, stepped by `threads`
     C++ threads (`native_settings`)."""
     from ale_py.vector_env import AtariVectorEnv  # the atari extra's
 
-    settings = native_settings(spec)
+    settings = native_settings(spec, frame_stack)
     return AtariVectorEnv(settings.pop("game"), num_envs, num_threads=threads, **settings)
 
 

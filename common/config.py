@@ -163,6 +163,9 @@ class RunConfig:
     # Learners train on the sign of each reward (Atari's reward clipping, Mnih et al. 2015) while
     # actors report episode returns as the env gives them. None: for ALE/* envs only.
     sign_rewards: bool | None = None
+    # Frames an ALE id's observations stack (its preprocessing's 4 when None); 1 for a recurrent
+    # policy that remembers instead (CleanRL's ppo_atari_lstm). Other envs stack none.
+    frame_stack: int | None = None
     # Learner checkpoints (learners/checkpoint.py): every rank's whole state, this often and when
     # the run stops; each rank keeps the newest `checkpoints_kept`. 0: only when the run stops.
     checkpoint_interval_s: float = 60.0
@@ -244,6 +247,8 @@ class RunConfig:
             problems.append("hidden_sizes must be positive")
         if self.obs_clip <= 0:
             problems.append("obs_clip must be positive")
+        if self.frame_stack is not None and self.frame_stack < 1:
+            problems.append("frame_stack must be at least 1")
         if self.encoder not in ENCODER_CHOICES:
             problems.append(f"encoder must be one of {', '.join(ENCODER_CHOICES)}")
         if self.compile_update not in COMPILE_MODES:

@@ -91,13 +91,26 @@ def _one_line(exc: BaseException) -> str:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, render_mode: str | None = None, threads: int = 1, native: bool = True
+    env_id: str,
+    num_envs: int,
+    render_mode: str | None = None,
+    threads: int = 1,
+    native: bool = True,
+    frame_stack: int | None = None,
 ) -> gym.vector.VectorEnv:
     """`num_envs` slots of `env_id`; a `render_mode` (e.g. rgb_array for `rlmq eval --video`) is
     passed to a registered id's envs. An ALE id steps in ale-py's own vector env on `threads` C++
     threads, unless it renders or `native` is False: then through gymnasium's wrappers
-    (common/atari.py)."""
+    (common/atari.py); its observations stack `frame_stack` frames (RunConfig.frame_stack: None
+    for the preprocessing's 4). Only an ALE id's preprocessing stacks frames: any other env takes
+    None or 1."""
     given, env_class = env_id, _env_class(env_id)
+    if frame_stack is not None and frame_stack != 1 and (env_class is not None or not _native_atari(env_id)):
+        raise EnvError(
+            f"frame_stack = {frame_stack}: only ALE ids' preprocessing stacks frames, and {env_id} is "
+            "not one; leave frame_stack out, or stack them in your env (gymnasium.wrappers.FrameStackObservation)"
+        )
+    stack = atari.PREPROCESSING.frame_stack if frame_stack is None else frame_stack
     if env_class is not None:
         try:
             if isinstance(env_class, type) and issubclass(env_class, gym.vector.VectorEnv):
@@ -129,10 +142,10 @@ def make_vector_env(
         kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
         try:
             if atari.is_atari(spec) and native and render_mode is None:
-                env = atari.native_env(spec, num_envs, threads)
+                env = atari.native_env(spec, num_envs, threads, stack)
             else:
                 if atari.is_atari(spec):  # frames skipped by the preprocessing
-                    mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari.wrappers()
+                    mode, kwargs["frameskip"], kwargs["wrappers"] = "sync", 1, atari.wrappers(stack)
                 env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled for MuJoCo or Box2D ids
             extra = _extra(str(spec.entry_point))
@@ -158,16 +171,18 @@ def make_vector_env(
     return env
 
 
-def make_lanes(env_id: str, num_envs: int, threads: int = 1, split: bool = True) -> list[gym.vector.VectorEnv]:
+def make_lanes(
+    env_id: str, num_envs: int, threads: int = 1, split: bool = True, frame_stack: int | None = None
+) -> list[gym.vector.VectorEnv]:
     """An actor's `num_envs` slots as vector envs over consecutive slots ("lanes"): two halves of
     the native Atari env (`threads` split between them), which steps in halves, so that the actor
     chooses one lane's actions while the other's emulators run; one env otherwise, or unless `split`."""
     if num_envs < 2 or not split or not _native_atari(env_id):
-        return [make_vector_env(env_id, num_envs, threads=threads)]
+        return [make_vector_env(env_id, num_envs, threads=threads, frame_stack=frame_stack)]
     half = num_envs // 2
     return [
-        make_vector_env(env_id, half, threads=max(1, threads // 2)),
-        make_vector_env(env_id, num_envs - half, threads=max(1, threads - threads // 2)),
+        make_vector_env(env_id, half, threads=max(1, threads // 2), frame_stack=frame_stack),
+        make_vector_env(env_id, num_envs - half, threads=max(1, threads - threads // 2), frame_stack=frame_stack),
     ]
 
 
@@ -208,7 +223,7 @@ def frame_stack(env: gym.vector.VectorEnv) -> int:
     (1: none, or not visible: the slots of an async or custom vector env are out of reach, and then
     storing whole stacks costs memory, never correctness)."""
     if atari.is_native(env):
-        return atari.PREPROCESSING.frame_stack
+        return int(env.single_observation_space.shape[0])  # type: ignore[index]
     slot = next(iter(getattr(env, "envs", [])), None)
     while isinstance(slot, gym.Wrapper):
         if isinstance(slot, gym.wrappers.FrameStackObservation):
@@ -235,11 +250,12 @@ def observation_spec(space: gym.Space[Any], env_id: str) -> dict[str, Any]:
     return {"obs_shape": tuple(int(d) for d in space.shape), "obs_dtype": travel_dtype(np.dtype(space.dtype))}
 
 
-def probe(env_id: str, algo: str | None = None, encoder: str = "auto") -> EnvSpec:
-    """The spec of `env_id`, from a throwaway one-slot vector env; with `algo`, checked against
-    the action spaces that algorithm supports (the error names the ones that fit) and the
-    observations its `encoder` (RunConfig.encoder) takes."""
-    env = make_vector_env(env_id, 1)
+def probe(env_id: str, algo: str | None = None, encoder: str = "auto", frame_stack: int | None = None) -> EnvSpec:
+    """The spec of `env_id` (its observations stacking `frame_stack` frames: `make_vector_env`),
+    from a throwaway one-slot vector env; with `algo`, checked against the action spaces that
+    algorithm supports (the error names the ones that fit) and the observations its `encoder`
+    (RunConfig.encoder) takes."""
+    env = make_vector_env(env_id, 1, frame_stack=frame_stack)
     try:
         spec = describe(env, env_id)
     finally:

@@ -72,11 +72,14 @@ def play(
     clip: tuple[np.ndarray, np.ndarray] | None = None,
     frames: list[np.ndarray] | None = None,
     new_episode: Callable[[int | None], None] | None = None,
+    frame_stack: int | None = None,
 ) -> Evaluation:
     """`episodes` episodes of `act` (observations [1, ...] → actions [1, ...]) in a one-slot env,
     episode i from seed + i; with `frames`, the first episode's rgb_array frames are appended.
-    `new_episode` hears the env's time limit at each reset."""
-    env = envs.make_vector_env(env_id, 1, render_mode="rgb_array" if frames is not None else None)
+    `new_episode` hears the env's time limit at each reset; `frame_stack` is the run's
+    (`envs.make_vector_env`)."""
+    render_mode = "rgb_array" if frames is not None else None
+    env = envs.make_vector_env(env_id, 1, render_mode=render_mode, frame_stack=frame_stack)
     if frames is not None and env.render_mode != "rgb_array":
         env.close()
         raise ValueError(f"--video needs an env that renders rgb_array frames; {env_id} does not")
@@ -109,10 +112,11 @@ def play_policy(
     seed: int,
     deterministic: bool,
     frames: list[np.ndarray] | None = None,
+    frame_stack: int | None = None,
 ) -> Evaluation:
     """`play` for an actors' policy: its deterministic action, or its own sampling (seeded by `seed`)."""
     sampler = Sampler(policy, spec, np.random.default_rng(seed), deterministic)
-    return play(env_id, sampler, episodes, seed, clip_of(spec), frames, sampler.new_episode)
+    return play(env_id, sampler, episodes, seed, clip_of(spec), frames, sampler.new_episode, frame_stack)
 
 
 def clip_of(spec: EnvSpec) -> tuple[np.ndarray, np.ndarray] | None:
@@ -129,13 +133,14 @@ def play_side_by_side(
     seed: int,
     deterministic: bool,
     slots: int = MAX_SLOTS,
+    frame_stack: int | None = None,
 ) -> Evaluation:
     """`episodes` episodes in waves of up to `slots` played side by side in one vector env (the
     actors' own), each slot's first episode of a wave counted: one batched forward pass a step
     instead of one per episode. Wave k resets the env with seed + k·slots (a vector env seeds its
     slots from it); a recurrent policy's slots start each wave from zero states."""
     width = min(slots, episodes)
-    env = envs.make_vector_env(env_id, width)
+    env = envs.make_vector_env(env_id, width, frame_stack=frame_stack)
     rng = np.random.default_rng(seed)
     clip = clip_of(spec)
     returns: list[float] = []

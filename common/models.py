@@ -85,12 +85,14 @@ class NumpyPolicy:
             width = weight.shape[1]
         if width != (outputs or spec.action_dim):
             raise ValueError(f"policy gives {width} outputs, the action space needs {outputs or spec.action_dim}")
-        # An image policy given a torch `device` (a GPU: `acting_device`) runs its whole forward there.
+        # An image policy given a torch `device` (a GPU: `acting_device`) runs its whole forward there;
+        # a recurrent one only its encoder, the slots' states staying in NumPy with the core.
         self._on_device: Callable[[np.ndarray], np.ndarray] | None = None
-        if device is not None and self.encoder is not None and not spec.obs_parts and self.core is None:
+        if device is not None and self.encoder is not None and not spec.obs_parts:
             from rlmq.common.torch_images import DeviceForward
 
-            self._on_device = DeviceForward(self.encoder, self.layers, activation, self.norm, device)
+            layers = [] if self.core is not None else self.layers
+            self._on_device = DeviceForward(self.encoder, layers, activation, self.norm, device)
         self.discrete = spec.action_kind == "discrete"
         # The deterministic action `mode` (and `rlmq export`) takes from the network's output.
         self.head = "argmax" if self.discrete else "mean"
@@ -109,13 +111,16 @@ class NumpyPolicy:
     def forward(self, obs: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
         """The network's output for observations [N, *obs_shape] as the env gives them. A recurrent
         policy (`state_size` > 0) needs each slot's `state` [N, state_size], advanced in place."""
-        if self._on_device is not None:
+        if self._on_device is not None and self.core is None:
             return self._on_device(obs)
-        x = obs_features(obs, self.spec)
-        if self.norm is not None:
-            x = self.norm(x)
-        if self._encode is not None:
-            x = self._encode(x)
+        if self._on_device is not None:
+            x = self._on_device(obs)
+        else:
+            x = obs_features(obs, self.spec)
+            if self.norm is not None:
+                x = self.norm(x)
+            if self._encode is not None:
+                x = self._encode(x)
         if self.core is not None:
             if state is None:
                 raise ValueError("a recurrent policy steps from each env slot's state: pass it")

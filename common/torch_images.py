@@ -98,10 +98,11 @@ def staging(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
 
 class DeviceForward:
     """An image policy's forward pass on `device`: observations as the env gives them (bytes stay
-    bytes until they are on the device), observation statistics, the encoder and the MLP, output
-    back on the host. The same output as `NumpyPolicy.forward` (float32 roundings apart). The
-    weights are copied to the device once per policy version; each call is one copy there and
-    one back, through a pinned buffer kept across versions."""
+    bytes until they are on the device), observation statistics, the encoder and the MLP `layers`
+    (none: the encoding, for a recurrent policy's core on the host), output back on the host.
+    The same output as `NumpyPolicy.forward` (float32 roundings apart). The weights are copied to
+    the device once per policy version; each call is one copy there and one back, through a
+    pinned buffer kept across versions."""
 
     def __init__(
         self,
@@ -146,6 +147,9 @@ class DeviceForward:
                 return nn.functional.conv2d(x, weight, bias, layer.stride, layer.padding)
 
             x = run_plan(self.plan, images(x, self.layout), conv).flatten(1)
+            if not self.layers:
+                encoded: np.ndarray = x.cpu().numpy()
+                return encoded
             for weight, bias in self.layers[:-1]:
                 x = self.activation(torch.addmm(bias, x, weight))
             weight, bias = self.layers[-1]

@@ -76,12 +76,9 @@ class Coordinator:
             self.gatekeeper.watch(self.control, self.broadcast)
         self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind, cfg.broadcast_fd)
 
-        saved = store.load_config()
+        saved, run = store.load_config(), cfg.run_config
         if saved is None:
-            self.run_config, self.spec = (
-                cfg.run_config,
-                envs.probe(cfg.run_config.env_id, cfg.run_config.algo, cfg.run_config.encoder),
-            )
+            self.run_config, self.spec = run, envs.probe(run.env_id, run.algo, run.encoder, run.frame_stack)
             store.save_config(self.run_config, self.spec)
             store.set_status(state="running", reason="", started_at=time.time(), env_steps=0, episodes=0)
         else:  # a restart: Redis holds the truth

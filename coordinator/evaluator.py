@@ -112,8 +112,15 @@ def evaluate(request: wire.EvaluationRequest) -> wire.EvaluationResult:
     weights = request.weights
     try:
         policy = make_policy(request.config, dict(weights.params), request.env_spec, weights.trained_steps)
+        run = request.config
         played = play_side_by_side(
-            policy, request.config.env_id, request.env_spec, request.episodes, request.seed, request.deterministic
+            policy,
+            run.env_id,
+            request.env_spec,
+            request.episodes,
+            request.seed,
+            request.deterministic,
+            frame_stack=run.frame_stack,
         )
     except Exception as exc:  # the user's env code, or weights that do not fit: say so, and go on serving
         log.exception("evaluation %d failed", request.id)

@@ -179,6 +179,43 @@ def test_acting_on_a_device_chooses_the_reference_policys_actions(device: str, n
     np.testing.assert_array_equal(got_q, want_q)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_recurrent_policy_without_frame_stacks_encodes_on_a_device_and_remembers_on_the_host(device: str) -> None:
+    """`frame_stack = 1` (CleanRL's ppo_atari_lstm): one frame per observation on both env paths,
+    and a policy with an LSTM encodes on the device while its core steps the slots' states in
+    NumPy, as the CPU path does: the same outputs and states, step after step."""
+    spec = envs.probe(PONG, "ppo", frame_stack=1)
+    assert (spec.obs_shape, spec.frame_stack) == ((1, 84, 84), 1)
+    wrapped = envs.make_vector_env(PONG, 1, native=False, frame_stack=1)
+    assert wrapped.single_observation_space.shape == (1, 84, 84)
+    wrapped.close()
+    torch.manual_seed(0)
+    network = ActorCritic(spec, (32,), encoder="nature", activation="relu", core="lstm", core_size=16)
+    params = to_numpy_params(network)
+    reference = NumpyPolicy(params, spec, encoder="nature", activation="relu")
+    on_device = NumpyPolicy(params, spec, encoder="nature", activation="relu", device=device)
+    assert on_device.state_size == reference.state_size == 32
+    env = envs.make_vector_env(PONG, 4, frame_stack=1)
+    obs = env.reset(seed=1)[0]
+    want_state, got_state = np.zeros((4, 32), np.float32), np.zeros((4, 32), np.float32)
+    for _ in range(5):
+        want = reference.forward(obs, want_state)
+        np.testing.assert_allclose(on_device.forward(obs, got_state), want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got_state, want_state, rtol=1e-4, atol=1e-4)
+        obs = env.step(want.argmax(1))[0]
+    env.close()
+
+
+def test_frame_stack_is_an_ale_ids_and_at_least_one() -> None:
+    """Only an ALE id's preprocessing stacks frames: another env asked to is refused, naming what to
+    do, and so is a run that asks for none."""
+    assert envs.probe("CartPole-v1", frame_stack=1).obs_shape == (4,)
+    with pytest.raises(envs.EnvError, match="only ALE ids' preprocessing stacks frames"):
+        envs.probe("CartPole-v1", frame_stack=4)
+    with pytest.raises(ValueError, match="frame_stack must be at least 1"):
+        RunConfig(env_id=PONG, frame_stack=0)
+
+
 def test_each_rollout_is_collected_by_the_version_it_names() -> None:
     """Weights change between rollouts: each rollout's log-probabilities are those of the policy
     whose version it carries (recomputed from that version's weights), not the other's."""

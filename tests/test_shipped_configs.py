@@ -42,7 +42,9 @@ def test_the_configs_the_issue_names_are_shipped() -> None:
 def test_a_shipped_config_loads_and_fits_its_env(config: object) -> None:
     run_config = load_run_config(config.path, {})  # type: ignore[attr-defined]
     assert (run_config.env_id, run_config.algo) == (config.env_id, config.algo)  # type: ignore[attr-defined]
-    envs.probe(run_config.env_id, run_config.algo)  # the env builds, and its actions fit the algorithm
+    envs.probe(
+        run_config.env_id, run_config.algo, frame_stack=run_config.frame_stack
+    )  # the env builds, and its actions fit the algorithm
     assert config.summary  # type: ignore[attr-defined]  # `rlmq configs` has a line to show
 
 
