@@ -10,11 +10,9 @@ register (Hello → Assign) → join the torch.distributed world → loop:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -46,14 +44,13 @@ from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
-from rlmq.learners.members import MemberQueues, Taken
+from rlmq.learners.members import MemberQueues
 from rlmq.learners.pbt_state import PbtState
+from rlmq.learners.progress import Progress
 from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
-NONFINITE_LOG_EVERY = 100  # skipped steps between two log lines about them (the first is logged)
-IDLE_WARNING_S = 60.0  # how often identities that hold credit requests and never use them are logged
 # Tests: exit at the start of the update that follows this process's first checkpoint, while the
 # other ranks wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
 
@@ -93,16 +90,11 @@ class Learner:
         self.heartbeat = HeartbeatThread(
             self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(), self.name, cfg.rank, credentials
         )
-        self.counts = collections.Counter[str]()
-        self.losses: dict[str, float] = {}  # the last update's, for the report
-        self.update_s = 0.0  # seconds in updates since the last report
+        self.progress = Progress(self.name, cfg.rank, self.metrics)
         self.log_reject = RejectLog(log)
-        self.lags: list[int] = []
-        self.nonfinite_seen = 0  # member steps the trainer skipped for a non-finite gradient
         self.credit_frames = CreditFrames(lambda member: wire.encode(self.weights(member)))
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
         self.deliveries = Deliveries()  # a secure run checks actors' reports against these
-        self.idle_warned_at = -IDLE_WARNING_S
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -172,7 +164,7 @@ class Learner:
     def reject(self, exc: wire.WireError, size: int | None = None, sender: bytes = b"") -> None:
         self.log_reject(exc.reason, str(exc), size, sender)
         self.metrics.rejected.labels(exc.reason).inc()
-        self.counts["rejected"] += 1
+        self.progress.rejected()
 
     def read_broadcast(self) -> None:
         """Rank 0: obey a stop; keep PBT decisions until they can be applied, in id order."""
@@ -351,9 +343,7 @@ class Learner:
             self.metrics.heartbeat.beat()
             self.receive(timeout_ms=0 if self.members.ready() else 10)
             self.read_broadcast()
-            stale = self.members.drop_stale()
-            self.counts["stale"] += stale
-            self.metrics.stale_dropped.inc(stale)
+            self.progress.dropped_stale(self.members.drop_stale())
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
             agreed = self.agree(
@@ -368,9 +358,9 @@ class Learner:
             if agreed.checkpoint:
                 self.save_checkpoint(device)
             if agreed.update:
-                taken, stats, updated = self.update(agreed)
+                updated = self.update(agreed)
                 self.heartbeat.leave()  # the update's collectives are behind us: what follows is local
-                self.record_update(taken, stats, updated)
+                self.publish_updated(updated)
                 updates_done += 1
             else:
                 self.heartbeat.leave()
@@ -405,55 +395,23 @@ class Learner:
                 agreed.member_samples[replaced] = 0
         return agreed
 
-    def update(self, agreed: distributed.Agreement) -> tuple[Taken, dict[str, float], list[int]]:
-        """One update of every member with a batch, on every rank in step: (what was taken, the
-        losses, the members updated)."""
+    def update(self, agreed: distributed.Agreement) -> list[int]:
+        """One update of every member with a batch, on every rank in step: the members updated."""
         taken = self.members.take()
         if self.checkpoint_number > 0:
             failpoints.reach(self.cfg.failpoint, failpoints.LEARNER_IN_UPDATE, "in the update after a checkpoint")
         started = time.perf_counter()
-        stats, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
-        self.update_s += time.perf_counter() - started
-        self.metrics.update_seconds.observe(time.perf_counter() - started)
-        return taken, stats, updated
+        losses, updated = self.trainer.train(taken.rollouts, agreed.member_samples, agreed.batch_rollouts)
+        self.progress.updated(taken, losses, time.perf_counter() - started)
+        return updated
 
-    def record_update(self, taken: Taken, stats: dict[str, float], updated: list[int]) -> None:
-        """Metrics and counts of an update; the updated members' versions move on, and rank 0
-        publishes their weights every `publish_every` versions."""
-        for term, value in stats.items():
-            self.metrics.loss.labels(term).set(value)
-        self.losses = {term: value for term, value in stats.items() if math.isfinite(value)}
-        for lag in taken.lags:
-            self.metrics.policy_lag.observe(lag)
-        self.lags += taken.lags
-        local_samples = sum(r.num_steps for rollouts in taken.rollouts for r in rollouts)
-        self.counts["updates"] += 1
-        self.counts["samples"] += local_samples
-        self.metrics.updates.inc()
-        self.metrics.samples.inc(local_samples)
+    def publish_updated(self, updated: list[int]) -> None:
+        """The updated members' versions move on, and rank 0 publishes their weights every
+        `publish_every` versions."""
         for member in updated:
             self.members.versions[member] += 1
             if self.cfg.rank == 0 and self.members.versions[member] % self.run_cfg.algo_config.publish_every == 0:
                 self.publish(member)
-
-    def count_nonfinite(self) -> None:
-        """Metric, report and a log line (the first, then one per NONFINITE_LOG_EVERY) for the
-        member steps the trainer skipped because their gradient was not finite."""
-        skipped = self.trainer.nonfinite_skipped()
-        new = skipped - self.nonfinite_seen
-        if new <= 0:
-            return
-        if self.nonfinite_seen == 0 or skipped // NONFINITE_LOG_EVERY > self.nonfinite_seen // NONFINITE_LOG_EVERY:
-            log.warning(
-                "skipped %d member step(s) whose gradient was not finite (%d so far); the weights keep "
-                "their values. If this keeps happening, check the env's rewards and observations "
-                "(docs/architecture.md, non-finite updates)",
-                new,
-                skipped,
-            )
-        self.nonfinite_seen = skipped
-        self.metrics.nonfinite_skipped.inc(new)
-        self.counts["nonfinite"] += new
 
     def apply_decision(self, decision: wire.Message) -> int | None:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
@@ -480,42 +438,10 @@ class Learner:
         )
 
     def report(self, final: bool = False) -> None:
-        self.count_nonfinite()  # here, not per update: on a GPU reading the count waits for the device
-        lags, self.lags = self.lags, []
-        update_s, self.update_s = self.update_s, 0.0
-        steps, episodes = self.deliveries.take()
-        idle = self.members.idle_requests()
-        self.metrics.idle_requests.set(idle)
-        if idle and time.monotonic() - self.idle_warned_at >= IDLE_WARNING_S:
-            self.idle_warned_at = time.monotonic()
-            log.warning(
-                "%d identities hold credit requests and send no rollout (a stolen actor key, or actors "
-                "that cannot collect): they wait behind every actor that delivers",
-                idle,
-            )
-        transport.send(
-            self.control,
-            wire.LearnerReport(
-                name=self.name,
-                rank=self.cfg.rank,
-                policy_version=max(self.members.versions),
-                updates=self.counts.pop("updates", 0),
-                samples=self.counts.pop("samples", 0),
-                stale_dropped=self.counts.pop("stale", 0),
-                rejected=self.counts.pop("rejected", 0),
-                mean_policy_lag=float(np.mean(lags)) if lags else 0.0,
-                applied_decision=self.pbt.applied,
-                nonfinite_skipped=self.counts.pop("nonfinite", 0),
-                session=self.deliveries.session,
-                delivered_steps=steps,
-                delivered_episodes=episodes,
-                final=final,
-                idle_requests=idle,
-                losses=self.losses,
-                queue_depth=self.members.queued,
-                update_s=update_s,
-            ),
-        )
+        # The skipped steps are read here, not per update: on a GPU reading the count waits for the device.
+        self.progress.nonfinite(self.trainer.nonfinite_skipped())
+        report = self.progress.report(self.members, self.deliveries, self.pbt.applied, final)
+        transport.send(self.control, report)
 
     def close(self) -> None:
         self.heartbeat.close()
