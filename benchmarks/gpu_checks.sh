@@ -12,8 +12,8 @@
 #      the GPU, ~3 min), while time is left;
 #   5. with PONG_LSTM=1, issue 43's point in place of 2-4: Pong without frame stacks and an LSTM
 #      (benchmarks/ppo-pong-lstm-gpu.toml, CleanRL's ppo_atari_lstm reaches 19.8 at 10 M env
-#      steps) for what is left of the call, its return against env steps and wall time in the JSON
-#      (10 M steps do not fit in one call: the run is cut off where the call ends).
+#      steps) for what is left of the call, then `rlmq eval` of the policy at the cut (10 M steps do
+#      not fit in one call: the run is cut off where the call ends).
 # Each step is cut off so that the whole ends by 570 s; a step without the time it needs is skipped
 # and logged, and a failed one does not stop the rest. Output to $1 (default $OUT, the device tool's
 # folder that comes back): gpu_checks.log and a JSON per step, at most 6 files; run directories in
@@ -54,9 +54,13 @@ checks() {
     step "acting tests" 60 python3 -m pytest -q -p no:cacheprovider tests/test_atari.py -k "device or gpu"
     if [ -n "${PONG_LSTM:-}" ]; then
         step "pong lstm" 300 python3 benchmarks/bench_atari.py --skip env acting --actors 4 --device cuda \
-            --config benchmarks/ppo-pong-lstm-gpu.toml --total-steps 10000000 --train-s $((deadline_s - SECONDS - 40)) \
+            --config benchmarks/ppo-pong-lstm-gpu.toml --total-steps 10000000 --train-s $((deadline_s - SECONDS - 100)) \
             --seed 0 --out-dir "$runs/pong-lstm" --json "$out/pong-lstm.json"
-        cp "$runs/pong-lstm/train.log" "$out/pong-lstm.log"  # rlmq up's lines: the return as it went
+        # rlmq up's lines (the training return as it went) and its summary (the last 100 episodes'
+        # mean at the cut); then the policy at the cut, judged by rlmq eval (3 episodes, ~60 s on a CPU)
+        cp "$runs/pong-lstm/train.log" "$out/pong-lstm.log"
+        cp "$runs/pong-lstm/train/summary.json" "$out/pong-lstm-summary.json"
+        step "pong lstm eval" 60 python3 -m rlmq.cli eval "$runs/pong-lstm/train" --episodes 3
         return
     fi
     step "env limit" 90 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 5 --rounds 1 --skip acting \
