@@ -1,0 +1,46 @@
+"""DvD's diversity term (Parker-Holder et al. 2020, "Effective Diversity in Population Based
+Reinforcement Learning"): the members' behaviours are embedded as their actions on one shared
+batch of states, and the population's diversity is the determinant of their kernel matrix
+
+    K_ij = exp(−‖e_i − e_j‖² / (2 l²))          (the squared-exponential kernel, eq. 5)
+
+which is 1 for members far apart and 0 when two act alike. Each member's policy loss gains
+−λ log det K. fastpbrl computes it as it stands and its README warns that runs sometimes crash on
+NaNs: K is singular when two members coincide, and a Gram-matrix distance can come out negative.
+Here the distances are differences squared, K is formed and factorized in float64 with a jitter
+δ on its diagonal, and log det comes from the Cholesky factor, so the term and its gradient stay
+finite for identical members (where the gradient is zero: nothing says which way to part).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+JITTER = 1e-6  # δ: K + δI is positive definite whatever the members do
+
+
+def kernel(embeddings: Tensor, length_scale: float) -> Tensor:
+    """K [P, P] in float64 for the members' embeddings [P, M]."""
+    e = embeddings.double()
+    squared = (e[:, None, :] - e[None, :, :]).square().sum(-1)
+    return torch.exp(-squared / (2 * length_scale**2))
+
+
+def diversity_loss(embeddings: Tensor, length_scale: float = 1.0, jitter: float = JITTER) -> Tensor:
+    """−log det(K + δI) for the members' embeddings [P, M], in their dtype: the term DvD adds
+    (times its weight λ) to the population's policy loss."""
+    k = kernel(embeddings, length_scale)
+    factor = torch.linalg.cholesky(k + jitter * torch.eye(len(k), dtype=k.dtype, device=k.device))
+    return (-2 * torch.log(torch.diagonal(factor)).sum()).to(embeddings.dtype)
+
+
+@torch.no_grad()
+def behavioural_diversity(embeddings: Tensor, length_scale: float = 1.0) -> float:
+    """det K in [0, 1], the metric: 1 when every member acts unlike the others, 0 when two act alike."""
+    return float(torch.linalg.det(kernel(embeddings, length_scale)).clamp(0.0, 1.0))
+
+
+def embed(actions: Tensor) -> Tensor:
+    """Each member's actions [P, B, A] on the shared states as one row [P, B·A]."""
+    return actions.reshape(len(actions), -1)
