@@ -54,7 +54,7 @@ class PBTConfig:
     ttest_confidence: float = 0.95  # ttest: one-sided confidence that the member drawn is fitter
     perturb_factors: tuple[float, ...] = (0.8, 1.25)  # explore: multiply by one of these ...
     resample_probability: float = 0.25  # ... or, with this probability, draw afresh from the range
-    param_noise: float = 0.0  # std of Gaussian noise added to copied weights (0: none)
+    param_noise: float = 0.0  # std of Gaussian noise on a copy's policy network, every algorithm's (0: none)
     fitness_episodes: int = 20  # fitness: mean return of the member's last this many episodes
     ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
 

@@ -192,6 +192,10 @@ class DQN:
                 self.target.flat.copy_(torch.where(active.unsqueeze(1), moved, self.target.flat))
         return stats
 
+    @property
+    def policy_network(self) -> Stacked:
+        return self.q
+
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the Q network."""
         return self.q.member_params(member)

@@ -157,6 +157,14 @@ class Stacked(nn.Module):
         rows = [torch.cat([t.reshape(-1) for t in m.state_dict().values()]) for m in members]
         self.flat = nn.Parameter(torch.stack(rows))
 
+    @torch.no_grad()
+    def add_noise(self, member: int, std: float, seed: int) -> None:
+        """Gaussian noise of `std` on every parameter of `member` (PBT's parameter noise after a
+        copy), drawn from `seed` on the CPU: every rank, on any device, adds the same."""
+        if std > 0:
+            noise = torch.randn(self.flat.shape[1], generator=torch.Generator().manual_seed(seed))
+            self.flat[member] += std * noise.to(self.flat.device, self.flat.dtype)
+
     def tensor(self, name: str) -> Tensor:
         """The named tensor of every member: [P, *shape], a view into `flat`."""
         offset, shape = self.layout[name]

@@ -76,6 +76,11 @@ class OffPolicy(Protocol):
 
     optimizers: dict[str, PopulationAdam]
 
+    @property
+    def policy_network(self) -> Stacked:
+        """The members' network that the actors run (what `member_params` publishes)."""
+        ...
+
     def member_params(self, member: int) -> Params:
         """What the actors run (the policy network), under the names common/models.py reads."""
         ...
@@ -172,7 +177,10 @@ class OffPolicyTrainer:
         self.hp = self.algorithm.hyperparams(hyperparams, self.device)
 
     def copy_member(self, decision: wire.Decision) -> None:
+        """PBT exploit: every network and optimizer state, then the decision's parameter noise on
+        the policy the target's actors will run (its target networks stay the source's)."""
         self.algorithm.copy_member(decision.source, decision.target)
+        self.algorithm.policy_network.add_noise(decision.target, decision.param_noise, decision.id)
         self.obs_norm.copy_member(decision.source, decision.target)
         self.stored[decision.target] = max(self.stored[decision.target], self.stored[decision.source])
 

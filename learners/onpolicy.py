@@ -20,7 +20,7 @@ from rlmq.common.algorithms import OnPolicyConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed, ppo, replicas
-from rlmq.learners.networks import PopulationActorCritic, Stacked
+from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
@@ -29,19 +29,11 @@ from rlmq.learners.stacked_mlp import Activation
 Params = dict[str, np.ndarray]
 
 
-def add_noise(stacked: Stacked, member: int, std: float, seed: int) -> None:
-    """Parameter noise after a PBT copy, seeded by the decision: every rank draws the same."""
-    if std > 0:
-        with torch.no_grad():
-            noise = torch.randn(stacked.flat.shape[1], generator=torch.Generator().manual_seed(seed))
-            stacked.flat[member] += std * noise.to(stacked.flat.device)
-
-
 def copy_member(core: PopulationActorCritic, optimizer: PopulationAdam, decision: wire.Decision) -> None:
     """PBT exploit for PPO: target ← source, weights and optimizer state, plus the decision's noise."""
     with torch.no_grad():
         core.flat[decision.target] = core.flat[decision.source]
-    add_noise(core, decision.target, decision.param_noise, decision.id)
+    core.add_noise(decision.target, decision.param_noise, decision.id)
     optimizer.copy_member(decision.source, decision.target)
 
 

@@ -210,6 +210,10 @@ class SAC:
             "entropy": -logp.detach().mean(-1),
         }
 
+    @property
+    def policy_network(self) -> Stacked:
+        return self.actor
+
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the policy network."""
         return self.actor.member_params(member)

@@ -176,6 +176,10 @@ class TD3:
         losses["actor"] = self.last_actor_loss
         return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
 
+    @property
+    def policy_network(self) -> Stacked:
+        return self.actor
+
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """What actors run: the actor network."""
         return self.actor.member_params(member)

@@ -17,12 +17,15 @@ from ppo_batches import (
 
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS, PPOConfig
+from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import minibatching, ppo, stacked_mlp
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked
+from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.onpolicy import copy_member
 from rlmq.learners.optim import FUSED_ROW_MIN, PopulationAdam, per_member
 from rlmq.learners.stacked_mlp import Activation
+from rlmq.learners.trainers import make_trainer
 from tests.helpers.references import update_each_member
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -314,3 +317,33 @@ def test_parameter_noise_is_seeded_by_the_decision() -> None:
     assert torch.equal(results[0], results[1])
     noise = results[0][1] - results[0][0]
     assert abs(float(noise.std()) - 0.02) < 0.003
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3", "dqn"])
+def test_off_policy_copies_take_the_decisions_parameter_noise_on_the_policy_alone(algo: str) -> None:
+    """AgileRL mutates every algorithm's weights; the off-policy ones used to drop the noise. The
+    target's policy (what its actors run) is the source's plus the decision's seeded noise, the
+    same on every rank; its critics and target networks are the source's, unperturbed."""
+    spec = (
+        EnvSpec(obs_shape=(3,), obs_dtype="float32", action_kind="continuous", action_dim=2)
+        if algo != "dqn"
+        else DISCRETE
+    )
+    run_cfg = RunConfig(algo=algo, population=2)
+    decision = wire.Decision(
+        id=9, target=1, source=0, hyperparams=dict.fromkeys(ALGORITHMS[algo].tunable, 0.1), param_noise=0.05
+    )
+    trainers = []
+    for _ in range(2):  # two ranks, each applying the decision on its own
+        torch.manual_seed(0)
+        trainer = make_trainer(spec, run_cfg, (), 0, 1, torch.device("cpu"))
+        assert isinstance(trainer, OffPolicyTrainer)
+        trainer.copy_member(decision)
+        trainers.append(trainer.algorithm)
+    policy = trainers[0].policy_network.flat.detach()
+    assert torch.equal(policy, trainers[1].policy_network.flat.detach())
+    noise = policy[1] - policy[0]
+    assert abs(float(noise.std()) - 0.05) < 0.01
+    for name, network in vars(trainers[0]).items():  # every other network: the source's exactly
+        if isinstance(network, Stacked) and network is not trainers[0].policy_network:
+            assert torch.equal(network.flat[1], network.flat[0]), name
