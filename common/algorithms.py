@@ -265,6 +265,10 @@ class TD3Config(ReplayConfig):
     # the member has `learning_starts` env steps they act uniformly at random (as SB3 and the paper).
     exploration_noise: float = 0.1
     noise_color: float = 0.0  # β of that noise's 1/f^β spectrum, as SACConfig's
+    # One pair of twin critics (and its target) for the whole population, trained on every
+    # member's batch towards each member's own target action, where each member otherwise has its
+    # own (CEM-RL's and DvD's shared critic; learners/td3.py).
+    shared_critic: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -51,9 +51,13 @@ class Critic(nn.Module):
 def q_pair(
     critic: Stacked, q_layers: dict[str, list[tuple[str, str]]], obs: Tensor, action: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Both twin critics' values of (obs, action), each [P, B]."""
+    """Both twin critics' values of (obs, action), each [P, B]. A critic of one member given P
+    members' rows is shared by them: it takes their rows as one batch."""
     x = torch.cat([obs, action], dim=-1)
-    q1, q2 = (critic.mlp(q_layers[q], x, "relu").squeeze(-1) for q in ("q1", "q2"))
+    members = len(x)
+    if critic.population == 1 and members > 1:
+        x = x.reshape(1, -1, x.shape[-1])
+    q1, q2 = (critic.mlp(q_layers[q], x, "relu").reshape(members, -1) for q in ("q1", "q2"))
     return q1, q2
 
 

@@ -6,6 +6,11 @@ twin targets — every gradient step; the actor (ascending Q1) and the targets m
 `policy_delay` critic steps. Every network holds all P members (`Stacked`), so one gradient step
 updates the whole population, each member with its own learning rate, discount and τ.
 
+With `shared_critic` the critics and their target hold one member that all P actors share
+(CEM-RL, DvD): its loss is the mean of the members' losses (each towards its own target actor's
+smoothed action, with its own γ) over the members with data here, and it learns at the members'
+mean learning rate and τ; each actor ascends the shared Q1 as before.
+
 Inside the learner actions live in [-1, 1]; actors scale them to the env's bounds and add the
 exploration noise (`common/models.py`, `DeterministicPolicy`); transitions are scaled back here.
 
@@ -79,10 +84,11 @@ class TD3:
 
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
+        critics = 1 if cfg.shared_critic else population
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
         self.target_actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.target_critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.target_critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
         with torch.no_grad():
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
                 target.flat.requires_grad_(False)
@@ -115,10 +121,14 @@ class TD3:
         return critic_target(batch.rewards, batch.terminated, next_q1, next_q2, gamma, batch.horizon)
 
     def critic_loss(self, batch: Transitions, noise: Tensor, gamma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        """(the critics' loss [P], `weight` [P] applied; Q1 of the batch's actions [P, B])."""
+        """(the critics' loss [P], `weight` [P] applied — a shared critic's [1], their mean over
+        the weighted members; Q1 of the batch's actions [P, B])."""
         target = self.td_target(batch, gamma, noise)
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
-        return critic_loss(q1, q2, target) * weight, q1
+        loss = critic_loss(q1, q2, target) * weight
+        if self.cfg.shared_critic:
+            loss = (loss.sum() / weight.sum().clamp(min=1)).reshape(1)
+        return loss, q1
 
     def actor_loss(self, obs: Tensor, weight: Tensor) -> Tensor:
         """The actor's loss [P], `weight` applied (the critics held still by the caller)."""
@@ -157,8 +167,13 @@ class TD3:
             self.optimizers["critic"].steps, self.cfg.lr_decay_steps, self.cfg.lr_final_fraction
         )
         critic, q1 = self.critic_loss_of(batch, noise, hp.gamma, weight)
-        losses = {"critic": critic}
-        descend(self.optimizers["critic"], None if self.gradients_taken else critic, lr, active, sync, self.step_of)
+        losses = {"critic": critic.expand(self.population)}
+        critic_lr, critic_active, critic_tau = lr, active, hp.tau * active
+        if self.cfg.shared_critic:
+            critic_lr, critic_active = lr.mean().reshape(1), active.any().reshape(1)
+            critic_tau = hp.tau.mean().reshape(1) * critic_active
+        critic_descent = None if self.gradients_taken else critic
+        descend(self.optimizers["critic"], critic_descent, critic_lr, critic_active, sync, self.step_of)
         self.critic_steps += 1
 
         if self.critic_steps % self.cfg.policy_delay == 0:
@@ -168,9 +183,8 @@ class TD3:
             self.last_actor_loss = loss.detach().clone()  # a captured loss's tensor: its next replay rewrites it
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
-                tau = (hp.tau * active).unsqueeze(1)
-                self.target_actor.flat.lerp_(self.actor.flat, tau)
-                self.target_critic.flat.lerp_(self.critic.flat, tau)
+                self.target_actor.flat.lerp_(self.actor.flat, (hp.tau * active).unsqueeze(1))
+                self.target_critic.flat.lerp_(self.critic.flat, critic_tau.unsqueeze(1))
         # The actor's loss of its latest step, so that a mean over steps is not diluted by the
         # steps in between that leave the actor alone.
         losses["actor"] = self.last_actor_loss
@@ -197,9 +211,11 @@ class TD3:
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:
-        """PBT exploit: every network (online and target) and every optimizer's state."""
-        for stacked in (self.actor, self.critic, self.target_actor, self.target_critic):
-            stacked.flat[target] = stacked.flat[source]
+        """PBT exploit: every network (online and target) and every optimizer's state, but a
+        shared critic's, which is the target's already."""
+        own = ("actor",) if self.cfg.shared_critic else ("actor", "critic")
+        for name in own:
+            for stacked in (getattr(self, name), getattr(self, f"target_{name}")):
+                stacked.flat[target] = stacked.flat[source]
+            self.optimizers[name].copy_member(source, target)
         self.last_actor_loss[target] = self.last_actor_loss[source]
-        for optimizer in self.optimizers.values():
-            optimizer.copy_member(source, target)

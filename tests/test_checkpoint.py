@@ -43,6 +43,10 @@ CONFIGS = {
     ),
     "sac": (CONTINUOUS, {"sac": SACConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
     "td3": (CONTINUOUS, {"td3": TD3Config(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
+    "td3-shared": (
+        CONTINUOUS,
+        {"td3": TD3Config(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0, shared_critic=True)},
+    ),
     # Recurrent: PPO's core, and R2D2's sequence replay with its stored states.
     "ppo-lstm": (DISCRETE, {"ppo": PPOConfig(epochs=2, minibatches=2), "core": "lstm", "core_size": 8}),
     "dqn-gru": (

@@ -18,7 +18,7 @@ from rlmq.learners import sac
 from rlmq.learners.replay import Transitions
 
 PENDULUM = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
-HELPER = Path(__file__).parent / "helpers" / "sac_rank.py"
+HELPER = Path(__file__).parent / "helpers" / "actor_critic_rank.py"
 
 
 def test_squashed_gaussian_log_probability_is_the_change_of_variables() -> None:
@@ -101,10 +101,14 @@ def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:
         assert torch.equal(optimizer.exp_avg_sq[2], optimizer.exp_avg_sq[1])
 
 
-def test_two_ranks_keep_every_network_and_optimizer_identical(tmp_path: Path) -> None:
-    """Each rank samples its own data; every optimizer's gradient is averaged before it steps."""
+@pytest.mark.parametrize("algo", ["sac", "td3-shared"])
+def test_two_ranks_keep_every_network_and_optimizer_identical(algo: str, tmp_path: Path) -> None:
+    """Each rank samples its own data; every optimizer's gradient is averaged before it steps (a
+    critic shared by the members included)."""
     port, outs = free_port(), [tmp_path / f"rank{r}.pt" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(HELPER), str(r), "2", str(port), str(outs[r])]) for r in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(HELPER), str(r), "2", str(port), str(outs[r]), algo]) for r in range(2)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     a, b = (torch.load(o, weights_only=True) for o in outs)

@@ -86,7 +86,7 @@ def test_critic_and_actor_losses() -> None:
 
 
 def member_modules(algo: td3.TD3, member: int) -> dict[str, torch.nn.Module]:
-    """One member's four networks as plain torch modules."""
+    """One member's four networks as plain torch modules (a shared critic is every member's)."""
     modules: dict[str, torch.nn.Module] = {}
     for name, stacked, module in (
         ("actor", algo.actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
@@ -94,7 +94,8 @@ def member_modules(algo: td3.TD3, member: int) -> dict[str, torch.nn.Module]:
         ("target_actor", algo.target_actor, td3.Actor(SPEC, algo.cfg.hidden_sizes)),
         ("target_critic", algo.target_critic, Critic(SPEC, algo.cfg.hidden_sizes)),
     ):
-        module.load_state_dict({k: torch.from_numpy(v) for k, v in stacked.member_params(member).items()})
+        row = member if stacked.population > 1 else 0
+        module.load_state_dict({k: torch.from_numpy(v) for k, v in stacked.member_params(row).items()})
         modules[name] = module
     return modules
 
@@ -200,6 +201,87 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
         assert torch.equal(old[2], new[2]), "the inactive member moved"
         assert not torch.equal(old[:2], new[:2])
     assert all(int(o.steps[2]) == 0 and not o.exp_avg[2].any() for o in algo.optimizers.values())
+
+
+def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic() -> None:
+    """CEM-RL's and DvD's shape: three actors around one pair of twin critics. Each step the
+    shared critic descends the mean of the members' losses (members with data: here 0 and 1),
+    each towards its own target actor's smoothed action and γ, at the members' mean learning rate;
+    each active actor then ascends the shared Q1 at its own rate; every target moves by its τ, the
+    critic's by the mean τ. Plain torch modules and torch.optim.Adam, stepped one member at a
+    time, end where the vectorized step does; a PBT copy leaves the shared critic alone."""
+    population, steps, delay = 3, 4, 2
+    cfg = TD3Config(hidden_sizes=(16, 16), policy_delay=delay, shared_critic=True)
+    torch.manual_seed(4)
+    algo = td3.TD3(SPEC, cfg, population, CPU)
+    assert algo.critic.population == algo.target_critic.population == 1
+    hp = hyperparams([1e-3, 3e-3, 1e-2])
+    active = torch.tensor([True, True, False])
+    actors = [member_modules(algo, m) for m in range(population)]
+    critic, target_critic = member_modules(algo, 0)["critic"], member_modules(algo, 0)["target_critic"]
+    actor_adams = [
+        torch.optim.Adam(n["actor"].parameters(), lr=float(hp.learning_rate[m]), eps=1e-8) for m, n in enumerate(actors)
+    ]
+    critic_adam = torch.optim.Adam(critic.parameters(), lr=float(hp.learning_rate.mean()), eps=1e-8)
+    scale, bias = algo.action_scale, algo.action_bias
+    algo_noise, ref_noise = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    for step in range(1, steps + 1):
+        batch = transitions(population, 8, seed=20 + step)
+        batch = batch._replace(**{f: getattr(batch, f).clone() for f in batch._fields})
+        for field in batch:
+            field[2] = 0
+        stats = algo.step(batch, hp, active, active, no_sync, algo_noise)
+        assert stats["critic_loss"].shape == (population,)
+        noise = torch.randn(population, 8, SPEC.action_dim, generator=ref_noise)
+        losses = []
+        for m in range(2):
+            obs, next_obs, actions = batch.obs[m], batch.next_obs[m], (batch.actions[m] - bias) / scale
+            with torch.no_grad():
+                next_action = torch.tanh(actors[m]["target_actor"].policy(next_obs))
+                next_action = (
+                    next_action + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)
+                ).clamp(-1, 1)
+                x = torch.cat([next_obs, next_action], -1)
+                next_q = torch.min(target_critic.q1(x), target_critic.q2(x)).squeeze(-1)
+                y = batch.rewards[m] + float(hp.gamma[m]) * (1 - batch.terminated[m]) * next_q
+            x = torch.cat([obs, actions], -1)
+            losses.append(((critic.q1(x).squeeze(-1) - y) ** 2).mean() + ((critic.q2(x).squeeze(-1) - y) ** 2).mean())
+        critic_adam.zero_grad()
+        (sum(losses) / 2).backward()
+        critic_adam.step()
+        if step % delay == 0:
+            for m in range(2):
+                obs = batch.obs[m]
+                pi_loss = -critic.q1(torch.cat([obs, torch.tanh(actors[m]["actor"].policy(obs))], -1)).mean()
+                actor_adams[m].zero_grad()
+                pi_loss.backward()
+                actor_adams[m].step()
+            with torch.no_grad():
+                for m in range(2):
+                    for t, p in zip(
+                        actors[m]["target_actor"].parameters(), actors[m]["actor"].parameters(), strict=True
+                    ):
+                        t.lerp_(p, float(hp.tau[m]))
+                for t, p in zip(target_critic.parameters(), critic.parameters(), strict=True):
+                    t.lerp_(p, float(hp.tau.mean()))
+    for name, stacked, want in (("critic", algo.critic, critic), ("target_critic", algo.target_critic, target_critic)):
+        for key, value in want.state_dict().items():
+            np.testing.assert_allclose(
+                stacked.member_params(0)[key], value.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"{name} {key}"
+            )
+    for m in range(population):
+        for name, stacked in (("actor", algo.actor), ("target_actor", algo.target_actor)):
+            for key, value in actors[m][name].state_dict().items():
+                np.testing.assert_allclose(
+                    stacked.member_params(m)[key],
+                    value.numpy(),
+                    rtol=1e-4,
+                    atol=1e-6,
+                    err_msg=f"member {m} {name} {key}",
+                )
+    shared = algo.critic.flat.detach().clone()
+    algo.copy_member(source=0, target=2)
+    assert torch.equal(algo.actor.flat[2], algo.actor.flat[0]) and torch.equal(algo.critic.flat, shared)
 
 
 def test_the_actor_and_the_targets_move_only_every_policy_delay_steps() -> None:

@@ -1,5 +1,6 @@
-"""One rank of a real gloo world for tests/test_sac.py: SAC steps on rank-specific data, every
-optimizer synced by `allreduce_mean`; saves every network and optimizer state. Run as a script."""
+"""One rank of a real gloo world for tests/test_sac.py: SAC, or TD3 with a critic shared by the
+members ("td3-shared"), steps on rank-specific data, every optimizer synced by `allreduce_mean`;
+saves every network and optimizer state. Run as a script: RANK WORLD PORT OUT [ALGO]."""
 
 from __future__ import annotations
 
@@ -8,21 +9,28 @@ import sys
 import torch
 from exits import leave
 
-from rlmq.common.algorithms import SACConfig
+from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.replay import Transitions
 from rlmq.learners.sac import SAC
+from rlmq.learners.td3 import TD3
 
 SPEC = EnvSpec(obs_shape=(3,), action_kind="continuous", action_dim=1, action_low=(-2.0,), action_high=(2.0,))
 
 
-def main(rank: int, world: int, port: int, out: str) -> None:
+def main(rank: int, world: int, port: int, out: str, algo_name: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(100 + rank)  # different initial weights: the broadcast must make them equal
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
-    algo = SAC(SPEC, SACConfig(hidden_sizes=(16, 16)), population=2, device=device)
+    algo: SAC | TD3 = (
+        SAC(SPEC, SACConfig(hidden_sizes=(16, 16)), population=2, device=device)
+        if algo_name == "sac"
+        else TD3(
+            SPEC, TD3Config(hidden_sizes=(16, 16), shared_critic=True, policy_delay=1), population=2, device=device
+        )
+    )
     for tensor in algo.replicated():
         torch.distributed.broadcast(tensor.data, src=0)
     start = algo.actor.flat.detach().clone()
@@ -51,5 +59,5 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "sac")
     leave()
