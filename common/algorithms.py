@@ -269,11 +269,17 @@ class TD3Config(ReplayConfig):
     # member's batch towards each member's own target action, where each member otherwise has its
     # own (CEM-RL's and DvD's shared critic; learners/td3.py).
     shared_critic: bool = False
+    # DvD (learners/diversity.py): each actor step also descends λ·(−log det K) of the members'
+    # kernel over their actions on the batch's states (length scale l); 0: no diversity term.
+    diversity_weight: float = 0.0
+    diversity_length_scale: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
+            "diversity_weight >= 0, diversity_length_scale > 0": self.diversity_weight >= 0
+            and self.diversity_length_scale > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
             "policy_delay >= 1": self.policy_delay >= 1,

@@ -36,9 +36,10 @@ def diversity_loss(embeddings: Tensor, length_scale: float = 1.0, jitter: float 
 
 
 @torch.no_grad()
-def behavioural_diversity(embeddings: Tensor, length_scale: float = 1.0) -> float:
-    """det K in [0, 1], the metric: 1 when every member acts unlike the others, 0 when two act alike."""
-    return float(torch.linalg.det(kernel(embeddings, length_scale)).clamp(0.0, 1.0))
+def behavioural_diversity(embeddings: Tensor, length_scale: float = 1.0) -> Tensor:
+    """det K in [0, 1] (a 0-dim tensor on the embeddings' device: reading it waits for the device),
+    the metric: 1 when every member acts unlike the others, 0 when two act alike."""
+    return torch.linalg.det(kernel(embeddings, length_scale)).clamp(0.0, 1.0)
 
 
 def embed(actions: Tensor) -> Tensor:

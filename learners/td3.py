@@ -11,6 +11,11 @@ With `shared_critic` the critics and their target hold one member that all P act
 smoothed action, with its own γ) over the members with data here, and it learns at the members'
 mean learning rate and τ; each actor ascends the shared Q1 as before.
 
+With `diversity_weight` λ > 0 (DvD, Parker-Holder et al. 2020) the actors' step also descends
+λ·(−log det K) over the members' actions on one set of states, shared by all: the first ⌈B/P⌉
+states of every member's batch. The determinant (`behavioural_diversity`) is reported with the
+losses as "diversity".
+
 Inside the learner actions live in [-1, 1]; actors scale them to the env's bounds and add the
 exploration noise (`common/models.py`, `DeterministicPolicy`); transitions are scaled back here.
 
@@ -30,6 +35,7 @@ from rlmq.common.algorithms import TD3Config
 from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient
+from rlmq.learners.diversity import behavioural_diversity, diversity_loss, embed
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
 from rlmq.learners.optim import (
@@ -103,6 +109,7 @@ class TD3:
         self.q_layers = {q: self.critic.linear_names(q) for q in ("q1", "q2")}
         self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay
         self.last_actor_loss = torch.zeros(population, device=device)
+        self.last_diversity = torch.zeros(population, device=device)  # det K at the last actor step
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
         self.gradients_taken = False  # by the losses themselves, once captured
 
@@ -131,9 +138,20 @@ class TD3:
         return loss, q1
 
     def actor_loss(self, obs: Tensor, weight: Tensor) -> Tensor:
-        """The actor's loss [P], `weight` applied (the critics held still by the caller)."""
+        """The actor's loss [P], `weight` applied (the critics held still by the caller), plus a
+        P-th of DvD's term for each member when it is on."""
         q1_new, _ = q_pair(self.critic, self.q_layers, obs, self.act(self.actor, obs))
-        return actor_loss(q1_new) * weight
+        loss = actor_loss(q1_new) * weight
+        if self.cfg.diversity_weight > 0:
+            term = diversity_loss(self.embeddings(obs), self.cfg.diversity_length_scale)
+            loss = loss + self.cfg.diversity_weight * term / self.population
+        return loss
+
+    def embeddings(self, obs: Tensor) -> Tensor:
+        """Every member's actions on the states all share (the first ⌈B/P⌉ of each member's
+        batch), one row each [P, S·A]."""
+        states = obs[:, : -(-obs.shape[1] // self.population)].reshape(1, -1, obs.shape[-1])
+        return embed(self.act(self.actor, states.expand(self.population, -1, -1)))
 
     def capture(self, mode: str, backend: str = "") -> None:
         """Each loss with its gradient, and the optimizers' step, in `mode` (learners/capture.py)."""
@@ -181,6 +199,10 @@ class TD3:
             loss = self.actor_loss_of(batch.obs, weight)
             descend(self.optimizers["actor"], None if self.gradients_taken else loss, lr, active, sync, self.step_of)
             self.last_actor_loss = loss.detach().clone()  # a captured loss's tensor: its next replay rewrites it
+            if self.cfg.diversity_weight > 0:
+                with torch.no_grad():
+                    diversity = behavioural_diversity(self.embeddings(batch.obs), self.cfg.diversity_length_scale)
+                self.last_diversity.fill_(diversity.to(self.last_diversity.dtype))
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
                 self.target_actor.flat.lerp_(self.actor.flat, (hp.tau * active).unsqueeze(1))
@@ -188,7 +210,10 @@ class TD3:
         # The actor's loss of its latest step, so that a mean over steps is not diluted by the
         # steps in between that leave the actor alone.
         losses["actor"] = self.last_actor_loss
-        return {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
+        stats = {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
+        if self.cfg.diversity_weight > 0:
+            stats["diversity"] = self.last_diversity
+        return stats
 
     @property
     def policy_network(self) -> Stacked:

@@ -45,7 +45,7 @@ def test_members_that_act_alike_give_a_finite_term_and_no_gradient() -> None:
     loss = diversity.diversity_loss(same)
     loss.backward()
     assert torch.isfinite(loss) and same.grad is not None and torch.equal(same.grad, torch.zeros_like(same))
-    assert diversity.behavioural_diversity(same) == 0.0
+    assert float(diversity.behavioural_diversity(same)) == 0.0
     near = (torch.ones(5, 8) + 1e-4 * torch.randn(5, 8, generator=torch.Generator().manual_seed(0))).requires_grad_()
     diversity.diversity_loss(near).backward()
     assert near.grad is not None and torch.isfinite(near.grad).all() and near.grad.abs().sum() > 0
@@ -57,4 +57,4 @@ def test_diversity_is_one_far_apart_and_embeds_actions_member_by_member() -> Non
     actions = torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2) * 100
     rows = diversity.embed(actions)
     assert rows.shape == (3, 8) and torch.equal(rows[1], actions[1].flatten())
-    assert diversity.behavioural_diversity(rows) == pytest.approx(1.0)
+    assert float(diversity.behavioural_diversity(rows)) == pytest.approx(1.0)

@@ -203,15 +203,23 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
     assert all(int(o.steps[2]) == 0 and not o.exp_avg[2].any() for o in algo.optimizers.values())
 
 
-def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic() -> None:
+@pytest.mark.parametrize("diversity_weight", [0.0, 0.5], ids=["cem-rl", "dvd"])
+def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic(diversity_weight: float) -> None:
     """CEM-RL's and DvD's shape: three actors around one pair of twin critics. Each step the
     shared critic descends the mean of the members' losses (members with data: here 0 and 1),
     each towards its own target actor's smoothed action and γ, at the members' mean learning rate;
-    each active actor then ascends the shared Q1 at its own rate; every target moves by its τ, the
-    critic's by the mean τ. Plain torch modules and torch.optim.Adam, stepped one member at a
-    time, end where the vectorized step does; a PBT copy leaves the shared critic alone."""
-    population, steps, delay = 3, 4, 2
-    cfg = TD3Config(hidden_sizes=(16, 16), policy_delay=delay, shared_critic=True)
+    each active actor then ascends the shared Q1 at its own rate, with DvD's λ·(−log det K) over
+    every member's actions on the shared states (the first 3 of each member's 8); every target
+    moves by its τ, the critic's by the mean τ. Plain torch modules and torch.optim.Adam, one
+    member at a time, end where the vectorized step does; a PBT copy leaves the shared critic alone."""
+    population, steps, delay, length = 3, 4, 2, 1.5
+    cfg = TD3Config(
+        hidden_sizes=(16, 16),
+        policy_delay=delay,
+        shared_critic=True,
+        diversity_weight=diversity_weight,
+        diversity_length_scale=length,
+    )
     torch.manual_seed(4)
     algo = td3.TD3(SPEC, cfg, population, CPU)
     assert algo.critic.population == algo.target_critic.population == 1
@@ -225,6 +233,11 @@ def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic() -
     critic_adam = torch.optim.Adam(critic.parameters(), lr=float(hp.learning_rate.mean()), eps=1e-8)
     scale, bias = algo.action_scale, algo.action_bias
     algo_noise, ref_noise = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+
+    def kernel(states: torch.Tensor) -> torch.Tensor:  # DvD's, over every member's actions
+        e = torch.stack([torch.tanh(n["actor"].policy(states)).reshape(-1) for n in actors]).double()
+        return torch.exp(-(e[:, None] - e[None]).square().sum(-1) / (2 * length**2))
+
     for step in range(1, steps + 1):
         batch = transitions(population, 8, seed=20 + step)
         batch = batch._replace(**{f: getattr(batch, f).clone() for f in batch._fields})
@@ -250,12 +263,22 @@ def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic() -
         (sum(losses) / 2).backward()
         critic_adam.step()
         if step % delay == 0:
+            objective = sum(
+                -critic.q1(torch.cat([batch.obs[m], torch.tanh(actors[m]["actor"].policy(batch.obs[m]))], -1)).mean()
+                for m in range(2)
+            )
+            states = batch.obs[:, :3].reshape(-1, SPEC.obs_size)
+            k = kernel(states)
+            objective = objective - diversity_weight * torch.logdet(k + 1e-6 * torch.eye(population, dtype=k.dtype))
+            for adam in actor_adams:
+                adam.zero_grad()
+            objective.backward()
             for m in range(2):
-                obs = batch.obs[m]
-                pi_loss = -critic.q1(torch.cat([obs, torch.tanh(actors[m]["actor"].policy(obs))], -1)).mean()
-                actor_adams[m].zero_grad()
-                pi_loss.backward()
                 actor_adams[m].step()
+            if diversity_weight:  # the diversity the actors' step reached
+                assert float(stats["diversity"][0]) == pytest.approx(
+                    float(torch.det(kernel(states).detach())), rel=1e-4
+                )
             with torch.no_grad():
                 for m in range(2):
                     for t, p in zip(
