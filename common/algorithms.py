@@ -230,6 +230,7 @@ class SACConfig(ReplayConfig):
     # β of the actors' exploration noise, whose power spectrum falls as 1/f^β along an episode
     # (common/noise.py): 0 white (each step's draw independent, as SAC's paper), 1 pink.
     noise_color: float = 0.0
+    shared_critic: bool = False  # one pair of critics for the population, as TD3Config's
 
     def __post_init__(self) -> None:
         super().__post_init__()

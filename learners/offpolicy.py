@@ -61,6 +61,18 @@ def q_pair(
     return q1, q2
 
 
+def pooled(loss: Tensor, weight: Tensor) -> Tensor:
+    """A critic shared by the members: their losses' mean over the members with data here, [1]."""
+    return (loss.sum() / weight.sum().clamp(min=1)).reshape(1)
+
+
+def shared_rates(lr: Tensor, active: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A shared critic's learning rate, whether it trains, and its τ (each [1]): the members' mean
+    rate and τ, while any member trains."""
+    trains = active.any().reshape(1)
+    return lr.mean().reshape(1), trains, tau.mean().reshape(1) * trains
+
+
 class ActorCriticHyperparams(NamedTuple):
     """Per-member tunables of SAC and TD3 (algorithms.ALGORITHMS), each [P]."""
 

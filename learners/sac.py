@@ -31,7 +31,7 @@ from rlmq.common.models import (  # as the actors clamp and scale
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.networks import Stacked
-from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
+from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, pooled, q_pair, relu_mlp, shared_rates
 from rlmq.learners.optim import (
     PopulationAdam,
     Sync,
@@ -95,9 +95,10 @@ class SAC:
 
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
+        critics = 1 if cfg.shared_critic else population
         self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
+        self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
         self.target.flat.requires_grad_(False)
         with torch.no_grad():
             self.target.flat.copy_(self.critic.flat)
@@ -129,7 +130,8 @@ class SAC:
         return torch.min(*q_pair(critic, self.q_layers, obs, action))
 
     def critic_loss(self, batch: Transitions, noise: Tensor, alpha: Tensor, gamma: Tensor, weight: Tensor) -> Tensor:
-        """The critics' loss [P], `weight` [P] applied; `noise` for the next actions."""
+        """The critics' loss [P], `weight` [P] applied (a shared critic's [1]: `pooled`); `noise`
+        for the next actions."""
         with torch.no_grad():
             next_action, next_logp = self.sample(batch.next_obs, noise)
             target = critic_target(
@@ -142,7 +144,8 @@ class SAC:
                 batch.horizon,
             )
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
-        return critic_loss(q1, q2, target) * weight
+        loss = critic_loss(q1, q2, target) * weight
+        return pooled(loss, weight) if self.cfg.shared_critic else loss
 
     def actor_loss(self, obs: Tensor, noise: Tensor, alpha: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
         """(the actor's loss [P], `weight` applied; log π of its fresh actions [P, B]), the
@@ -189,8 +192,12 @@ class SAC:
         shape = (*batch.rewards.shape, self.action_scale.numel())  # the next actions', then the fresh ones'
         next_noise, noise = (torch.randn(shape, generator=generator, device=weight.device) for _ in range(2))
         taken = self.gradients_taken
-        losses = {"critic": self.critic_loss_of(batch, next_noise, alpha, hp.gamma, weight)}
-        descend(self.optimizers["critic"], None if taken else losses["critic"], lr, active, sync, self.step_of)
+        critic_lr, critic_active, critic_tau = (
+            shared_rates(lr, active, hp.tau) if self.cfg.shared_critic else (lr, active, hp.tau * active)
+        )
+        critic = self.critic_loss_of(batch, next_noise, alpha, hp.gamma, weight)
+        descend(self.optimizers["critic"], None if taken else critic, critic_lr, critic_active, sync, self.step_of)
+        losses = {"critic": critic.expand(self.population)}
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
         losses["actor"], logp = self.actor_loss_of(batch.obs, noise, alpha, weight)
@@ -202,8 +209,7 @@ class SAC:
             self.optimizers["temperature"], None if taken else losses["temperature"], lr, active, sync, self.step_of
         )
         with torch.no_grad():  # inactive members' critics did not move: their targets need not either
-            tau = (hp.tau * active).unsqueeze(1)
-            self.target.flat.lerp_(self.critic.flat, tau)
+            self.target.flat.lerp_(self.critic.flat, critic_tau.unsqueeze(1))
         return {
             **{f"{k}_loss": v.detach() for k, v in losses.items()},
             "alpha": alpha,
@@ -229,9 +235,12 @@ class SAC:
 
     @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:
-        """PBT exploit: every network, the temperature and every optimizer's state."""
-        for stacked in (self.actor, self.critic, self.target):
+        """PBT exploit: every network, the temperature and every optimizer's state, but a shared
+        critic's, which is the target's already."""
+        own = [self.actor] if self.cfg.shared_critic else [self.actor, self.critic, self.target]
+        for stacked in own:
             stacked.flat[target] = stacked.flat[source]
         self.log_alpha[target] = self.log_alpha[source]
-        for optimizer in self.optimizers.values():
-            optimizer.copy_member(source, target)
+        for name, optimizer in self.optimizers.items():
+            if name != "critic" or not self.cfg.shared_critic:
+                optimizer.copy_member(source, target)

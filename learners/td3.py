@@ -37,7 +37,7 @@ from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient
 from rlmq.learners.diversity import behavioural_diversity, diversity_loss, embed
 from rlmq.learners.networks import Stacked
-from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, q_pair, relu_mlp
+from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, pooled, q_pair, relu_mlp, shared_rates
 from rlmq.learners.optim import (
     PopulationAdam,
     Sync,
@@ -133,9 +133,7 @@ class TD3:
         target = self.td_target(batch, gamma, noise)
         q1, q2 = q_pair(self.critic, self.q_layers, batch.obs, (batch.actions - self.action_bias) / self.action_scale)
         loss = critic_loss(q1, q2, target) * weight
-        if self.cfg.shared_critic:
-            loss = (loss.sum() / weight.sum().clamp(min=1)).reshape(1)
-        return loss, q1
+        return pooled(loss, weight) if self.cfg.shared_critic else loss, q1
 
     def actor_loss(self, obs: Tensor, weight: Tensor) -> Tensor:
         """The actor's loss [P], `weight` applied (the critics held still by the caller), plus a
@@ -186,10 +184,9 @@ class TD3:
         )
         critic, q1 = self.critic_loss_of(batch, noise, hp.gamma, weight)
         losses = {"critic": critic.expand(self.population)}
-        critic_lr, critic_active, critic_tau = lr, active, hp.tau * active
-        if self.cfg.shared_critic:
-            critic_lr, critic_active = lr.mean().reshape(1), active.any().reshape(1)
-            critic_tau = hp.tau.mean().reshape(1) * critic_active
+        critic_lr, critic_active, critic_tau = (
+            shared_rates(lr, active, hp.tau) if self.cfg.shared_critic else (lr, active, hp.tau * active)
+        )
         critic_descent = None if self.gradients_taken else critic
         descend(self.optimizers["critic"], critic_descent, critic_lr, critic_active, sync, self.step_of)
         self.critic_steps += 1

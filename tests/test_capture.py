@@ -188,6 +188,7 @@ BOUNDED = EnvSpec(
 SMALL = (16, 16)
 OFF_POLICY = {  # P = 3 members, each algorithm as small as it comes, on a device
     "sac": lambda d: sac.SAC(BOUNDED, SACConfig(hidden_sizes=SMALL), POPULATION, d),
+    "sac-shared": lambda d: sac.SAC(BOUNDED, SACConfig(hidden_sizes=SMALL, shared_critic=True), POPULATION, d),
     "td3": lambda d: td3.TD3(BOUNDED, TD3Config(hidden_sizes=SMALL), POPULATION, d),
     "td3-dvd": lambda d: td3.TD3(
         BOUNDED, TD3Config(hidden_sizes=SMALL, shared_critic=True, diversity_weight=0.5), POPULATION, d
@@ -243,7 +244,9 @@ def assert_same_off_policy_steps(name: str, device: torch.device, mode: str, bac
         algorithm = OFF_POLICY[name](device)
         if captured_side:
             algorithm.capture(mode, backend)
-        spec = IMAGE if name == "dqn-image" else BOUNDED if name in ("sac", "td3", "td3-dvd") else DISCRETE
+        spec = (
+            IMAGE if name == "dqn-image" else BOUNDED if name in ("sac", "sac-shared", "td3", "td3-dvd") else DISCRETE
+        )
         hp = algorithm.hyperparams(
             [{"learning_rate": 1e-2 * (m + 1), "gamma": 0.9, "tau": 0.1} for m in range(POPULATION)], device
         )

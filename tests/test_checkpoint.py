@@ -42,6 +42,10 @@ CONFIGS = {
         },
     ),
     "sac": (CONTINUOUS, {"sac": SACConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
+    "sac-shared": (
+        CONTINUOUS,
+        {"sac": SACConfig(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0, shared_critic=True)},
+    ),
     "td3": (CONTINUOUS, {"td3": TD3Config(hidden_sizes=(8,), batch_size=4, learning_starts=1, replay_ratio=1.0)}),
     "td3-shared": (
         CONTINUOUS,

@@ -101,6 +101,31 @@ def test_a_step_moves_active_members_only_and_a_copy_takes_everything() -> None:
         assert torch.equal(optimizer.exp_avg_sq[2], optimizer.exp_avg_sq[1])
 
 
+def test_a_shared_critic_learns_from_the_mean_of_what_each_members_own_copy_would() -> None:
+    """SAC with one critic for three members against SAC with a critic each, all three copies of
+    that one: the shared critic's gradient is the mean of the copies' over the members with data
+    (0 and 1 here), and each actor's loss through it is what its own copy gives."""
+    cpu = torch.device("cpu")
+    torch.manual_seed(1)
+    shared = sac.SAC(PENDULUM, SACConfig(hidden_sizes=(16, 16), shared_critic=True), population=3, device=cpu)
+    own = sac.SAC(PENDULUM, SACConfig(hidden_sizes=(16, 16)), population=3, device=cpu)
+    assert shared.critic.population == shared.target.population == 1
+    with torch.no_grad():
+        own.actor.flat.copy_(shared.actor.flat)
+        own.critic.flat.copy_(shared.critic.flat.expand(3, -1))
+        own.target.flat.copy_(shared.target.flat.expand(3, -1))
+    batch, weight = batch_of(3, 16, 0), torch.tensor([1.0, 1.0, 0.0])
+    noise = torch.randn(3, 16, 1, generator=torch.Generator().manual_seed(2))
+    alpha, gamma = torch.tensor([0.5, 0.2, 0.1]), torch.tensor([0.99, 0.9, 0.95])
+    for algo in (shared, own):
+        algo.critic_loss(batch, noise, alpha, gamma, weight).sum().backward()
+    assert shared.critic.flat.grad is not None and own.critic.flat.grad is not None
+    torch.testing.assert_close(shared.critic.flat.grad[0], own.critic.flat.grad.sum(0) / 2, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        shared.actor_loss(batch.obs, noise, alpha, weight)[0], own.actor_loss(batch.obs, noise, alpha, weight)[0]
+    )
+
+
 @pytest.mark.parametrize("algo", ["sac", "td3-shared"])
 def test_two_ranks_keep_every_network_and_optimizer_identical(algo: str, tmp_path: Path) -> None:
     """Each rank samples its own data; every optimizer's gradient is averaged before it steps (a
