@@ -85,6 +85,7 @@ def train(
     num_envs: int | None = None,
     seed: int | None = None,
     population: int | None = None,
+    method: str | None = None,
     checkpoint_every: float | None = None,
     redis_url: str | None = None,
     run_dir: str | Path | None = None,

@@ -356,7 +356,11 @@ def up(
     ] = None,
     num_envs: Annotated[int | None, _opt("Vector-env slots per actor.")] = None,
     seed: Annotated[int | None, _opt("Seed.")] = None,
-    population: Annotated[int | None, _opt("Members trained together with population-based training.")] = None,
+    population: Annotated[int | None, _opt("Members trained together (by --method).")] = None,
+    method: Annotated[
+        str | None,
+        _opt("How a population trains: pbt (copies and perturbations) or dvd (TD3 with a shared critic and DvD)."),
+    ] = None,
     checkpoint_every: Annotated[
         float | None,
         _opt(

@@ -52,6 +52,7 @@ def plan(
     num_envs: int | None = None,
     seed: int | None = None,
     population: int | None = None,
+    method: str | None = None,
     checkpoint_every: float | None = None,
     redis_url: str | None = None,
     run_dir: Path | None = None,
@@ -75,6 +76,7 @@ def plan(
             num_envs=num_envs,
             seed=seed,
             population=population,
+            method=method,
             checkpoint_interval_s=checkpoint_every,
         ).items()
         if v is not None

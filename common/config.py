@@ -113,6 +113,10 @@ class EvaluationConfig:
 # "max-autotune" replay each part of a gradient step as a CUDA graph on a GPU, and "cuda-graphs" does
 # with eager kernels, compiling nothing (learners/capture.py). On a CPU graphs are not replayed.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "cuda-graphs")
+# How a population (population > 1) trains: "pbt", members copy and perturb one another
+# (coordinator/pbt.py); "dvd", TD3 members share one critic and train together under DvD's
+# diversity term, and none is copied (docs/architecture.md, "Population methods beyond PBT").
+METHODS = ("pbt", "dvd")
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,8 @@ class RunConfig:
     sac: SACConfig = field(default_factory=SACConfig)
     td3: TD3Config = field(default_factory=TD3Config)
     dqn: DQNConfig = field(default_factory=DQNConfig)
-    population: int = 1  # members trained together; more than 1 turns on population-based training
+    population: int = 1  # members trained together, by `method`
+    method: str = "pbt"
     pbt: PBTConfig = field(default_factory=PBTConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
@@ -254,6 +259,15 @@ class RunConfig:
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
         problems += self.core_problems()
+        if self.method not in METHODS:
+            problems.append(f"method must be one of {', '.join(METHODS)}")
+        dvd_ready = self.algo == "td3" and self.td3.shared_critic and self.td3.diversity_weight > 0
+        if self.method == "dvd" and not dvd_ready:
+            problems.append(
+                "method dvd trains TD3 members around one shared critic with DvD's diversity term: "
+                "set algo = td3 and, under [td3], shared_critic = true and diversity_weight > 0 "
+                "(configs/dvd-td3-halfcheetah.toml)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 

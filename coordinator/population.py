@@ -1,7 +1,8 @@
 """The population as the coordinator keeps it: member records, which actor collects for which
 member, fitness, and the PBT decisions (the selection rules themselves: pbt.py).
 
-A decision is taken when a member has trained `pbt.interval` env steps since the last one about it:
+With `method = "pbt"`, a decision is taken when a member has trained `pbt.interval` env steps since
+the last one about it (other methods take none here):
 
     log it to the Redis stream under the next id
     → apply it to the member records (one transaction, which also records the applied id)
@@ -105,7 +106,7 @@ class Population:
     def due(self) -> dict[int, int]:
         """The members that have trained `interval` env steps since the last decision about them, and
         their env steps."""
-        if self.size == 1:
+        if self.size == 1 or self.run_config.method != "pbt":
             return {}
         steps = self.store.member_steps()
         return {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tb  # tests/helpers: conftest puts them on the path
 import torch
 
 from rlmq.common.algorithms import SACConfig, TD3Config
@@ -491,3 +492,49 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
         trained_steps=2000,
     )
     assert isinstance(policy, DeterministicPolicy) and run.td3.hidden_sizes == (32, 32)
+
+
+@pytest.mark.slow
+def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path) -> None:
+    """`--method dvd`: two TD3 members around one critic with DvD's term, through `rlmq up` on
+    Pendulum. No member is copied (where PBT would have decided every 500 env steps of a member),
+    and the learners report the members' diversity (det K, in (0, 1]) with their losses."""
+    config = tmp_path / "dvd.json"
+    config.write_text(
+        json.dumps(
+            {
+                "env_id": "Pendulum-v1",
+                "algo": "td3",
+                "population": 2,
+                "total_steps": 6000,
+                "num_envs": 4,
+                "rollout_length": 16,
+                "td3": {
+                    "hidden_sizes": [16, 16],
+                    "learning_starts": 200,
+                    "batch_size": 64,
+                    "share_replay": True,
+                    "shared_critic": True,
+                    "diversity_weight": 0.5,
+                },
+                "pbt": {"interval": 500, "fitness_episodes": 2},
+            }
+        )
+    )
+    run_dir = tmp_path / "run"
+    argv = ["up", "--actors", "2", "--config", str(config), "--method", "dvd", "--run-dir", str(run_dir)]
+    up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["population"] == 2 and summary["pbt_decisions"] == 0, summary
+    diversity = [value for _, value in tb.scalars(run_dir / "tb")["learner/diversity"]]
+    assert diversity and all(0 < value <= 1 for value in diversity), diversity
+
+
+def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> None:
+    with pytest.raises(ValueError, match=r"method dvd .* shared_critic = true and diversity_weight > 0"):
+        RunConfig(algo="td3", population=3, method="dvd")
+    with pytest.raises(ValueError, match="method must be one of pbt, dvd"):
+        RunConfig(method="cem")
+    dvd = TD3Config(shared_critic=True, diversity_weight=1.0)
+    assert RunConfig(algo="td3", population=3, method="dvd", td3=dvd).method == "dvd"
