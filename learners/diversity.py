@@ -2,9 +2,12 @@
 Reinforcement Learning"): the members' behaviours are embedded as their actions on one shared
 batch of states, and the population's diversity is the determinant of their kernel matrix
 
-    K_ij = exp(−‖e_i − e_j‖² / (2 l²))          (the squared-exponential kernel, eq. 5)
+    K_ij = exp(−d_ij / (2 l²)),   d_ij = ‖e_i − e_j‖² / M     (the squared-exponential kernel, eq. 5)
 
-which is 1 for members far apart and 0 when two act alike. Each member's policy loss gains
+whose determinant is 1 for members far apart and 0 when two act alike. The squared distance is
+averaged over the embedding's M entries, so that l is in action units whatever the number of
+states: fastpbrl sums it, and over 256 states × 6 actions two policies that differ by 0.1 per
+action are 15 apart, K is the identity to float precision, and the term has no gradient. Each member's policy loss gains
 −λ log det K. fastpbrl computes it as it stands and its README warns that runs sometimes crash on
 NaNs: K is singular when two members coincide, and a Gram-matrix distance can come out negative.
 Here the distances are differences squared, K is formed and factorized in float64 with a jitter
@@ -23,7 +26,7 @@ JITTER = 1e-6  # δ: K + δI is positive definite whatever the members do
 def kernel(embeddings: Tensor, length_scale: float) -> Tensor:
     """K [P, P] in float64 for the members' embeddings [P, M]."""
     e = embeddings.double()
-    squared = (e[:, None, :] - e[None, :, :]).square().sum(-1)
+    squared = (e[:, None, :] - e[None, :, :]).square().mean(-1)
     return torch.exp(-squared / (2 * length_scale**2))
 
 

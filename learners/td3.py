@@ -14,7 +14,7 @@ mean learning rate and τ; each actor ascends the shared Q1 as before.
 With `diversity_weight` λ > 0 (DvD, Parker-Holder et al. 2020) the actors' step also descends
 λ·(−log det K) over the members' actions on one set of states, shared by all: the first ⌈B/P⌉
 states of every member's batch. The determinant (`behavioural_diversity`) is reported with the
-losses as "diversity".
+losses as "diversity" for every population, the term on or off, so that the two can be compared.
 
 Inside the learner actions live in [-1, 1]; actors scale them to the env's bounds and add the
 exploration noise (`common/models.py`, `DeterministicPolicy`); transitions are scaled back here.
@@ -196,7 +196,7 @@ class TD3:
             loss = self.actor_loss_of(batch.obs, weight)
             descend(self.optimizers["actor"], None if self.gradients_taken else loss, lr, active, sync, self.step_of)
             self.last_actor_loss = loss.detach().clone()  # a captured loss's tensor: its next replay rewrites it
-            if self.cfg.diversity_weight > 0:
+            if self.population > 1:
                 with torch.no_grad():
                     diversity = behavioural_diversity(self.embeddings(batch.obs), self.cfg.diversity_length_scale)
                 self.last_diversity.fill_(diversity.to(self.last_diversity.dtype))
@@ -208,7 +208,7 @@ class TD3:
         # steps in between that leave the actor alone.
         losses["actor"] = self.last_actor_loss
         stats = {**{f"{k}_loss": v.detach() for k, v in losses.items()}, "q": q1.detach().mean(-1)}
-        if self.cfg.diversity_weight > 0:
+        if self.population > 1:
             stats["diversity"] = self.last_diversity
         return stats
 

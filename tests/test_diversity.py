@@ -16,12 +16,13 @@ from rlmq.learners import diversity
 def reference(e: np.ndarray, length: float, jitter: float) -> tuple[float, np.ndarray]:
     """(−log det(K + δI), its gradient in e), one entry at a time."""
     p = len(e)
-    k = np.array([[math.exp(-((e[i] - e[j]) ** 2).sum() / (2 * length**2)) for j in range(p)] for i in range(p)])
+    m = e.shape[1]  # the squared distance is per entry
+    k = np.array([[math.exp(-((e[i] - e[j]) ** 2).sum() / m / (2 * length**2)) for j in range(p)] for i in range(p)])
     g = -np.linalg.inv(k + jitter * np.eye(p))  # d loss / d K
     grad = np.zeros_like(e)
     for a in range(p):
         for j in range(p):  # K_aj and K_ja both move with e_a
-            grad[a] += 2 * g[a, j] * k[a, j] * (e[j] - e[a]) / length**2
+            grad[a] += 2 * g[a, j] * k[a, j] * (e[j] - e[a]) / m / length**2
     return -math.log(np.linalg.det(k + jitter * np.eye(p))), grad
 
 

@@ -237,7 +237,7 @@ def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic(div
 
     def kernel(states: torch.Tensor) -> torch.Tensor:  # DvD's, over every member's actions
         e = torch.stack([torch.tanh(n["actor"].policy(states)).reshape(-1) for n in actors]).double()
-        return torch.exp(-(e[:, None] - e[None]).square().sum(-1) / (2 * length**2))
+        return torch.exp(-(e[:, None] - e[None]).square().mean(-1) / (2 * length**2))
 
     for step in range(1, steps + 1):
         batch = transitions(population, 8, seed=20 + step)
