@@ -364,8 +364,13 @@ def test_dashboards_use_only_metrics_rlmq_exports_and_show_data(live_run: LiveRu
         unknown = metric_names(expr) - exported
         assert not unknown, f"{where}: {sorted(unknown)} not exported by a running rlmq"
     # And every panel shows data from the live run (PBT decisions included), except over rejected
-    # messages, which a clean run has none of.
-    expected = {substitute(expr) for _, expr, _ in queries if "rlmq_rejected_messages" not in expr}
+    # messages, which a clean run has none of, and the behavioural diversity, which only a TD3
+    # population reports (tests/test_td3.py's DvD run checks it is there).
+    expected = {
+        substitute(expr)
+        for _, expr, _ in queries
+        if "rlmq_rejected_messages" not in expr and 'term="diversity"' not in expr
+    }
 
     def empty() -> set[str]:
         return {expr for expr in expected if not live_run.query(expr)}
