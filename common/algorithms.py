@@ -216,7 +216,27 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True)
-class SACConfig(ReplayConfig):
+class ActorCriticConfig(ReplayConfig):
+    """What SAC and TD3 share beyond the replay: how a population's members relate."""
+
+    # One pair of twin critics (and its target) for the whole population, trained on every
+    # member's batch towards each member's own next action, where each member otherwise has its
+    # own (CEM-RL's and DvD's shared critic; learners/td3.py).
+    shared_critic: bool = False
+    # DvD (learners/diversity.py): each actor step also descends λ·(−log det K) of the members'
+    # kernel over their actions on shared states (length scale l, in action units); 0: no term.
+    diversity_weight: float = 0.0
+    diversity_length_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.diversity_weight < 0 or self.diversity_length_scale <= 0:
+            section = type(self).__name__.removesuffix("Config").lower()
+            raise ValueError(f"{section}: need diversity_weight >= 0 and diversity_length_scale > 0")
+
+
+@dataclass(frozen=True)
+class SACConfig(ActorCriticConfig):
     """Soft actor-critic (Haarnoja et al. 2018) with twin critics, target critics and automatic
     entropy tuning (learners/sac.py)."""
 
@@ -230,7 +250,6 @@ class SACConfig(ReplayConfig):
     # β of the actors' exploration noise, whose power spectrum falls as 1/f^β along an episode
     # (common/noise.py): 0 white (each step's draw independent, as SAC's paper), 1 pink.
     noise_color: float = 0.0
-    shared_critic: bool = False  # one pair of critics for the population, as TD3Config's
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -249,7 +268,7 @@ class SACConfig(ReplayConfig):
 
 
 @dataclass(frozen=True)
-class TD3Config(ReplayConfig):
+class TD3Config(ActorCriticConfig):
     """Twin delayed DDPG (Fujimoto et al. 2018): a deterministic actor, twin critics, target actor
     and critics, target policy smoothing, delayed actor and target updates (learners/td3.py)."""
 
@@ -266,21 +285,11 @@ class TD3Config(ReplayConfig):
     # the member has `learning_starts` env steps they act uniformly at random (as SB3 and the paper).
     exploration_noise: float = 0.1
     noise_color: float = 0.0  # β of that noise's 1/f^β spectrum, as SACConfig's
-    # One pair of twin critics (and its target) for the whole population, trained on every
-    # member's batch towards each member's own target action, where each member otherwise has its
-    # own (CEM-RL's and DvD's shared critic; learners/td3.py).
-    shared_critic: bool = False
-    # DvD (learners/diversity.py): each actor step also descends λ·(−log det K) of the members'
-    # kernel over their actions on the batch's states (length scale l); 0: no diversity term.
-    diversity_weight: float = 0.0
-    diversity_length_scale: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         checks = {
             "learning_rate > 0": self.learning_rate > 0,
-            "diversity_weight >= 0, diversity_length_scale > 0": self.diversity_weight >= 0
-            and self.diversity_length_scale > 0,
             "0 < gamma <= 1": 0 < self.gamma <= 1,
             "0 < tau <= 1": 0 < self.tau <= 1,
             "policy_delay >= 1": self.policy_delay >= 1,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rlmq.common.algorithms import (
     ALGORITHMS,
     ALL_TUNABLE,
+    ActorCriticConfig,
     AlgoConfig,
     Batching,
     DQNConfig,
@@ -114,7 +115,7 @@ class EvaluationConfig:
 # with eager kernels, compiling nothing (learners/capture.py). On a CPU graphs are not replayed.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "cuda-graphs")
 # How a population (population > 1) trains: "pbt", members copy and perturb one another
-# (coordinator/pbt.py); "dvd", TD3 members share one critic and train together under DvD's
+# (coordinator/pbt.py); "dvd", SAC or TD3 members share one critic and train together under DvD's
 # diversity term, and none is copied (docs/architecture.md, "Population methods beyond PBT").
 METHODS = ("pbt", "dvd")
 
@@ -261,12 +262,12 @@ class RunConfig:
         problems += self.core_problems()
         if self.method not in METHODS:
             problems.append(f"method must be one of {', '.join(METHODS)}")
-        dvd_ready = self.algo == "td3" and self.td3.shared_critic and self.td3.diversity_weight > 0
+        dvd_ready = isinstance(section, ActorCriticConfig) and section.shared_critic and section.diversity_weight > 0
         if self.method == "dvd" and not dvd_ready:
             problems.append(
-                "method dvd trains TD3 members around one shared critic with DvD's diversity term: "
-                "set algo = td3 and, under [td3], shared_critic = true and diversity_weight > 0 "
-                "(configs/dvd-td3-halfcheetah.toml)"
+                "method dvd trains SAC or TD3 members around one shared critic with DvD's diversity "
+                "term: set algo = sac or td3 and, in its section, shared_critic = true and "
+                "diversity_weight > 0 (configs/dvd-td3-halfcheetah.toml)"
             )
         if problems:
             raise ValueError("; ".join(problems))

@@ -45,6 +45,14 @@ def behavioural_diversity(embeddings: Tensor, length_scale: float = 1.0) -> Tens
     return torch.linalg.det(kernel(embeddings, length_scale)).clamp(0.0, 1.0)
 
 
+def shared_states(obs: Tensor) -> Tensor:
+    """The states every member is embedded on, from their batches [P, B, F]: the first ⌈B/P⌉ of
+    each member's, one set [P, S, F] with the same rows for every member."""
+    population = len(obs)
+    states = obs[:, : -(-obs.shape[1] // population)].reshape(1, -1, obs.shape[-1])
+    return states.expand(population, -1, -1)
+
+
 def embed(actions: Tensor) -> Tensor:
-    """Each member's actions [P, B, A] on the shared states as one row [P, B·A]."""
+    """Each member's actions [P, S, A] on the shared states as one row [P, S·A]."""
     return actions.reshape(len(actions), -1)

@@ -10,6 +10,11 @@ Inside the learner actions live in [-1, 1]; actors scale them to the env's bound
 Under several learner ranks there is no DDP wrapper: after each backward the gradient of the one
 network that loss trains is averaged across ranks (`sync`) before its own optimizer steps — each of
 the three optimizers is synced on its own (the lesson of Horovod's distributed SAC).
+
+With `shared_critic` the critics hold one member for the population (their loss the members'
+mean: learners/td3.py says how); each member keeps its own temperature. With `diversity_weight`
+λ > 0 the actors' loss adds DvD's λ·(−log det K) over the members' squashed means on shared states
+(learners/diversity.py); every population reports det K as "diversity".
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from rlmq.common.models import (  # as the actors clamp and scale
 )
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient
+from rlmq.learners.diversity import behavioural_diversity, diversity_loss, embed, shared_states
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, pooled, q_pair, relu_mlp, shared_rates
 from rlmq.learners.optim import (
@@ -151,7 +157,17 @@ class SAC:
         """(the actor's loss [P], `weight` applied; log π of its fresh actions [P, B]), the
         critics held still by the caller."""
         new_action, logp = self.sample(obs, noise)
-        return actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight, logp
+        loss = actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight
+        if self.cfg.diversity_weight > 0:  # DvD: a P-th of the term on each member's row
+            term = diversity_loss(self.embeddings(obs), self.cfg.diversity_length_scale)
+            loss = loss + self.cfg.diversity_weight * term / self.population
+        return loss, logp
+
+    def embeddings(self, obs: Tensor) -> Tensor:
+        """Every member's deterministic action (the squashed mean) on the states all share, one
+        row each [P, S·A]."""
+        mean, _ = self.actor.mlp(self.policy_layers, shared_states(obs), "relu").chunk(2, dim=-1)
+        return embed(torch.tanh(mean))
 
     def temperature_loss(self, logp: Tensor, weight: Tensor) -> Tensor:
         """The temperature's loss [P], `weight` applied, from the actor's log π [P, B]."""
@@ -203,6 +219,11 @@ class SAC:
         losses["actor"], logp = self.actor_loss_of(batch.obs, noise, alpha, weight)
         descend(self.optimizers["actor"], None if taken else losses["actor"], lr, active, sync, self.step_of)
         self.critic.flat.requires_grad_(True)
+        diversity = {}
+        if self.population > 1:
+            with torch.no_grad():
+                found = behavioural_diversity(self.embeddings(batch.obs), self.cfg.diversity_length_scale)
+            diversity["diversity"] = found.to(alpha.dtype).expand(self.population)
 
         losses["temperature"] = self.temperature_loss_of(logp, weight)
         descend(
@@ -214,6 +235,7 @@ class SAC:
             **{f"{k}_loss": v.detach() for k, v in losses.items()},
             "alpha": alpha,
             "entropy": -logp.detach().mean(-1),
+            **diversity,
         }
 
     @property

@@ -35,7 +35,7 @@ from rlmq.common.algorithms import TD3Config
 from rlmq.common.models import scale_and_bias
 from rlmq.common.schema import EnvSpec
 from rlmq.learners.capture import captured, compiled, with_gradient
-from rlmq.learners.diversity import behavioural_diversity, diversity_loss, embed
+from rlmq.learners.diversity import behavioural_diversity, diversity_loss, embed, shared_states
 from rlmq.learners.networks import Stacked
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic, pooled, q_pair, relu_mlp, shared_rates
 from rlmq.learners.optim import (
@@ -146,10 +146,8 @@ class TD3:
         return loss
 
     def embeddings(self, obs: Tensor) -> Tensor:
-        """Every member's actions on the states all share (the first ⌈B/P⌉ of each member's
-        batch), one row each [P, S·A]."""
-        states = obs[:, : -(-obs.shape[1] // self.population)].reshape(1, -1, obs.shape[-1])
-        return embed(self.act(self.actor, states.expand(self.population, -1, -1)))
+        """Every member's actions on the states all share, one row each [P, S·A]."""
+        return embed(self.act(self.actor, shared_states(obs)))
 
     def capture(self, mode: str, backend: str = "") -> None:
         """Each loss with its gradient, and the optimizers' step, in `mode` (learners/capture.py)."""

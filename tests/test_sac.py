@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,28 @@ def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
     assert first["kind"] == "exploit" and first["target"] != first["source"]
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"applied PBT decision 1: member {first['target']} ← {first['source']}" in learner_log
+
+
+def test_dvd_adds_its_term_over_the_members_squashed_means_on_shared_states() -> None:
+    """The actors' loss with DvD's weight λ is the loss without it plus λ·(−log det(K + δI)), K
+    the kernel of each member's tanh(mean) on the first ⌈B/P⌉ states of every member's batch,
+    written here from plain modules of the members' weights."""
+    cpu, length, weight_of_term = torch.device("cpu"), 0.5, 0.3
+    algos = []
+    for diversity_weight in (weight_of_term, 0.0):
+        torch.manual_seed(2)
+        cfg = SACConfig(hidden_sizes=(16,), shared_critic=True, diversity_weight=diversity_weight)
+        algos.append(sac.SAC(PENDULUM, replace(cfg, diversity_length_scale=length), population=3, device=cpu))
+    batch, weight = batch_of(3, 8, 3), torch.tensor([1.0, 1.0, 0.0])
+    noise, alpha = torch.randn(3, 8, 1, generator=torch.Generator().manual_seed(4)), torch.tensor([0.2, 0.2, 0.2])
+    (with_term, _), (without, _) = (algo.actor_loss(batch.obs, noise, alpha, weight) for algo in algos)
+    states = batch.obs[:, :3].reshape(-1, 3)
+    means = []
+    for m in range(3):
+        actor = sac.Actor(PENDULUM, (16,))
+        actor.load_state_dict({k: torch.from_numpy(v) for k, v in algos[0].actor.member_params(m).items()})
+        means.append(torch.tanh(actor.policy(states).chunk(2, dim=-1)[0]).reshape(-1).double())
+    e = torch.stack(means)
+    k = torch.exp(-(e[:, None] - e[None]).square().mean(-1) / (2 * length**2)) + 1e-6 * torch.eye(3, dtype=e.dtype)
+    want = -weight_of_term * torch.logdet(k)
+    assert float((with_term - without).sum()) == pytest.approx(float(want), rel=1e-5)
