@@ -153,7 +153,8 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
     k = run_config.pbt.fitness_episodes
     lines = [
         "",
-        f"  population of {run_config.population}  (* best; fitness: mean of the last {k} episodes)",
+        f"  population of {run_config.population} by {run_config.method}  "
+        f"(* best; fitness: mean of the last {k} episodes)",
         f"    {'member':>6}  {'gen':>3}  {'parent':>6}  {'env steps':>11}  {'fitness':>8}  "
         f"{'last 100':>8}  hyperparameters",
     ]
@@ -185,8 +186,10 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
                 f"{decision.env_steps:>11,}  {decision.generation:>3}  "
             )
             lines += wrap(row, changed_words(decision, ranges))
-    else:
+    elif run_config.method == "pbt":
         lines += ["", "  PBT decisions: none yet"]
+    else:
+        lines += ["", f"  PBT decisions: none (method {run_config.method} takes none)"]
     return lines
 
 

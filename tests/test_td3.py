@@ -13,6 +13,7 @@ import pytest
 import tb  # tests/helpers: conftest puts them on the path
 import torch
 
+from rlmq.cli.status import PopulationView, population_lines
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
@@ -536,5 +537,6 @@ def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> N
         RunConfig(algo="td3", population=3, method="dvd")
     with pytest.raises(ValueError, match="method must be one of pbt, dvd"):
         RunConfig(method="cem")
-    dvd = TD3Config(shared_critic=True, diversity_weight=1.0)
-    assert RunConfig(algo="td3", population=3, method="dvd", td3=dvd).method == "dvd"
+    dvd = RunConfig(algo="td3", population=3, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=1.0))
+    shown = "\n".join(population_lines(dvd, 0, PopulationView({}, {}, {}, [], 0)))  # `rlmq status`
+    assert "population of 3 by dvd" in shown and "PBT decisions: none (method dvd takes none)" in shown
