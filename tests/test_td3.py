@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tb  # tests/helpers: conftest puts them on the path
 import torch
 
-from rlmq.cli.status import PopulationView, population_lines
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
@@ -205,110 +203,6 @@ def test_vectorized_steps_equal_the_loop_over_members() -> None:
     assert all(int(o.steps[2]) == 0 and not o.exp_avg[2].any() for o in algo.optimizers.values())
 
 
-@pytest.mark.parametrize("diversity_weight", [0.0, 0.5], ids=["cem-rl", "dvd"])
-def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic(diversity_weight: float) -> None:
-    """CEM-RL's and DvD's shape: three actors around one pair of twin critics. Each step the
-    shared critic descends the mean of the members' losses (members with data: here 0 and 1),
-    each towards its own target actor's smoothed action and γ, at the members' mean learning rate;
-    each active actor then ascends the shared Q1 at its own rate, with DvD's λ·(−log det K) over
-    every member's actions on the shared states (the first 3 of each member's 8); every target
-    moves by its τ, the critic's by the mean τ. Plain torch modules and torch.optim.Adam, one
-    member at a time, end where the vectorized step does; a PBT copy leaves the shared critic alone."""
-    population, steps, delay, length = 3, 4, 2, 1.5
-    cfg = TD3Config(
-        hidden_sizes=(16, 16),
-        policy_delay=delay,
-        shared_critic=True,
-        diversity_weight=diversity_weight,
-        diversity_length_scale=length,
-    )
-    torch.manual_seed(4)
-    algo = td3.TD3(SPEC, cfg, population, CPU)
-    assert algo.critic.population == algo.target_critic.population == 1
-    hp = hyperparams([1e-3, 3e-3, 1e-2])
-    active = torch.tensor([True, True, False])
-    actors = [member_modules(algo, m) for m in range(population)]
-    critic, target_critic = member_modules(algo, 0)["critic"], member_modules(algo, 0)["target_critic"]
-    actor_adams = [
-        torch.optim.Adam(n["actor"].parameters(), lr=float(hp.learning_rate[m]), eps=1e-8) for m, n in enumerate(actors)
-    ]
-    critic_adam = torch.optim.Adam(critic.parameters(), lr=float(hp.learning_rate.mean()), eps=1e-8)
-    scale, bias = algo.action_scale, algo.action_bias
-    algo_noise, ref_noise = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-
-    def kernel(states: torch.Tensor) -> torch.Tensor:  # DvD's, over every member's actions
-        e = torch.stack([torch.tanh(n["actor"].policy(states)).reshape(-1) for n in actors]).double()
-        return torch.exp(-(e[:, None] - e[None]).square().mean(-1) / (2 * length**2))
-
-    for step in range(1, steps + 1):
-        batch = transitions(population, 8, seed=20 + step)
-        batch = batch._replace(**{f: getattr(batch, f).clone() for f in batch._fields})
-        for field in batch:
-            field[2] = 0
-        stats = algo.step(batch, hp, active, active, no_sync, algo_noise)
-        assert stats["critic_loss"].shape == (population,)
-        noise = torch.randn(population, 8, SPEC.action_dim, generator=ref_noise)
-        losses = []
-        for m in range(2):
-            obs, next_obs, actions = batch.obs[m], batch.next_obs[m], (batch.actions[m] - bias) / scale
-            with torch.no_grad():
-                next_action = torch.tanh(actors[m]["target_actor"].policy(next_obs))
-                next_action = (
-                    next_action + (cfg.target_noise * noise[m]).clamp(-cfg.noise_clip, cfg.noise_clip)
-                ).clamp(-1, 1)
-                x = torch.cat([next_obs, next_action], -1)
-                next_q = torch.min(target_critic.q1(x), target_critic.q2(x)).squeeze(-1)
-                y = batch.rewards[m] + float(hp.gamma[m]) * (1 - batch.terminated[m]) * next_q
-            x = torch.cat([obs, actions], -1)
-            losses.append(((critic.q1(x).squeeze(-1) - y) ** 2).mean() + ((critic.q2(x).squeeze(-1) - y) ** 2).mean())
-        critic_adam.zero_grad()
-        (sum(losses) / 2).backward()
-        critic_adam.step()
-        if step % delay == 0:
-            objective = sum(
-                -critic.q1(torch.cat([batch.obs[m], torch.tanh(actors[m]["actor"].policy(batch.obs[m]))], -1)).mean()
-                for m in range(2)
-            )
-            states = batch.obs[:, :3].reshape(-1, SPEC.obs_size)
-            k = kernel(states)
-            objective = objective - diversity_weight * torch.logdet(k + 1e-6 * torch.eye(population, dtype=k.dtype))
-            for adam in actor_adams:
-                adam.zero_grad()
-            objective.backward()
-            for m in range(2):
-                actor_adams[m].step()
-            if diversity_weight:  # the diversity the actors' step reached
-                assert float(stats["diversity"][0]) == pytest.approx(
-                    float(torch.det(kernel(states).detach())), rel=1e-4
-                )
-            with torch.no_grad():
-                for m in range(2):
-                    for t, p in zip(
-                        actors[m]["target_actor"].parameters(), actors[m]["actor"].parameters(), strict=True
-                    ):
-                        t.lerp_(p, float(hp.tau[m]))
-                for t, p in zip(target_critic.parameters(), critic.parameters(), strict=True):
-                    t.lerp_(p, float(hp.tau.mean()))
-    for name, stacked, want in (("critic", algo.critic, critic), ("target_critic", algo.target_critic, target_critic)):
-        for key, value in want.state_dict().items():
-            np.testing.assert_allclose(
-                stacked.member_params(0)[key], value.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"{name} {key}"
-            )
-    for m in range(population):
-        for name, stacked in (("actor", algo.actor), ("target_actor", algo.target_actor)):
-            for key, value in actors[m][name].state_dict().items():
-                np.testing.assert_allclose(
-                    stacked.member_params(m)[key],
-                    value.numpy(),
-                    rtol=1e-4,
-                    atol=1e-6,
-                    err_msg=f"member {m} {name} {key}",
-                )
-    shared = algo.critic.flat.detach().clone()
-    algo.copy_member(source=0, target=2)
-    assert torch.equal(algo.actor.flat[2], algo.actor.flat[0]) and torch.equal(algo.critic.flat, shared)
-
-
 def test_the_actor_and_the_targets_move_only_every_policy_delay_steps() -> None:
     torch.manual_seed(4)
     algo = td3.TD3(SPEC, TD3Config(hidden_sizes=(16,), policy_delay=3), 2, CPU)
@@ -493,50 +387,3 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
         trained_steps=2000,
     )
     assert isinstance(policy, DeterministicPolicy) and run.td3.hidden_sizes == (32, 32)
-
-
-@pytest.mark.slow
-def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path) -> None:
-    """`--method dvd`: two TD3 members around one critic with DvD's term, through `rlmq up` on
-    Pendulum. No member is copied (where PBT would have decided every 500 env steps of a member),
-    and the learners report the members' diversity (det K, in (0, 1]) with their losses."""
-    config = tmp_path / "dvd.json"
-    config.write_text(
-        json.dumps(
-            {
-                "env_id": "Pendulum-v1",
-                "algo": "td3",
-                "population": 2,
-                "total_steps": 6000,
-                "num_envs": 4,
-                "rollout_length": 16,
-                "td3": {
-                    "hidden_sizes": [16, 16],
-                    "learning_starts": 200,
-                    "batch_size": 64,
-                    "share_replay": True,
-                    "shared_critic": True,
-                    "diversity_weight": 0.5,
-                },
-                "pbt": {"interval": 500, "fitness_episodes": 2},
-            }
-        )
-    )
-    run_dir = tmp_path / "run"
-    argv = ["up", "--actors", "2", "--config", str(config), "--method", "dvd", "--run-dir", str(run_dir)]
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["population"] == 2 and summary["pbt_decisions"] == 0, summary
-    diversity = [value for _, value in tb.scalars(run_dir / "tb")["learner/diversity"]]
-    assert diversity and all(0 < value <= 1 for value in diversity), diversity
-
-
-def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> None:
-    with pytest.raises(ValueError, match=r"method dvd .* shared_critic = true and diversity_weight > 0"):
-        RunConfig(algo="td3", population=3, method="dvd")
-    with pytest.raises(ValueError, match="method must be one of pbt, dvd"):
-        RunConfig(method="cem")
-    dvd = RunConfig(algo="td3", population=3, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=1.0))
-    shown = "\n".join(population_lines(dvd, 0, PopulationView({}, {}, {}, [], 0)))  # `rlmq status`
-    assert "population of 3 by dvd" in shown and "PBT decisions: none (method dvd takes none)" in shown
