@@ -261,8 +261,10 @@ class Actor:
 
     def report(self, collector: Collector) -> None:
         """Tell the coordinator what was collected since the last report (actors/reports.py)."""
-        returns, lengths = collector.finished_episodes()
-        encoded = self.reports.next(returns, lengths, *collector.take_times(), self.held.version, self.rejected)
+        returns, lengths, lineages = collector.finished_episodes()
+        encoded = self.reports.next(
+            returns, lengths, lineages, *collector.take_times(), self.held.version, self.rejected
+        )
         self.rejected = 0
         transport.send_frame(self.control, encoded)
         self.read_control()

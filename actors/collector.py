@@ -71,10 +71,13 @@ class Collector:
         self.lineage = 0  # `collect`'s
         self.episode_return = np.zeros(self.num_envs, dtype=np.float64)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
+        # The lineage each slot's open episode started under; -1: the slot starts one next.
+        self.episode_lineage = np.full(self.num_envs, -1, dtype=np.int64)
         # Rollouts not yet scanned for finished episodes: scanning them together when the actor
         # reports, rather than one by one, keeps that work out of its hot path
         # (benchmarks/LOG.md §1).
         self.unscanned: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.unscanned_lineages: list[int] = []  # each unscanned rollout's
         self.clip = (
             (np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
             if spec.action_kind == "continuous" and spec.action_low
@@ -166,6 +169,7 @@ class Collector:
         self.prev_done = done[-1].copy()
         self.starting = ~valid[-1]
         self.unscanned.append((rewards, valid, done))
+        self.unscanned_lineages.append(lineage)
         self.collected += 1
         return Rollout(
             member=member,
@@ -204,9 +208,10 @@ class Collector:
         )
         return self.noise
 
-    def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(returns, lengths) of the episodes that ended since the last call, ordered by slot,
-        then time, from the rollouts collected since then (one after another, so they concatenate).
+    def finished_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(returns, lengths, lineages) of the episodes that ended since the last call, ordered by
+        slot, then time, from the rollouts collected since then (one after another, so they
+        concatenate). An episode's lineage is that of the rollout it started in (`collect`).
 
         Each slot's steps, in time order and slot after slot, are cut into segments that start at
         the slot's first step and after each done step; one `np.add.reduceat` sums them all (a
@@ -216,9 +221,11 @@ class Collector:
         carried into the next call. Reset steps have reward 0 and are not valid: they add nothing.
         """
         if not self.unscanned:
-            return np.zeros(0, np.float64), np.zeros(0, np.int64)
+            return np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         rewards, valid, done = (np.concatenate(parts).T for parts in zip(*self.unscanned, strict=True))
+        rollout_lineages = np.array(self.unscanned_lineages, np.int64)
         self.unscanned.clear()
+        self.unscanned_lineages.clear()
         steps = done.shape[1]
         done = np.ascontiguousarray(done).ravel()  # [slots · steps], slot-major
         starts_here = np.empty_like(done)
@@ -230,10 +237,14 @@ class Collector:
         first = starts % steps == 0  # each slot's first segment continues what the slot carried in
         returns[first] += self.episode_return
         lengths[first] += self.episode_length
+        lineages = rollout_lineages[(starts % steps) // self.length]
+        lineages[first] = np.where(self.episode_lineage >= 0, self.episode_lineage, lineages[first])
         finished = done[np.append(starts[1:], done.size) - 1]  # the segment's last step is done
         self.episode_return[:] = 0.0  # a slot whose last step was done carries nothing
         self.episode_length[:] = 0
+        self.episode_lineage[:] = -1
         open_slots = starts[~finished] // steps
         self.episode_return[open_slots] = returns[~finished]
         self.episode_length[open_slots] = lengths[~finished]
-        return returns[finished], lengths[finished]
+        self.episode_lineage[open_slots] = lineages[~finished]
+        return returns[finished], lengths[finished], lineages[finished]

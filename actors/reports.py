@@ -45,6 +45,7 @@ class Reports:
         self,
         returns: np.ndarray,
         lengths: np.ndarray,
+        lineages: np.ndarray,
         acting_s: float,
         env_wait_s: float,
         policy_version: int,
@@ -62,7 +63,7 @@ class Reports:
         m.episodes.inc(len(returns))
         m.episode_return.observe_many(returns)
         self.totals = (self.totals[0] + steps, self.totals[1] + len(returns))
-        m.returns_given_up.inc(self.unacked.add(returns, lengths))
+        m.returns_given_up.inc(self.unacked.add(returns, lengths, lineages))
         self.last = wire.encode(
             wire.ActorReport(
                 name=self.name,
@@ -70,6 +71,7 @@ class Reports:
                 env_steps=steps,
                 episode_returns=self.unacked.returns,
                 episode_lengths=self.unacked.lengths,
+                episode_lineages=self.unacked.lineages,
                 policy_version=policy_version,
                 rejected=rejected,
                 first_step_at=self.first_step_at,

@@ -14,16 +14,19 @@ class UnackedEpisodes:
     def __init__(self, most: int) -> None:
         self.most = most
         self.returns, self.lengths = np.zeros(0, np.float64), np.zeros(0, np.int64)
+        self.lineages = np.zeros(0, np.int64)  # `wire.ActorReport.episode_lineages`
 
     def __len__(self) -> int:
         return len(self.returns)
 
-    def add(self, returns: np.ndarray, lengths: np.ndarray) -> int:
+    def add(self, returns: np.ndarray, lengths: np.ndarray, lineages: np.ndarray | None = None) -> int:
         """Append newly finished episodes, oldest first; how many of the oldest were given up."""
-        if len(returns) != len(lengths):
-            raise ValueError(f"{len(returns)} returns against {len(lengths)} lengths")
+        lineages = np.zeros(len(returns), np.int64) if lineages is None else lineages
+        if not len(returns) == len(lengths) == len(lineages):
+            raise ValueError(f"{len(returns)} returns against {len(lengths)} lengths and {len(lineages)} lineages")
         self.returns = np.concatenate((self.returns, np.asarray(returns, np.float64)))
         self.lengths = np.concatenate((self.lengths, np.asarray(lengths, np.int64)))
+        self.lineages = np.concatenate((self.lineages, np.asarray(lineages, np.int64)))
         given_up = max(len(self.returns) - self.most, 0)
         self.keep_newest(self.most)
         return given_up
@@ -31,4 +34,4 @@ class UnackedEpisodes:
     def keep_newest(self, count: int) -> None:
         """Forget all but the newest `count`: the coordinator has counted the others."""
         drop = max(len(self.returns) - max(count, 0), 0)
-        self.returns, self.lengths = self.returns[drop:], self.lengths[drop:]
+        self.returns, self.lengths, self.lineages = self.returns[drop:], self.lengths[drop:], self.lineages[drop:]

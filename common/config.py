@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 from rlmq.common.algorithms import (
     ALGORITHMS,
-    ALL_TUNABLE,
-    ActorCriticConfig,
     AlgoConfig,
     Batching,
     DQNConfig,
@@ -22,73 +20,13 @@ from rlmq.common.algorithms import (
     SACConfig,
     TD3Config,
     refuse_non_finite,
-    tunable_bounds,
 )
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
+from rlmq.common.population import CEMConfig, method_problems
+from rlmq.common.population import HyperRange as HyperRange
+from rlmq.common.population import PBTConfig as PBTConfig
 from rlmq.common.recurrent import CORES, STATE_PARTS
 from rlmq.common.schema import EnvSpec
-
-
-@dataclass(frozen=True)
-class HyperRange:
-    """Where population-based training may put one hyperparameter."""
-
-    low: float
-    high: float
-    log: bool = False  # sample log-uniformly (learning rates); otherwise uniformly
-
-
-def _default_ranges() -> dict[str, HyperRange]:
-    # The learning rate only: every algorithm tunes it (configs/pbt-cartpole.toml adds PPO's ent_coef).
-    return {"learning_rate": HyperRange(5e-4, 5e-3, log=True)}
-
-
-@dataclass(frozen=True)
-class PBTConfig:
-    """Population-based training (coordinator/pbt.py). Used when `RunConfig.population` > 1."""
-
-    interval: int = 20_000  # env steps a member trains between two decisions about it
-    selection: str = "truncation"  # truncation | tournament | ttest
-    fraction: float = 0.25  # truncation: the bottom fraction copies a member of the top fraction
-    tournament_size: int = 3  # tournament: members drawn; the fittest is the one to copy
-    elitism: bool = True  # tournament: the fittest member is never replaced
-    ttest_confidence: float = 0.95  # ttest: one-sided confidence that the member drawn is fitter
-    perturb_factors: tuple[float, ...] = (0.8, 1.25)  # explore: multiply by one of these ...
-    resample_probability: float = 0.25  # ... or, with this probability, draw afresh from the range
-    param_noise: float = 0.0  # std of Gaussian noise on a copy's policy network, every algorithm's (0: none)
-    fitness_episodes: int = 20  # fitness: mean return of the member's last this many episodes
-    ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
-
-    def __post_init__(self) -> None:
-        refuse_non_finite(self, "pbt")
-        problems = []
-        if self.selection not in ("truncation", "tournament", "ttest"):
-            problems.append(f"pbt.selection {self.selection!r} is not truncation, tournament or ttest")
-        if not 0.5 <= self.ttest_confidence < 1:
-            problems.append("pbt.ttest_confidence must be in [0.5, 1)")
-        if self.selection == "ttest" and self.fitness_episodes < 2:
-            problems.append("pbt.selection ttest needs pbt.fitness_episodes of at least 2 (a variance)")
-        if self.interval < 1 or self.tournament_size < 1 or self.fitness_episodes < 1:
-            problems.append("pbt.interval, tournament_size and fitness_episodes must be at least 1")
-        if not 0 < self.fraction <= 0.5:
-            problems.append("pbt.fraction must be in (0, 0.5]")
-        if not self.perturb_factors or min(self.perturb_factors) <= 0:
-            problems.append("pbt.perturb_factors must be positive")
-        if not 0 <= self.resample_probability <= 1 or self.param_noise < 0:
-            problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
-        for name, r in self.ranges.items():
-            if name not in ALL_TUNABLE:
-                problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(sorted(ALL_TUNABLE))}")
-                continue
-            lo, hi, lo_inclusive = tunable_bounds(name)
-            if not (r.low <= r.high and (lo <= r.low if lo_inclusive else lo < r.low) and r.high <= hi):
-                bound = "≤" if lo_inclusive else "<"
-                problems.append(f"pbt.ranges.{name}: need {lo:g} {bound} low ≤ high ≤ {hi:g}")
-            elif r.log and r.low <= 0:
-                problems.append(f"pbt.ranges.{name}: a log range needs low > 0")
-        if problems:
-            raise ValueError("; ".join(problems))
-
 
 # What a service's `device` may say: auto, cpu, cuda or cuda:N.
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
@@ -114,10 +52,6 @@ class EvaluationConfig:
 # "max-autotune" replay each part of a gradient step as a CUDA graph on a GPU, and "cuda-graphs" does
 # with eager kernels, compiling nothing (learners/capture.py). On a CPU graphs are not replayed.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "cuda-graphs")
-# How a population (population > 1) trains: "pbt", members copy and perturb one another
-# (coordinator/pbt.py); "dvd", SAC or TD3 members share one critic and train together under DvD's
-# diversity term, and none is copied (docs/architecture.md, "Population methods beyond PBT").
-METHODS = ("pbt", "dvd")
 
 
 @dataclass(frozen=True)
@@ -182,6 +116,7 @@ class RunConfig:
     population: int = 1  # members trained together, by `method`
     method: str = "pbt"
     pbt: PBTConfig = field(default_factory=PBTConfig)
+    cem: CEMConfig = field(default_factory=CEMConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
     # torch.compile's, or "cuda-graphs" (COMPILE_MODES says which replay CUDA graphs on a GPU).
@@ -260,15 +195,7 @@ class RunConfig:
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
         problems += self.core_problems()
-        if self.method not in METHODS:
-            problems.append(f"method must be one of {', '.join(METHODS)}")
-        dvd_ready = isinstance(section, ActorCriticConfig) and section.shared_critic and section.diversity_weight > 0
-        if self.method == "dvd" and not dvd_ready:
-            problems.append(
-                "method dvd trains SAC or TD3 members around one shared critic with DvD's diversity "
-                "term: set algo = sac or td3 and, in its section, shared_critic = true and "
-                "diversity_weight > 0 (configs/dvd-td3-halfcheetah.toml)"
-            )
+        problems += method_problems(self.method, section, self.population, self.cem, self.normalize_obs)
         if problems:
             raise ValueError("; ".join(problems))
 

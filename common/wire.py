@@ -17,7 +17,7 @@ Topology (who sends what to whom, see docs/architecture.md):
                                                   Rollout (one per credit)
     learner         ROUTER → actor                Credit
     coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
-                                                  Decision ("pbt.", to learner 0)
+                                                  Decision, Generation ("pbt.", to learner 0)
     coordinator     PAIR  ↔ its evaluator         EvaluationRequest → EvaluationResult (a private
                                                   Unix socket: coordinator/evaluator.py)
 """
@@ -207,6 +207,10 @@ class ActorReport:
     session: int = 0
     steps_total: int = 0  # env steps of the session so far
     episodes_total: int = 0  # episodes of the session so far: `episode_returns` are the last of them
+    # Per episode, the `Weights.copied_by` of the weights it started under: an episode begun before
+    # a PBT copy or a CEM generation replaced the member's weights is not evidence of the new ones.
+    # Empty: every episode's is 0.
+    episode_lineages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         _counts(self, "member", "env_steps", "rejected", "session", "steps_total", "episodes_total")
@@ -221,6 +225,12 @@ class ActorReport:
             lengths.shape == returns.shape and lengths.dtype.name == "int64",
             "episode_lengths must be int64 and match episode_returns",
         )
+        lineages = self.episode_lineages
+        _require(
+            lineages.dtype.name == "int64" and lineages.shape in ((0,), returns.shape),
+            "episode_lineages must be int64 and match episode_returns, or be empty",
+        )
+        _require(not lineages.size or 0 <= lineages.min() <= lineages.max() <= MAX_COUNT, "episode_lineages range")
 
 
 @dataclass(frozen=True)
@@ -374,6 +384,28 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """A CEM-RL generation as the coordinator logged it (ids shared with `Decision`): every member's
+    actor (and its target) becomes the one drawn for it, its optimizer state starts afresh, and
+    only the members `trained` learn from the shared critic until the next generation. A later
+    generation replaces all that an earlier one set, so a learner behind may skip to it."""
+
+    id: int
+    actors: tuple[Params, ...]  # per member: its actor network's parameters, as `Weights.params`
+    trained: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.id <= MAX_COUNT, f"Generation.id {self.id} outside [1, 2^40]")
+        _require(len(self.actors) == len(self.trained) >= 2, "Generation: an actor and a flag per member, 2 or more")
+        layout = {name: (a.dtype, a.shape) for name, a in self.actors[0].items()}
+        _require(bool(layout), "Generation: an actor without parameters")
+        _require(
+            all({name: (a.dtype, a.shape) for name, a in actor.items()} == layout for actor in self.actors),
+            "Generation: every member's actor must have the same parameters",
+        )
+
+
+@dataclass(frozen=True)
 class EvaluationRequest:
     """The coordinator asks its evaluator (a child process, over a private socket) to play one
     member's weights for `episodes` episodes, episode i from `seed + i`."""
@@ -436,6 +468,7 @@ Message = (
     | LearnerHeartbeat
     | Directive
     | Decision
+    | Generation
     | EvaluationRequest
     | EvaluationResult
 )
@@ -453,6 +486,7 @@ MESSAGE_TYPES: dict[str, type] = {
         LearnerHeartbeat,
         Directive,
         Decision,
+        Generation,
         EvaluationRequest,
         EvaluationResult,
     )

@@ -12,6 +12,7 @@ The paper's equation 3 has no 1/K; the authors' code (CEM-RL's `sepCEM`) and fas
 `cem.py` both divide by K, and rlmq follows the code that produced the published curves. Samples
 are antithetic (μ ± the same draw), as fastpbrl's, so that a generation's mean is exactly μ.
 Randomness comes only from the generator passed in: the coordinator seeds one per generation.
+A member's actor is a vector here as its parameters flattened in name order (`flatten`).
 """
 
 from __future__ import annotations
@@ -21,22 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class CEMSettings:
-    """fastpbrl's defaults (`CrossEntropyParameters`, `train_td3_cemrl.py`)."""
-
-    elites: int = 5
-    initial_variance: float = 1e-2  # σ² of every weight at the start (fastpbrl's "initial_diagonal_std")
-    initial_noise: float = 1e-2  # ε, added to σ² at each update
-    final_noise: float = 1e-5  # ε_end
-    noise_decay: float = 0.95  # τ
-
-    def __post_init__(self) -> None:
-        if self.elites < 1:
-            raise ValueError("cem.elites must be at least 1")
-        if min(self.initial_variance, self.initial_noise, self.final_noise) < 0 or not 0 <= self.noise_decay <= 1:
-            raise ValueError("cem: variances and noises must be >= 0, noise_decay in [0, 1]")
+from rlmq.common.population import CEMConfig
 
 
 @dataclass(frozen=True)
@@ -50,7 +36,7 @@ class Distribution:
     generation: int = 0  # updates applied
 
 
-def initial(mean: np.ndarray, settings: CEMSettings) -> Distribution:
+def initial(mean: np.ndarray, settings: CEMConfig) -> Distribution:
     """The distribution around one actor's initial weights."""
     mean = np.asarray(mean, np.float64).ravel()
     return Distribution(mean.copy(), np.full_like(mean, settings.initial_variance), settings.initial_noise)
@@ -63,9 +49,15 @@ def elite_weights(elites: int) -> np.ndarray:
     return normalized
 
 
-def update(dist: Distribution, members: np.ndarray, fitness: Sequence[float], settings: CEMSettings) -> Distribution:
+def ranked(fitness: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Member indices, fittest first; ties go to the lower index (a stable ranking)."""
+    order: np.ndarray = np.argsort(-np.asarray(fitness, np.float64), kind="stable")
+    return order
+
+
+def update(dist: Distribution, members: np.ndarray, fitness: Sequence[float], settings: CEMConfig) -> Distribution:
     """The distribution after a generation whose members had weights `members` [P, D] and
-    `fitness` [P]. Ties go to the lower member index (a stable ranking)."""
+    `fitness` [P], the `elites` first by `ranked`."""
     weights_of = np.asarray(members, np.float64)
     scores = np.asarray(fitness, np.float64)
     if weights_of.ndim != 2 or weights_of.shape[1] != dist.mean.size or scores.shape != (len(weights_of),):
@@ -74,8 +66,7 @@ def update(dist: Distribution, members: np.ndarray, fitness: Sequence[float], se
         raise ValueError(f"{len(weights_of)} members, fewer than cem.elites = {settings.elites}")
     if not np.isfinite(scores).all():
         raise ValueError("every member's fitness must be finite")
-    order = np.argsort(-scores, kind="stable")[: settings.elites]
-    elites, weights = weights_of[order], elite_weights(settings.elites)
+    elites, weights = weights_of[ranked(scores)[: settings.elites]], elite_weights(settings.elites)
     noise = settings.noise_decay * dist.noise + (1 - settings.noise_decay) * settings.final_noise
     variance = weights @ np.square(elites - dist.mean) / settings.elites + noise
     return Distribution(weights @ elites, variance, noise, dist.generation + 1)
@@ -88,3 +79,20 @@ def sample(dist: Distribution, count: int, rng: np.random.Generator) -> np.ndarr
     noise = np.concatenate([draws, -draws[: count // 2]])
     drawn: np.ndarray = dist.mean + noise
     return drawn
+
+
+def flatten(params: dict[str, np.ndarray]) -> np.ndarray:
+    """An actor's parameters as one float64 vector, in name order."""
+    return np.concatenate([np.asarray(params[name], np.float64).ravel() for name in sorted(params)])
+
+
+def unflatten(vector: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`vector` cut back into `like`'s names, shapes and dtypes (the inverse of `flatten`)."""
+    if vector.size != sum(a.size for a in like.values()):
+        raise ValueError(f"a vector of {vector.size} does not fit parameters of {sum(a.size for a in like.values())}")
+    params, start = {}, 0
+    for name in sorted(like):
+        shape, dtype, size = like[name].shape, like[name].dtype, like[name].size
+        params[name] = vector[start : start + size].reshape(shape).astype(dtype)
+        start += size
+    return params

@@ -94,7 +94,6 @@ class Coordinator:
         self.learners = LearnerWorld(self.run_config.num_learners, learners)
         # Only rank 0 publishes weights; its socket identity is the one a Weights must come from.
         self.publisher = learners[0].identity.encode() if 0 in learners else None
-        self.fresh_from: dict[int, int] = {}  # member → first weights version after its last PBT copy
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
         self.learner_lag: dict[int, float] = {}
@@ -189,13 +188,11 @@ class Coordinator:
             self.first_step_at = report.first_step_at
             self.store.set_status(first_step_at=report.first_step_at)
         returns = report.episode_returns.tolist()
-        if report.policy_version < self.fresh_from.get(report.member, 0):
-            returns = []  # the member's weights were replaced since (PBT)
         counted = self.store.add_actor_report(
             report.name,
             report.member,
             report.env_steps,
-            returns,
+            self.evidence(report),
             report.session,
             report.steps_total,
             report.episodes_total,
@@ -247,9 +244,8 @@ class Coordinator:
             self.store.set_status(nonfinite_skipped=self.nonfinite_skipped)
         if report.rank == 0 and identity == self.publisher:
             for target in self.population.learner_reported(report.applied_decision):
-                # Rank 0 published the copy before this report: episodes played before it were
-                # the old policy's and must not count towards the member's new fitness.
-                self.fresh_from[target] = self.version_of(target)
+                # Rank 0 published the new weights before this report: the returns kept since the
+                # decision was applied here were the old weights' (`evidence` refuses them from now).
                 self.store.clear_returns(target)
                 if self.judge is not None:
                     self.judge.forget(target)
@@ -361,7 +357,9 @@ class Coordinator:
         status = self.store.status()
         steps = status.env_steps
         recent = self.population.recent_returns()
-        if self.judge is None:
+        if self.population.generations is not None:  # CEM-RL: fitness is the draws' own episodes
+            self.population.next_generation(recent, self.latest_weights, steps)
+        elif self.judge is None:
             self.population.tick(self.population.judged(recent), steps)
         else:
             self.population.tick(
@@ -369,7 +367,7 @@ class Coordinator:
                 steps,
                 self.judge.fitness_ready(self.population.due(), range(self.population.size), self.version_of),
             )
-        for decision in self.population.for_learners():  # again every tick until applied
+        for decision in self.population.for_learners(self.latest_weights):  # again every tick until applied
             self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
         now = time.monotonic()
@@ -441,6 +439,15 @@ class Coordinator:
         if self.passed is not None or (self.judge is None and self.reported_target(mean_return, full_record)):
             return "target"
         return "budget" if steps >= self.run_config.total_steps else None
+
+    def evidence(self, report: wire.ActorReport) -> list[float | None]:
+        """The report's returns, None for each episode begun under weights the member no longer
+        descends from (a PBT copy or a CEM generation replaced them since): counted, but no
+        evidence of the member's fitness."""
+        latest = self.latest_weights.get(report.member)
+        lineage = latest.copied_by if latest is not None else 0
+        lineages = report.episode_lineages.tolist() or [0] * len(report.episode_returns)
+        return [r if g == lineage else None for r, g in zip(report.episode_returns.tolist(), lineages, strict=True)]
 
     def version_of(self, member: int) -> int:
         latest = self.latest_weights.get(member)

@@ -8,7 +8,8 @@ in as KEYS.
 # KEYS: actors, status, member_steps, the member's returns, reports, the actor's tally.
 # ARGV: actor, now, member, env steps, session, session's env steps, session's episodes, returns kept,
 # checked ('1': count no more than the learners say they took), the returns (oldest first: the last
-# of them are the session's newest episodes).
+# of them are the session's newest episodes; '-': an episode counted whose return the member's
+# record does not take).
 # Returns: env steps and episodes counted, the run's env steps, the member's recent returns if any
 # were pushed, the episodes claimed but not counted yet (whose returns the actor sends again), and
 # the env steps claimed but not counted yet.
@@ -57,8 +58,14 @@ local run_steps = redis.call('HINCRBY', KEYS[2], 'env_steps', steps)
 redis.call('HINCRBY', KEYS[3], ARGV[3], steps)
 redis.call('HINCRBY', KEYS[2], 'episodes', episodes)
 local recent = {}
-if last >= first then
-  redis.call('LPUSH', KEYS[4], unpack(ARGV, 9 + first, 9 + last))
+local pushed = false
+for i = 9 + first, 9 + last do
+  if ARGV[i] ~= '-' then
+    redis.call('LPUSH', KEYS[4], ARGV[i])
+    pushed = true
+  end
+end
+if pushed then
   redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[8]) - 1)
   recent = redis.call('LRANGE', KEYS[4], 0, -1)
 end

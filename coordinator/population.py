@@ -1,5 +1,6 @@
 """The population as the coordinator keeps it: member records, which actor collects for which
-member, fitness, and the PBT decisions (the selection rules themselves: pbt.py).
+member, fitness, and the PBT decisions (the selection rules themselves: pbt.py) or CEM-RL's
+generations (generations.py), which share the decisions' log, ids and way to the learners.
 
 With `method = "pbt"`, a decision is taken when a member has trained `pbt.interval` env steps since
 the last one about it (other methods take none here):
@@ -25,7 +26,8 @@ from prometheus_client import Counter
 from rlmq.common import failpoints, wire
 from rlmq.common.config import RunConfig
 from rlmq.coordinator import pbt
-from rlmq.coordinator.records import LoggedDecision, MemberRecord
+from rlmq.coordinator.generations import Generations
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -48,6 +50,14 @@ class Population:
         for entry in store.decisions(after=self.applied):  # logged, then the coordinator died
             log.info("applying decision %d, logged before a restart", entry.id)
             self.apply(entry)
+        self.generations = Generations(store, run_config) if run_config.method == "cem" else None
+        self.generation: LoggedGeneration | None = None  # the last applied
+        if self.generations is not None:
+            logged = store.generations(after=max(self.applied - 1, 0))
+            self.generation = next((e for e in logged if e.id == self.applied), None)
+            for unapplied in (e for e in logged if e.id > self.applied):
+                log.info("applying generation %d, logged before a restart", unapplied.id)
+                self.apply_generation(unapplied)
         self.learner_applied = store.status().learner_applied_decision
         self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard: monotonic s)
 
@@ -170,10 +180,48 @@ class Population:
             ", ".join(f"{k} {v:.3g}" for k, v in sorted(entry.hyperparams.items()) if v != entry.previous.get(k)),
         )
 
-    def for_learners(self) -> list[wire.Decision]:
-        """Applied decisions learner rank 0 has not yet reported applying, oldest first."""
+    def next_generation(
+        self, returns: dict[int, list[float]], weights: dict[int, wire.Weights], run_env_steps: int
+    ) -> None:
+        """CEM-RL: log and apply the next generation once it is due, the learners having taken the
+        last (the members' returns are evidence of their draws only from then)."""
+        if self.generations is None or self.learner_applied < self.applied:
+            return
+        due = self.generations.due(self.applied, returns, weights, run_env_steps)
+        if due is None:
+            return
+        entry, dist = due
+        if not self.store.append_generation(entry, dist):  # logged already, by another coordinator: apply that one
+            entry = self.store.generations(after=entry.id - 1)[0]
+        failpoints.reach(self.failpoint, failpoints.PBT_AFTER_APPEND, "between logging and applying a generation")
+        self.apply_generation(entry)
+
+    def apply_generation(self, entry: LoggedGeneration) -> None:
+        records = {
+            m: dataclasses.replace(self.records[m], generation=entry.generation, parent=-1) for m in range(self.size)
+        }
+        self.store.apply_generation(entry, records, previous=self.applied)
+        self.records, self.applied, self.generation = records, entry.id, entry
+        if self.decisions_metric is not None:
+            self.decisions_metric.labels("cem", "generation").inc()
+        fitness = ", ".join(f"{m} {v:.1f}" for m, v in entry.fitness.items()) or "none yet"
+        log.info(
+            "CEM generation %d (id %d): fitness %s; elites %s; spread %.3g",
+            entry.generation,
+            entry.id,
+            fitness,
+            entry.elites,
+            entry.spread,
+        )
+
+    def for_learners(self, weights: dict[int, wire.Weights]) -> list[wire.Decision | wire.Generation]:
+        """Applied decisions learner rank 0 has not yet reported applying, oldest first; of
+        generations, the last alone (it sets all the earlier ones did), its actors in the
+        parameters of `weights`."""
         if self.learner_applied >= self.applied:
             return []
+        if self.generation is not None:
+            return [self.generations.message(self.generation, weights[0])] if self.generations and 0 in weights else []
         return [self.to_message(e) for e in self.store.decisions(after=self.learner_applied) if e.id <= self.applied]
 
     def to_message(self, entry: LoggedDecision) -> wire.Decision:
@@ -202,6 +250,8 @@ class Population:
         entries = self.store.decisions(after=self.learner_applied)
         self.learner_applied = applied
         self.store.set_status(learner_applied_decision=applied)
+        if self.generations is not None:  # every member has a new actor
+            return list(range(self.size))
         return [e.target for e in entries if e.id <= applied and e.source != e.target]
 
     def hyperparams(self) -> tuple[dict[str, float], ...]:

@@ -44,6 +44,23 @@ class LoggedDecision:
 
 
 @dataclass(frozen=True)
+class LoggedGeneration:
+    """A CEM-RL generation as the coordinator logs it, in the decisions' stream and under their ids:
+    the fitness that moved the search distribution, and what the next draw is (`wire.Generation`
+    hands the learners the actors drawn from the distribution logged with it)."""
+
+    id: int
+    generation: int  # 1, 2, ...: the first draws from the distribution around an initial actor
+    fitness: dict[str, float]  # member → mean return of its draw's episodes; empty for the first
+    elites: tuple[int, ...]  # the members that moved the distribution, fittest first
+    trained: tuple[int, ...]  # the members the shared critic trains until the next generation
+    noise: float  # ε the distribution's variance was given
+    spread: float  # the distribution's mean standard deviation over the actor's weights
+    run_env_steps: int
+    time: float = 0.0  # unix seconds
+
+
+@dataclass(frozen=True)
 class RunStatus:
     """The run's status hash: written field by field (`RunStore.set_status`), read whole."""
 

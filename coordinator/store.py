@@ -6,7 +6,11 @@
     rlmq:{run}:member_steps        hash: member → env steps its actors collected
     rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0",
                                    field "decision" (JSON LoggedDecision)
+                                   or field "generation" (JSON LoggedGeneration, method "cem")
     rlmq:{run}:pbt_applied         the id of the last decision applied to the member records
+    rlmq:{run}:cem:{id}            hash: the search distribution generation {id} draws from (mean and
+                                   variance as raw float64, noise, generation); kept for the last
+                                   applied generation and one logged but not yet applied
     rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
@@ -29,22 +33,25 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
+import numpy as np
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
-from rlmq.common.redis_urls import shown_url
 from rlmq.common.schema import EnvSpec
+from rlmq.coordinator.cem import Distribution
 from rlmq.coordinator.counting import ADD_DELIVERIES, ADD_REPORT
+from rlmq.coordinator.outage import NOT_OUTAGES as NOT_OUTAGES
+from rlmq.coordinator.outage import OUTAGE_ERRORS as OUTAGE_ERRORS
+from rlmq.coordinator.outage import OutageRetry
 from rlmq.coordinator.records import (
     STATUS_FIELDS,
     LearnerRecord,
     LoggedDecision,
+    LoggedGeneration,
     MemberRecord,
     ProgressSample,
     RunStatus,
@@ -60,96 +67,29 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _logged(entries: Any, field: bytes) -> list[bytes]:
+    """The `field` of each stream entry that has it (the decisions' stream holds PBT decisions and
+    CEM generations)."""
+    return [fields[field] for _id, fields in entries if fields and field in fields]
+
+
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
-# What an outage looks like to a client: refused or dropped connections, a server still loading its
-# AOF (BusyLoadingError is a ConnectionError), a server that does not answer in time.
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
-# A wrong password or a missing permission is not an outage: waiting would not mend it.
-NOT_OUTAGES = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
-T = TypeVar("T")
 log = logging.getLogger("rlmq.store")
 
-
-class OutageRetry(Retry):
-    """redis-py's Retry with a budget in seconds, not a count: every command, pipeline and
-    (re)connect of one client retries outage errors with backoff until `budget_s` after the outage
-    began, then raises the last error.
-
-    The clock belongs to the outage, not to the call: it starts at the first failure after a
-    success and stops at the next success. So the nested retries redis-py makes (a command's, and
-    inside it the reconnect's) share one deadline, and once a budget is spent every later call
-    fails after a single try until Redis answers again, instead of waiting a whole budget each.
-    A pipeline is retried whole from its command stack: nothing it had to write is dropped, unless
-    `give_up()` turns true (a service asked to stop), which ends the wait early.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        budget_s: float,
-        report: Callable[[str], object] | None = log.warning,
-        give_up: Callable[[], bool] | None = None,
-    ) -> None:
-        super().__init__(ExponentialBackoff(cap=1.0, base=0.05), retries=-1)  # -1: the clock decides
-        self.url, self.budget_s, self.report, self.give_up = shown_url(url), budget_s, report, give_up
-        self.outage_since: float | None = None  # monotonic time of the outage's first failure
-        self._depth = 0  # call_with_retry nesting: only the outermost call ends an outage
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> OutageRetry:
-        return self  # redis-py copies its Retry into every connection: they must share one clock
-
-    def call_with_retry(
-        self,
-        do: Callable[[], T],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
-    ) -> T:
-        failures = 0
-        self._depth += 1
-        try:
-            while True:
-                try:
-                    result = do()
-                except NOT_OUTAGES:
-                    raise
-                except self._supported_errors as error:
-                    if is_retryable is not None and not is_retryable(error):
-                        raise
-                    failures += 1
-                    if with_failure_count:
-                        fail(error, failures)
-                    else:
-                        fail(error)
-                    wait = self._wait(failures)
-                    if wait is None:
-                        raise
-                    time.sleep(wait)
-                else:
-                    if self.outage_since is not None and self._depth == 1:
-                        self._report(
-                            f"Redis at {self.url} reachable again after {time.monotonic() - self.outage_since:.1f} s"
-                        )
-                        self.outage_since = None
-                    return result
-        finally:
-            self._depth -= 1
-
-    def _wait(self, failures: int) -> float | None:
-        """Seconds to sleep before the next try, or None once the outage has spent the budget."""
-        now = time.monotonic()
-        if self.outage_since is None:
-            self.outage_since = now
-            self._report(f"Redis unreachable at {self.url}; retrying for up to {self.budget_s:.3g} s")
-        left = self.outage_since + self.budget_s - now
-        if left <= 0 or (self.give_up is not None and self.give_up()):
-            return None
-        return min(self._backoff.compute(failures), left)
-
-    def _report(self, line: str) -> None:
-        if self.report is not None and self.budget_s > 0:  # a single try has no outage to speak of
-            self.report(line)
+# KEYS: the decisions' stream, the generation's distribution. ARGV: the entry's id and JSON, then the
+# distribution's mean, variance, noise and generation. Returns 1, or 0 if the id is logged already.
+LOG_GENERATION = """
+local logged = redis.pcall('XADD', KEYS[1], ARGV[1], 'generation', ARGV[2])
+if type(logged) == 'table' and logged.err then
+  if string.find(logged.err, 'equal or smaller') then
+    return 0
+  end
+  return redis.error_reply(logged.err)
+end
+redis.call('HSET', KEYS[2], 'mean', ARGV[3], 'variance', ARGV[4], 'noise', ARGV[5], 'generation', ARGV[6])
+return 1
+"""
 
 
 class ReportCounted(NamedTuple):
@@ -241,7 +181,7 @@ class RunStore:
         actor: str,
         member: int,
         env_steps: int,
-        returns: list[float],
+        returns: list[float | None],
         session: int = 0,
         steps_total: int = 0,
         episodes_total: int = 0,
@@ -258,7 +198,8 @@ class RunStore:
         over all its sessions, count no further than the learners have taken its rollouts
         (`add_deliveries`); what is not yet covered counts at a later report of the same name, in
         the order claimed. The member's record gets the returns of the episodes counted, as far as
-        the report carries them; the actor sends those of the `uncounted` again."""
+        the report carries them, but those given as None (counted, not evidence of its weights);
+        the actor sends those of the `uncounted` again."""
         steps_added, episodes_added, steps, recent, uncounted, steps_uncounted = self.redis.eval(
             ADD_REPORT,
             6,
@@ -277,7 +218,7 @@ class RunStore:
             episodes_total,
             RECENT_EPISODES,
             int(checked),
-            *returns,
+            *("-" if r is None else r for r in returns),
         )
         return ReportCounted(
             int(steps_added),
@@ -348,12 +289,12 @@ class RunStore:
     def decisions(self, after: int = 0) -> list[LoggedDecision]:
         """Logged decisions with id > `after`, in order."""
         entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
-        return [from_json(LoggedDecision, fields[b"decision"]) for _id, fields in entries if fields]
+        return [from_json(LoggedDecision, text) for text in _logged(entries, b"decision")]
 
     def last_decisions(self, count: int) -> list[LoggedDecision]:
         """The newest `count` logged decisions, oldest first (no read of the whole log)."""
         entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
-        return [from_json(LoggedDecision, fields[b"decision"]) for _id, fields in reversed(entries) if fields]
+        return [from_json(LoggedDecision, text) for text in _logged(reversed(entries), b"decision")]
 
     def applied_decision(self) -> int:
         return int(self.redis.get(self.key("pbt_applied")) or 0)
@@ -366,6 +307,67 @@ class RunStore:
         pipe.set(self.key("pbt_applied"), decision_id)
         if copied:
             pipe.delete(self.key("returns", target))
+        pipe.execute()
+
+    # --- CEM-RL's generations: the same log and applied id ----------------------------------
+
+    def append_generation(self, entry: LoggedGeneration, drawn_from: Distribution) -> bool:
+        """Log a generation with the distribution it draws from, both or neither (a script); False
+        if its id is logged already."""
+        logged = self.redis.eval(
+            LOG_GENERATION,
+            2,
+            self.key("pbt"),
+            self.key("cem", entry.id),
+            f"{entry.id}-0",
+            to_json(entry),
+            drawn_from.mean.astype("<f8").tobytes(),
+            drawn_from.variance.astype("<f8").tobytes(),
+            repr(drawn_from.noise),
+            drawn_from.generation,
+        )
+        return bool(logged)
+
+    def generations(self, after: int = 0) -> list[LoggedGeneration]:
+        """Logged generations with id > `after`, in order."""
+        entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
+        return [from_json(LoggedGeneration, text) for text in _logged(entries, b"generation")]
+
+    def last_generations(self, count: int) -> list[LoggedGeneration]:
+        """The newest `count` logged generations, oldest first."""
+        entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
+        return [from_json(LoggedGeneration, text) for text in _logged(reversed(entries), b"generation")]
+
+    def distribution(self, generation_id: int) -> Distribution | None:
+        """The distribution logged with generation `generation_id`, checked as it is read."""
+        key = self.key("cem", generation_id)
+        raw = self.redis.hgetall(key)
+        if not raw:
+            return None
+        mean, variance = raw.get(b"mean", b""), raw.get(b"variance", b"")
+        if not (isinstance(mean, bytes) and isinstance(variance, bytes)):
+            raise ValueError(f"{key}: mean and variance must be bytes")
+        if not mean or len(mean) != len(variance) or len(mean) % 8:
+            raise ValueError(f"{key}: mean and variance are not float64 vectors of one length")
+        dist = Distribution(
+            np.frombuffer(mean, "<f8").copy(),
+            np.frombuffer(variance, "<f8").copy(),
+            float(raw[b"noise"]),
+            int(raw[b"generation"]),
+        )
+        if not (np.isfinite(dist.mean).all() and np.isfinite(dist.variance).all() and dist.variance.min() >= 0):
+            raise ValueError(f"{key}: not finite, or a negative variance")
+        return dist
+
+    def apply_generation(self, entry: LoggedGeneration, records: dict[int, MemberRecord], previous: int) -> None:
+        """One transaction: every member's record, the applied id, the members' returns dropped
+        (earned by actors they no longer have) and the distribution of generation `previous`."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key("members"), mapping={str(m): to_json(r) for m, r in records.items()})
+        pipe.set(self.key("pbt_applied"), entry.id)
+        pipe.delete(*(self.key("returns", m) for m in records))
+        if previous:
+            pipe.delete(self.key("cem", previous))
         pipe.execute()
 
     def put_weights_frame(self, member: int, frame: bytes) -> None:

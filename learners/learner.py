@@ -45,6 +45,7 @@ from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
+from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.progress import Progress
 from rlmq.learners.trainers import Trainer, make_trainer
@@ -174,7 +175,7 @@ class Learner:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
                 message = wire.decode(parts[1])
-                if isinstance(message, wire.Decision):
+                if isinstance(message, (wire.Decision, wire.Generation)):
                     self.pbt.keep(message, parts[1])
             except wire.WireError as exc:
                 self.reject(exc)
@@ -390,9 +391,10 @@ class Learner:
             self.members.peek,
         )
         if agreed.decision_bytes:
-            replaced = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
-            if replaced is not None:  # its queued batch, another policy's, is gone on every rank
-                agreed.member_samples[replaced] = 0
+            decision = wire.decode(distributed.share(offer, agreed.decision_bytes, device))
+            for member in self.apply_decision(decision):
+                if isinstance(decision, wire.Decision):  # its queued batch, another policy's, is gone on every rank
+                    agreed.member_samples[member] = 0
         return agreed
 
     def update(self, agreed: distributed.Agreement) -> list[int]:
@@ -413,23 +415,32 @@ class Learner:
             if self.cfg.rank == 0 and self.members.versions[member] % self.run_cfg.algo_config.publish_every == 0:
                 self.publish(member)
 
-    def apply_decision(self, decision: wire.Message) -> int | None:
+    def apply_decision(self, decision: wire.Message) -> list[int]:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
         the same everywhere); then its version moves on and its queued data, another policy's, is
-        dropped. Returns the target if its weights changed."""
+        dropped. A CEM-RL generation gives every member its drawn actor; their queued data stays
+        (the replay takes any policy's). Returns the members whose weights changed."""
         decision = self.pbt.apply(decision)
-        copied = decision.source != decision.target
-        if copied:
-            self.trainer.copy_member(decision)
-            self.members.replaced(decision.target)
-        self.trainer.set_hyperparams(self.pbt.hyperparams)
-        log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
+        if isinstance(decision, wire.Generation):
+            assert isinstance(self.trainer, OffPolicyTrainer)  # RunConfig allows CEM for SAC and TD3 only
+            self.trainer.start_generation(decision)
+            replaced = list(range(len(decision.actors)))
+            for member in replaced:
+                self.members.versions[member] += 1
+            log.info("applied CEM generation %d: trained %s", decision.id, [m for m in replaced if decision.trained[m]])
+        else:
+            replaced = [decision.target] if decision.source != decision.target else []
+            if replaced:
+                self.trainer.copy_member(decision)
+                self.members.replaced(decision.target)
+            self.trainer.set_hyperparams(self.pbt.hyperparams)
+            log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
-            if copied:
-                self.publish(decision.target)
+            for member in replaced:
+                self.publish(member)
             self.report()
-        return decision.target if copied else None
+        return replaced
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""

@@ -9,7 +9,7 @@ its own optimizer steps (the lesson of Horovod's distributed SAC: every optimize
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -134,6 +134,13 @@ class OffPolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class DrawsActors(Protocol):
+    """An algorithm whose actors CEM-RL may draw (SAC, TD3)."""
+
+    def start_generation(self, actors: list[Params], trained: list[bool]) -> None: ...
+
+
 class OffPolicyTrainer:
     """An off-policy algorithm fed from this rank's replay shard: `replay_ratio` gradient steps per
     env step (of each started member, over all ranks), once a member has `learning_starts`."""
@@ -199,6 +206,12 @@ class OffPolicyTrainer:
         self.algorithm.policy_network.add_noise(decision.target, decision.param_noise, decision.id)
         self.obs_norm.copy_member(decision.source, decision.target)
         self.stored[decision.target] = max(self.stored[decision.target], self.stored[decision.source])
+
+    def start_generation(self, generation: wire.Generation) -> None:
+        """CEM-RL: every member's actor is the one drawn for it (observation statistics are off)."""
+        if not isinstance(self.algorithm, DrawsActors):  # RunConfig refuses such a run: a bug
+            raise RuntimeError(f"{type(self.algorithm).__name__} has no actors to draw")
+        self.algorithm.start_generation([dict(a) for a in generation.actors], list(generation.trained))
 
     def nonfinite_skipped(self) -> int:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())

@@ -131,6 +131,13 @@ class PopulationAdam:
         return numerator, denom
 
     @torch.no_grad()
+    def restart(self) -> None:
+        """Every member's state as a new optimizer's (CEM-RL's fresh actors), in place: a captured
+        step keeps reading the same tensors."""
+        for state in (self.exp_avg, self.exp_avg_sq, self.steps):
+            state.zero_()
+
+    @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:
         """PBT exploit: the target takes the source's optimizer state (its weights: the caller)."""
         for state in (self.exp_avg, self.exp_avg_sq, self.steps):

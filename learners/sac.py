@@ -97,7 +97,8 @@ def temperature_loss(log_alpha: Tensor, logp: Tensor, target_entropy: float) -> 
 class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
-    STATE = ("actor", "critic", "target", "log_alpha", "optimizers")  # what a checkpoint saves (learners/checkpoint.py)
+    # What a checkpoint saves (learners/checkpoint.py).
+    STATE = ("actor", "critic", "target", "log_alpha", "optimizers", "actor_trained")
 
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
@@ -124,6 +125,7 @@ class SAC:
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
         self.temperature_loss_of = self.temperature_loss
         self.gradients_taken = False  # by the losses themselves, once captured
+        self.actor_trained = torch.ones(population, dtype=torch.bool, device=device)  # CEM-RL: False for half
 
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's
@@ -217,7 +219,8 @@ class SAC:
 
         self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
         losses["actor"], logp = self.actor_loss_of(batch.obs, noise, alpha, weight)
-        descend(self.optimizers["actor"], None if taken else losses["actor"], lr, active, sync, self.step_of)
+        actor_active = active & self.actor_trained
+        descend(self.optimizers["actor"], None if taken else losses["actor"], lr, actor_active, sync, self.step_of)
         self.critic.flat.requires_grad_(True)
         diversity = {}
         if self.population > 1:
@@ -251,6 +254,16 @@ class SAC:
 
     def replicated(self) -> list[Tensor]:
         return [self.actor.flat, self.critic.flat, self.target.flat, self.log_alpha]
+
+    @torch.no_grad()
+    def start_generation(self, actors: list[dict[str, np.ndarray]], trained: list[bool]) -> None:
+        """CEM-RL: every member's actor becomes its draw, the actors' optimizer starts afresh, and
+        only the `trained` members' actors learn until the next generation (each keeps its
+        temperature)."""
+        for member, params in enumerate(actors):
+            self.load_member(member, params)
+        self.optimizers["actor"].restart()
+        self.actor_trained.copy_(torch.tensor(trained, device=self.actor_trained.device))
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> ActorCriticHyperparams:
         return per_member(ActorCriticHyperparams, members, device)

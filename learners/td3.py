@@ -86,7 +86,16 @@ class TD3:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
     # What a checkpoint saves (learners/checkpoint.py).
-    STATE = ("actor", "critic", "target_actor", "target_critic", "optimizers", "critic_steps", "last_actor_loss")
+    STATE = (
+        "actor",
+        "critic",
+        "target_actor",
+        "target_critic",
+        "optimizers",
+        "critic_steps",
+        "last_actor_loss",
+        "actor_trained",
+    )
 
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
@@ -110,6 +119,7 @@ class TD3:
         self.critic_steps = 0  # gradient steps taken: the actor moves when it is a multiple of policy_delay
         self.last_actor_loss = torch.zeros(population, device=device)
         self.last_diversity = torch.zeros(population, device=device)  # det K at the last actor step
+        self.actor_trained = torch.ones(population, dtype=torch.bool, device=device)  # CEM-RL: False for half
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
         self.gradients_taken = False  # by the losses themselves, once captured
 
@@ -192,7 +202,10 @@ class TD3:
         if self.critic_steps % self.cfg.policy_delay == 0:
             self.critic.flat.requires_grad_(False)  # the actor's loss moves the actor only
             loss = self.actor_loss_of(batch.obs, weight)
-            descend(self.optimizers["actor"], None if self.gradients_taken else loss, lr, active, sync, self.step_of)
+            actor_active = active & self.actor_trained
+            descend(
+                self.optimizers["actor"], None if self.gradients_taken else loss, lr, actor_active, sync, self.step_of
+            )
             self.last_actor_loss = loss.detach().clone()  # a captured loss's tensor: its next replay rewrites it
             if self.population > 1:
                 with torch.no_grad():
@@ -200,7 +213,7 @@ class TD3:
                 self.last_diversity.fill_(diversity.to(self.last_diversity.dtype))
             self.critic.flat.requires_grad_(True)
             with torch.no_grad():  # inactive members did not move: their targets need not either
-                self.target_actor.flat.lerp_(self.actor.flat, (hp.tau * active).unsqueeze(1))
+                self.target_actor.flat.lerp_(self.actor.flat, (hp.tau * actor_active).unsqueeze(1))
                 self.target_critic.flat.lerp_(self.critic.flat, critic_tau.unsqueeze(1))
         # The actor's loss of its latest step, so that a mean over steps is not diluted by the
         # steps in between that leave the actor alone.
@@ -225,6 +238,15 @@ class TD3:
 
     def replicated(self) -> list[Tensor]:
         return [self.actor.flat, self.critic.flat, self.target_actor.flat, self.target_critic.flat]
+
+    @torch.no_grad()
+    def start_generation(self, actors: list[dict[str, np.ndarray]], trained: list[bool]) -> None:
+        """CEM-RL: every member's actor and target actor become its draw, the actors' optimizer
+        starts afresh, and only the `trained` members' actors learn until the next generation."""
+        for member, params in enumerate(actors):
+            self.load_member(member, params)
+        self.optimizers["actor"].restart()
+        self.actor_trained.copy_(torch.tensor(trained, device=self.actor_trained.device))
 
     def hyperparams(self, members: list[dict[str, float]], device: torch.device) -> ActorCriticHyperparams:
         return per_member(ActorCriticHyperparams, members, device)

@@ -107,7 +107,7 @@ def test_native_env_reports_rewards_unclipped_and_the_learners_clip_them() -> No
     env.close()
     rewards = np.concatenate([r.rewards for r in rollouts])
     assert rewards.max() >= 5
-    returns, _ = collector.finished_episodes()
+    returns, _, _ = collector.finished_episodes()
     assert len(returns) >= 4 and returns.max() >= 5
     assert RunConfig(env_id=env_id).signs_rewards
 

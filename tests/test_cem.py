@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from rlmq.common.population import CEMConfig
 from rlmq.coordinator import cem
 
 
 def reference_update(
-    mean: list[float], members: list[list[float]], fitness: list[float], noise: float, s: cem.CEMSettings
+    mean: list[float], members: list[list[float]], fitness: list[float], noise: float, s: CEMConfig
 ) -> tuple[list[float], list[float], float]:
     ranked = sorted(range(len(members)), key=lambda i: (-fitness[i], i))[: s.elites]
     raw = [math.log(1 + s.elites) - math.log(i) for i in range(1, s.elites + 1)]
@@ -27,7 +28,7 @@ def reference_update(
 
 
 def test_the_update_equals_the_papers_equations_elite_by_elite() -> None:
-    settings = cem.CEMSettings(elites=3, initial_variance=0.5, initial_noise=0.1, final_noise=0.01, noise_decay=0.9)
+    settings = CEMConfig(elites=3, initial_variance=0.5, initial_noise=0.1, final_noise=0.01, noise_decay=0.9)
     rng = np.random.default_rng(0)
     dist = cem.initial(rng.normal(size=4), settings)
     for generation in range(3):
@@ -58,7 +59,7 @@ def test_samples_are_antithetic_seeded_and_spread_as_the_variance_says() -> None
 
 
 def test_the_noise_decays_to_its_floor_and_the_elites_pull_the_mean() -> None:
-    settings = cem.CEMSettings(elites=2)
+    settings = CEMConfig(elites=2)
     dist = cem.initial(np.zeros(2), settings)
     for _ in range(300):
         dist = cem.update(dist, np.array([[1.0, 1.0], [1.0, 1.0], [9.0, 9.0]]), [5.0, 4.0, -1.0], settings)
@@ -68,7 +69,7 @@ def test_the_noise_decays_to_its_floor_and_the_elites_pull_the_mean() -> None:
 
 
 def test_bad_generations_are_refused_naming_what_is_wrong() -> None:
-    settings = cem.CEMSettings(elites=3)
+    settings = CEMConfig(elites=3)
     dist = cem.initial(np.zeros(2), settings)
     with pytest.raises(ValueError, match="fewer than cem.elites"):
         cem.update(dist, np.zeros((2, 2)), [1.0, 2.0], settings)
@@ -77,4 +78,4 @@ def test_bad_generations_are_refused_naming_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="finite"):
         cem.update(dist, np.zeros((4, 2)), [1.0, math.nan, 0.0, 2.0], settings)
     with pytest.raises(ValueError, match="at least 1"):
-        cem.CEMSettings(elites=0)
+        CEMConfig(elites=0)

@@ -84,21 +84,24 @@ def test_episode_bookkeeping_across_rollouts() -> None:
     spec = envs.describe(env, "CartPole-v1")
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     collector = Collector(env, spec, rollout_length=7, seed=3)  # shorter than most episodes
-    rollouts, parts = [], []
+    rollouts, parts, lineage_of = [], [], []
     for count in (13, 1, 26):  # reports between rollouts: episodes open at a report carry over
-        rollouts += [collector.collect(policy, 0, 0, "a") for _ in range(count)]
+        for _ in range(count):  # the weights' lineage changes every 5 rollouts (a PBT copy, a generation)
+            lineage_of.append(len(rollouts) // 5)
+            rollouts.append(collector.collect(policy, 0, 0, "a", lineage=lineage_of[-1]))
         parts.append(collector.finished_episodes())
-    returns, lengths = (np.concatenate(p) for p in zip(*parts, strict=True))
-    # Reference: walk the steps one by one.
-    running, expected = np.zeros(5), []
-    for r in rollouts:
+    returns, lengths, lineages = (np.concatenate(p) for p in zip(*parts, strict=True))
+    # Reference: walk the steps one by one; an episode's lineage is its first step's rollout's.
+    running, expected, started, begun = np.zeros(5), [], np.ones(5, bool), np.zeros(5, int)
+    for i, r in enumerate(rollouts):
         for t in range(r.rewards.shape[0]):
+            begun[started], started[:] = lineage_of[i], False
             running += r.rewards[t]
             for slot in np.flatnonzero(r.terminated[t] | r.truncated[t]):
-                expected.append(running[slot])
-                running[slot] = 0
-    assert len(returns) > 20
-    assert sorted(returns.tolist()) == sorted(expected)
+                expected.append((running[slot], begun[slot]))
+                running[slot], started[slot] = 0, True
+    assert len(returns) > 20 and len(set(lineages.tolist())) > 3
+    assert sorted(zip(returns.tolist(), lineages.tolist(), strict=True)) == sorted(expected)
     assert np.array_equal(returns, lengths)  # CartPole: reward 1 for every real step
     # Independent of the collector's own bookkeeping: what an invalid step returns is a freshly
     # reset CartPole state (every coordinate drawn from ±0.05), and its reward is 0.

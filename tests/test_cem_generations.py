@@ -1,0 +1,156 @@
+"""CEM-RL's generations at the coordinator (coordinator/generations.py), against a real coordinator
+process and Redis: each generation logged before it is applied and applied once across a crash in
+between, its draw made again the same from the distribution logged with it, and a member's fitness
+taken only from episodes begun under its current draw."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+from procs import start_coordinator, wait_for
+
+from rlmq.common import envs, wire
+from rlmq.common.algorithms import TD3Config
+from rlmq.common.population import CEMConfig
+from rlmq.common.transport import free_port
+from rlmq.coordinator import cem
+from rlmq.coordinator.store import RunStore
+from rlmq.learners import td3
+from tests.test_services import receive
+
+TD3_SECTION = {"hidden_sizes": [8], "shared_critic": True}
+CONFIG = {
+    "env_id": "Pendulum-v1",
+    "algo": "td3",
+    "population": 3,
+    "method": "cem",
+    "td3": TD3_SECTION,
+    "cem": {"elites": 2},  # CEM_CONFIG
+    "evaluation": {"episodes": 0},  # fitness from the actors' reports
+}
+
+
+CEM_CONFIG = CEMConfig(elites=2)
+
+
+def first_actors() -> list[dict[str, np.ndarray]]:
+    """What a learner world of this config publishes first: each member's TD3 actor."""
+    torch.manual_seed(0)
+    algo = td3.TD3(
+        envs.probe("Pendulum-v1", "td3"), TD3Config(hidden_sizes=(8,), shared_critic=True), 3, torch.device("cpu")
+    )
+    return [algo.member_params(m) for m in range(3)]
+
+
+def as_learner_rank_0(sock: zmq.Socket) -> None:
+    sock.send(wire.encode(wire.Hello(role="learner", name="learner-0", pid=1, rank=0, experience_endpoint="tcp://x:1")))
+    assert isinstance(receive(sock), wire.Assign)
+
+
+def learner_report(applied: int) -> bytes:
+    return wire.encode(
+        wire.LearnerReport(
+            name="learner-0",
+            rank=0,
+            policy_version=0,
+            updates=0,
+            samples=0,
+            stale_dropped=0,
+            mean_policy_lag=0.0,
+            applied_decision=applied,
+        )
+    )
+
+
+def episodes(member: int, returns: list[float], lineages: list[int]) -> bytes:
+    return wire.encode(
+        wire.ActorReport(
+            name=f"actor-{member}",
+            member=member,
+            env_steps=0,
+            episode_returns=np.array(returns, np.float64),
+            episode_lengths=np.full(len(returns), 200, np.int64),
+            episode_lineages=np.array(lineages, np.int64),
+        )
+    )
+
+
+def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own_episodes(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+    first = start_coordinator(
+        start_service,
+        tmp_path,
+        redis_url,
+        run_id,
+        ports=ports,
+        name="first",
+        env={"RLMQ_FAILPOINT": "pbt-after-append"},
+        **CONFIG,
+    )
+    store = RunStore.connect(redis_url, run_id)
+    wait_for(lambda: store.members(), 30, "the population in Redis")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{ports['control']}")
+    as_learner_rank_0(sock)
+    actors = first_actors()
+    for member, params in enumerate(actors):  # the learners' first weights: generation 1 draws around member 0's
+        sock.send(wire.encode(wire.Weights(member=member, version=1, params=params)))
+    assert first["service"].process.wait(30) == 86, first["service"].log()  # died between logging and applying
+    (logged,) = store.generations()
+    assert (logged.id, logged.generation, logged.fitness, logged.trained) == (1, 1, {}, (0, 1))
+    assert store.applied_decision() == 0 and store.decisions() == []
+    initial = store.distribution(1)
+    assert initial is not None and np.array_equal(initial.mean, cem.flatten(actors[0]))
+    np.testing.assert_allclose(initial.variance, 1e-2)
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
+    sub.connect(f"tcp://127.0.0.1:{ports['broadcast']}")
+    second = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="second", **CONFIG)
+    wait_for(lambda: store.applied_decision() == 1, 30, "the logged generation applied")
+    assert sub.poll(10_000), "the generation is handed to the learners"
+    sent = wire.decode(sub.recv_multipart()[1])
+    assert isinstance(sent, wire.Generation) and sent.id == 1 and sent.trained == (True, True, False)
+    drawn = cem.sample(initial, 3, np.random.default_rng([0, 1]))  # the run's seed and the id
+    for member in range(3):
+        np.testing.assert_allclose(cem.flatten(dict(sent.actors[member])), drawn[member], rtol=1e-6)
+        assert sent.actors[member]["policy.0.weight"].dtype == np.float32
+    assert all(store.members()[m].generation == 1 for m in range(3))
+
+    # Learner rank 0 takes it: every member's weights now descend from generation 1.
+    as_learner_rank_0(sock)
+    for member in range(3):
+        sock.send(wire.encode(wire.Weights(member=member, version=2, params=dict(sent.actors[member]), copied_by=1)))
+    sock.send(learner_report(1))
+    wait_for(lambda: store.status().learner_applied_decision == 1, 10, "the learner's report")
+    # An episode begun under the old weights (lineage 0; in another env slot it may end after one
+    # of the draw's) is counted, but is no evidence of the draw.
+    for member, value in enumerate((-300.0, -100.0, -200.0)):
+        sock.send(episodes(member, [value, 5000.0], [1, 0]))
+    wait_for(lambda: store.applied_decision() == 2, 10, "generation 2, once every draw played an episode")
+    assert store.status().episodes == 6
+    (second_generation,) = store.generations(after=1)
+    assert second_generation.fitness == {"0": -300.0, "1": -100.0, "2": -200.0}
+    assert second_generation.elites == (1, 2)
+    moved = store.distribution(2)
+    assert moved is not None and store.distribution(1) is None  # only the applied one is kept
+    want = cem.update(
+        initial, np.stack([cem.flatten(dict(a)) for a in sent.actors]), [-300.0, -100.0, -200.0], CEM_CONFIG
+    )
+    np.testing.assert_allclose(moved.mean, want.mean, rtol=1e-6)
+    np.testing.assert_allclose(moved.variance, want.variance, rtol=1e-6)
+    assert second["service"].stop() == 0
+
+    third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **CONFIG)
+    time.sleep(1.5)  # a few ticks: time to (wrongly) apply or draw anything again
+    assert third["service"].alive(), third["service"].log()
+    assert [g.id for g in store.generations()] == [1, 2] and store.applied_decision() == 2
+    sock.close()
+    sub.close()
