@@ -359,7 +359,10 @@ def up(
     population: Annotated[int | None, _opt("Members trained together (by --method).")] = None,
     method: Annotated[
         str | None,
-        _opt("How a population trains: pbt (copies and perturbations) or dvd (TD3 with a shared critic and DvD)."),
+        _opt(
+            "How a population trains: pbt (copies and perturbations), cem (CEM-RL: SAC or TD3 actors drawn "
+            "around a shared critic) or dvd (SAC or TD3 with a shared critic and DvD's diversity term)."
+        ),
     ] = None,
     checkpoint_every: Annotated[
         float | None,

@@ -1,6 +1,6 @@
 """The run directory's figures: the learning curve (a line per member with a population) and the
-PBT lineage. They are built here and written by `rundir`; matplotlib is imported only when one is
-drawn, so that `rlmq up` stays light until its run ends."""
+PBT lineage, or CEM-RL's generations. They are built here and written by `rundir`; matplotlib is
+imported only when one is drawn, so that `rlmq up` stays light until its run ends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlmq.coordinator.records import LoggedDecision, ProgressSample
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, ProgressSample
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -126,5 +126,27 @@ def lineage_figure(
     explore = Line2D([], [], color="gray", marker="o", linestyle="", label="explore only")
     # beside the axes: over them it would hide decisions, and below them it meets the x label
     ax.legend(handles=[exploit, explore], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def generations_figure(generations: Sequence[LoggedGeneration], population: int, title: str) -> Figure:
+    """CEM-RL's generations against the run's env steps: each member's fitness (its draw's
+    episodes) as a dot, the elites' filled, and the search distribution's spread on a second axis."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
+    judged = [g for g in generations if g.fitness]
+    for g in judged:
+        for member, fitness in sorted(g.fitness.items()):
+            elite = int(member) in g.elites
+            color = member_color(int(member)) if population <= LEGEND_MEMBERS else "tab:blue"
+            ax.plot(g.run_env_steps, fitness, "o", color=color, markersize=5, fillstyle="full" if elite else "none")
+    ax.set_xlabel("env steps (whole run)")
+    ax.set_ylabel("fitness (mean return of the draw's episodes)")
+    spread = ax.twinx()
+    spread.plot([g.run_env_steps for g in generations], [g.spread for g in generations], color="dimgray", linewidth=1)
+    spread.set_ylabel("search distribution: mean σ over the weights", color="dimgray")
+    ax.set_title(f"{title} (filled: the elites)")
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

@@ -10,7 +10,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,8 @@ from rlmq.common import wire
 from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
-from rlmq.coordinator.records import LoggedDecision, MemberRecord, ProgressSample, RunStatus
+from rlmq.coordinator import cem
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord, ProgressSample, RunStatus
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.policy_file import MemberPolicy, PolicyRecord
 
@@ -68,6 +69,17 @@ def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: Run
     the best member's version."""
     published = {m: w for m in range(run_config.population) if (w := store.weights(m)) is not None}
     return save_checkpoint(path, published, store.status().best_member, store.members(), spec, run_config)
+
+
+def write_mean_actor(path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig) -> None:
+    """CEM-RL's answer: the mean of its last search distribution, as the actor of a policy record
+    of one member (`rlmq eval RUN_DIR/mean.pt`)."""
+    applied, like = store.applied_decision(), store.weights(0)
+    dist = store.distribution(applied) if applied else None
+    if dist is None or like is None:
+        return
+    mean = wire.Weights(member=0, version=applied, params=cem.unflatten(dist.mean, dict(like.params)))
+    save_checkpoint(path, {0: mean}, 0, {}, spec, run_config)
 
 
 def save_checkpoint(
@@ -132,9 +144,10 @@ def save_figure(path: Path, fig: Figure) -> None:
     figures.pyplot().close(fig)
 
 
-def write_lineage(path: Path, decisions: list[LoggedDecision]) -> None:
-    """The PBT decision log, oldest first, as the coordinator logged it: the lineage without the
-    plot. `run_env_steps` (the run's env steps when it was taken) is where it stands in lineage.png."""
+def write_lineage(path: Path, decisions: Sequence[LoggedDecision | LoggedGeneration]) -> None:
+    """The PBT decision log (or CEM-RL's generations), oldest first, as the coordinator logged it:
+    the lineage without the plot. `run_env_steps` (the run's env steps when it was taken) is where it
+    stands in lineage.png."""
     with atomic(path) as tmp:
         tmp.write_text(json.dumps([dataclasses.asdict(d) for d in decisions], indent=2, sort_keys=True))
 
@@ -171,8 +184,13 @@ def write_results(
     title = run_title(run_config)
     version = write_checkpoint(run_dir / "checkpoint.pt", store, spec, run_config)
     write_curves(run_dir, progress, run_config)
-    decisions = store.decisions()
-    if population > 1:
+    if population > 1 and run_config.method == "cem":
+        generations = store.generations()
+        write_lineage(run_dir / "lineage.json", generations)
+        save_figure(run_dir / "lineage.png", figures.generations_figure(generations, population, f"CEM-RL: {title}"))
+        write_mean_actor(run_dir / "mean.pt", store, spec, run_config)
+    elif population > 1:
+        decisions = store.decisions()
         write_lineage(run_dir / "lineage.json", decisions)
         end_steps = float(status.env_steps)
         save_figure(

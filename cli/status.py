@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from rlmq.coordinator.records import LoggedDecision, MemberRecord
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord
 from rlmq.coordinator.store import NOT_OUTAGES, OUTAGE_ERRORS, RunStore
 
 PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
@@ -136,6 +137,7 @@ class PopulationView:
     returns: dict[int, list[float]]  # member → its recent episode returns, newest first
     decisions: list[LoggedDecision]  # the newest entries of the PBT log, oldest first
     applied: int  # id of the last decision applied to the member records
+    generations: list[LoggedGeneration] = dataclasses.field(default_factory=list)  # CEM-RL's newest, oldest first
 
     @classmethod
     def read(cls, store: RunStore, population: int) -> PopulationView:
@@ -145,12 +147,13 @@ class PopulationView:
             returns={m: store.recent_returns(m) for m in range(population)},
             decisions=store.last_decisions(RECENT_DECISIONS),
             applied=store.applied_decision(),
+            generations=store.last_generations(RECENT_DECISIONS),
         )
 
 
 def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> list[str]:
     ranges = run_config.pbt.ranges
-    k = run_config.pbt.fitness_episodes
+    k = run_config.cem.fitness_episodes if run_config.method == "cem" else run_config.pbt.fitness_episodes
     lines = [
         "",
         f"  population of {run_config.population} by {run_config.method}  "
@@ -168,6 +171,8 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
             f"{_mean(recent[:k]) if len(recent) >= k else '—':>8}  {_mean(recent) if recent else '—':>8}  "
         )
         lines += wrap(row, hyperparam_words(record.hyperparams, ranges))
+    if run_config.method == "cem":
+        return lines + generation_lines(view)
     if view.decisions:
         shown = view.decisions[-RECENT_DECISIONS:]
         # logged but not applied: the coordinator stopped in between (it applies them on restart)
@@ -190,6 +195,26 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
         lines += ["", "  PBT decisions: none yet"]
     else:
         lines += ["", f"  PBT decisions: none (method {run_config.method} takes none)"]
+    return lines
+
+
+def generation_lines(view: PopulationView) -> list[str]:
+    """CEM-RL's newest generations: each one's fitness, its elites and the distribution's spread."""
+    if not view.generations:
+        return ["", "  CEM generations: none yet (the first draws once member 0 has published its actor)"]
+    pending = view.generations[-1].id - view.applied
+    lines = [
+        "",
+        f"  CEM generations: {view.applied} applied"
+        + (f", {pending} logged but not yet applied" if pending > 0 else "")
+        + f"; the last {len(view.generations)}:",
+        f"  {'gen':>5}  {'run env steps':>13}  {'best':>8}  {'mean':>8}  {'spread':>8}  elites, fittest first",
+    ]
+    for g in view.generations:
+        scores = list(g.fitness.values())
+        best, mean = (f"{max(scores):.1f}", _mean(scores)) if scores else ("—", "—")
+        elites = ", ".join(map(str, g.elites)) or "— (the first draw)"
+        lines.append(f"  {g.generation:>5}  {g.run_env_steps:>13,}  {best:>8}  {mean:>8}  {g.spread:>8.3g}  {elites}")
     return lines
 
 

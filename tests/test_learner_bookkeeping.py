@@ -75,6 +75,27 @@ def test_applying_anything_but_the_next_decision_is_a_bug_not_bad_input() -> Non
     assert state.applied == 3 and state.hyperparams == [hyperparams(0.2), hyperparams(0.2)]
 
 
+def generation(generation_id: int, members: int = 2) -> wire.Generation:
+    actors = tuple({"policy.0.weight": np.full((2, 3), float(m), np.float32)} for m in range(members))
+    return wire.Generation(id=generation_id, actors=actors, trained=(True,) + (False,) * (members - 1))
+
+
+def test_a_world_behind_skips_to_the_newest_generation_and_every_member_takes_its_lineage() -> None:
+    """A CEM-RL generation sets every member's actor, so all an earlier one set: a world resumed
+    from an older checkpoint takes the newest at once, and only later ids after it."""
+    state = PbtState([hyperparams(0.2), hyperparams(0.2)], applied=3)
+    for later in (generation(6), generation(5)):
+        state.keep(later, wire.encode(later))
+    taken = state.apply(wire.decode(state.offer()))
+    assert isinstance(taken, wire.Generation) and taken.id == 6
+    assert (state.applied, state.copied_by, state.pending, state.offer()) == (6, [6, 6], {}, b"")
+    with pytest.raises(RuntimeError, match="offered after 6"):
+        state.apply(generation(6))  # taken already
+    with pytest.raises(wire.WireError) as refused:
+        state.keep(generation(7, members=3), wire.encode(generation(7, members=3)))
+    assert refused.value.reason == "bad_value" and state.pending == {}
+
+
 def test_the_pbt_state_reads_the_learner_record_of_checkpoints_already_written() -> None:
     """A checkpoint's "learner" record, as checkpoints written before PbtState hold it."""
     written = {

@@ -1,6 +1,7 @@
 """Population methods beyond PBT on TD3 (issue 44): the critic shared by the members and DvD's
-diversity term held to a loop over members in plain torch, `method = "dvd"` checked where it is
-configured and shown by `rlmq status`, and a DvD population through `rlmq up`."""
+diversity term held to a loop over members in plain torch, a CEM-RL generation taken by the
+trainer, `method = "cem"` and `"dvd"` checked where they are configured and shown by `rlmq status`,
+and CEM-RL and DvD populations through `rlmq up`."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import tb  # tests/helpers: conftest puts them on the path
 import torch
 
 from rlmq.cli.status import PopulationView, population_lines
-from rlmq.common.algorithms import TD3Config
+from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
-from rlmq.learners import td3
+from rlmq.learners import sac, td3
 from tests.test_td3 import CPU, SPEC, hyperparams, member_modules, no_sync, transitions
 
 
@@ -125,6 +126,85 @@ def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic(div
     assert torch.equal(algo.actor.flat[2], algo.actor.flat[0]) and torch.equal(algo.critic.flat, shared)
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_a_generation_gives_every_member_its_draw_and_trains_only_the_first_ones(algo: str) -> None:
+    """CEM-RL's step in the trainer: every actor (TD3's target actor too) becomes its draw, the
+    actors' optimizer starts afresh, and the next steps move the `trained` actors alone, while the
+    shared critic learns from every member's data."""
+    torch.manual_seed(1)
+    cfg = {"hidden_sizes": (8,), "shared_critic": True, "policy_delay": 1} if algo == "td3" else {}
+    algorithm = (
+        td3.TD3(SPEC, TD3Config(**cfg), 3, CPU)
+        if algo == "td3"
+        else sac.SAC(SPEC, SACConfig(hidden_sizes=(8,), shared_critic=True), 3, CPU)
+    )
+    hp = hyperparams([1e-3, 1e-3, 1e-3])
+    for step in range(3):  # the actors' optimizer has state to forget
+        algorithm.step(transitions(3, 8, seed=step), hp, torch.ones(3, dtype=torch.bool), torch.ones(3), no_sync, None)
+    draws = [
+        {name: np.full_like(value, 0.01 * (m + 1)) for name, value in algorithm.member_params(m).items()}
+        for m in range(3)
+    ]
+    algorithm.start_generation(draws, [True, False, False])
+    for m in range(3):
+        assert all(np.array_equal(v, draws[m][k]) for k, v in algorithm.member_params(m).items())
+    if isinstance(algorithm, td3.TD3):
+        assert torch.equal(algorithm.target_actor.flat, algorithm.actor.flat)
+    adam = algorithm.optimizers["actor"]
+    assert not adam.exp_avg.any() and not adam.exp_avg_sq.any() and not adam.steps.any()
+    critic = algorithm.critic.flat.detach().clone()
+    for step in range(3):
+        algorithm.step(
+            transitions(3, 8, seed=10 + step), hp, torch.ones(3, dtype=torch.bool), torch.ones(3), no_sync, None
+        )
+    moved = [any(not np.array_equal(v, draws[m][k]) for k, v in algorithm.member_params(m).items()) for m in range(3)]
+    assert moved == [True, False, False]
+    assert not torch.equal(algorithm.critic.flat, critic)
+
+
+@pytest.mark.slow
+def test_rlmq_up_trains_a_cem_population_generation_by_generation(tmp_path: Path) -> None:
+    """`--method cem`: three TD3 actors drawn around one critic on Pendulum, through `rlmq up`.
+    Generations follow one another, each judged by its draws' own episodes; the run directory
+    holds them (lineage.json) and the last distribution's mean actor, which `rlmq eval` plays."""
+    config = tmp_path / "cem.json"
+    config.write_text(
+        json.dumps(
+            {
+                "env_id": "Pendulum-v1",
+                "algo": "td3",
+                "population": 3,
+                "total_steps": 9000,
+                "num_envs": 2,
+                "rollout_length": 16,
+                "td3": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64, "shared_critic": True},
+                "cem": {"elites": 2},
+            }
+        )
+    )
+    run_dir = tmp_path / "run"
+    argv = ["up", "--actors", "3", "--config", str(config), "--method", "cem", "--run-dir", str(run_dir)]
+    up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    generations = json.loads((run_dir / "lineage.json").read_text())
+    assert summary["pbt_decisions"] == len(generations) >= 3, generations
+    assert (
+        [g["id"] for g in generations] == [g["generation"] for g in generations] == list(range(1, len(generations) + 1))
+    )
+    for g in generations[1:]:  # every member judged by the returns of its draw, the elites the fittest
+        fitness = {int(m): v for m, v in g["fitness"].items()}
+        assert sorted(fitness) == [0, 1, 2] and all(-2000 < v <= 0 for v in fitness.values())
+        assert g["elites"] == sorted(fitness, key=lambda m: (-fitness[m], m))[:2] and g["trained"] == [0, 1]
+    played = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir / "mean.pt"), "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert played.returncode == 0 and "member 0" in played.stdout, played.stdout + played.stderr
+
+
 @pytest.mark.slow
 def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path) -> None:
     """`--method dvd`: two TD3 members around one critic with DvD's term, through `rlmq up` on
@@ -165,8 +245,8 @@ def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(
 def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> None:
     with pytest.raises(ValueError, match=r"method dvd .* shared_critic = true and diversity_weight > 0"):
         RunConfig(algo="td3", population=3, method="dvd")
-    with pytest.raises(ValueError, match="method must be one of pbt, dvd"):
-        RunConfig(method="cem")
+    with pytest.raises(ValueError, match="method must be one of pbt, cem, dvd"):
+        RunConfig(method="cma")
     dvd = RunConfig(algo="td3", population=3, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=1.0))
     shown = "\n".join(population_lines(dvd, 0, PopulationView({}, {}, {}, [], 0)))  # `rlmq status`
     assert "population of 3 by dvd" in shown and "PBT decisions: none (method dvd takes none)" in shown

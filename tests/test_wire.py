@@ -136,6 +136,7 @@ MESSAGES: list[tuple[str, Any]] = [
             session=2**40,
             steps_total=10_000,
             episodes_total=31,
+            episode_lineages=np.array([0, 3, 3], np.int64),
         ),
     ),
     (
@@ -156,6 +157,17 @@ MESSAGES: list[tuple[str, Any]] = [
     ("report-ack", wire.ReportAck(steps_total=4096, episodes_total=12, episodes_uncounted=3)),
     ("directive", wire.Directive(kind="stop", reason="target reached")),
     ("decision", wire.Decision(id=3, target=1, source=0, hyperparams=dict.fromkeys(TUNABLE, 0.5), param_noise=0.01)),
+    (
+        "generation",
+        wire.Generation(
+            id=4,
+            actors=tuple(
+                {"policy.0.weight": np.full((2, 3), m, np.float32), "policy.0.bias": np.zeros(2, np.float32)}
+                for m in range(3)
+            ),
+            trained=(True, True, False),
+        ),
+    ),
     ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
     (
         "evaluation-request",
@@ -184,6 +196,7 @@ MESSAGES: list[tuple[str, Any]] = [
     ),
 ]
 DECISION = dict(MESSAGES)["decision"]
+GENERATION = dict(MESSAGES)["generation"]
 
 
 def assert_same(a: Any, b: Any, where: str = "message") -> None:
@@ -389,6 +402,34 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         "decision-nan-hyperparam",
         with_field(DECISION, hyperparams={**DECISION.hyperparams, "gamma": math.nan}),
         "non_finite",
+    ),
+    ("generation-id-0", with_field(GENERATION, id=0), "bad_value"),
+    (
+        "generation-one-member",
+        with_field(GENERATION, actors=fields_of(GENERATION)["actors"][:1], trained=[True]),
+        "bad_value",
+    ),
+    ("generation-flags-short", with_field(GENERATION, trained=[True, False]), "bad_value"),
+    (
+        "generation-actors-differ",
+        with_field(
+            GENERATION, actors=[*fields_of(GENERATION)["actors"][:2], {"policy.0.weight": array("float32", [3], F32_3)}]
+        ),
+        "bad_value",
+    ),
+    (
+        "report-lineages-short",
+        with_field(
+            dict(MESSAGES)["actor-report"], episode_lineages=array("int64", [1], np.zeros(1, np.int64).tobytes())
+        ),
+        "bad_value",
+    ),
+    (
+        "report-lineage-negative",
+        with_field(
+            dict(MESSAGES)["actor-report"], episode_lineages=array("int64", [3], np.full(3, -1, np.int64).tobytes())
+        ),
+        "bad_value",
     ),
     ("assign-hyperparams-count", with_field(ASSIGN, hyperparams=[dict.fromkeys(TUNABLE, 0.1)] * 2), "bad_value"),
     ("hello-member-below", with_field(HELLO, member=-2), "bad_value"),
