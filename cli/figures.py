@@ -1,5 +1,5 @@
 """The run directory's figures: the learning curve (a line per member with a population) and the
-PBT lineage, or CEM-RL's generations. They are built here and written by `rundir`; matplotlib is
+PBT lineage, CEM-RL's generations or DvD's weights. They are built here and written by `rundir`; matplotlib is
 imported only when one is drawn, so that `rlmq up` stays light until its run ends."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, ProgressSample
+from rlmq.coordinator.records import LoggedDecision, LoggedDiversityWeight, LoggedGeneration, ProgressSample
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -147,6 +147,24 @@ def generations_figure(generations: Sequence[LoggedGeneration], population: int,
     spread.plot([g.run_env_steps for g in generations], [g.spread for g in generations], color="dimgray", linewidth=1)
     spread.set_ylabel("search distribution: mean σ over the weights", color="dimgray")
     ax.set_title(f"{title} (filled: the elites)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def diversity_weight_figure(weights: Sequence[LoggedDiversityWeight], title: str) -> Figure:
+    """DvD's adaptive λ against the run's env steps (a step each time the bandit chose), and the
+    population's best fitness each choice was made at."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=100)
+    steps = [w.run_env_steps for w in weights]
+    ax.step(steps, [w.weight for w in weights], where="post", color="tab:purple")
+    ax.set_xlabel("env steps (whole run)")
+    ax.set_ylabel("diversity weight λ", color="tab:purple")
+    fitness = ax.twinx()
+    fitness.plot(steps, [w.fitness for w in weights], "o", color="dimgray", markersize=3)
+    fitness.set_ylabel("best fitness when chosen", color="dimgray")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

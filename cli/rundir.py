@@ -20,7 +20,14 @@ from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import cem
-from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord, ProgressSample, RunStatus
+from rlmq.coordinator.records import (
+    LoggedDecision,
+    LoggedDiversityWeight,
+    LoggedGeneration,
+    MemberRecord,
+    ProgressSample,
+    RunStatus,
+)
 from rlmq.coordinator.store import RunStore
 from rlmq.learners.policy_file import MemberPolicy, PolicyRecord
 
@@ -144,8 +151,8 @@ def save_figure(path: Path, fig: Figure) -> None:
     figures.pyplot().close(fig)
 
 
-def write_lineage(path: Path, decisions: Sequence[LoggedDecision | LoggedGeneration]) -> None:
-    """The PBT decision log (or CEM-RL's generations), oldest first, as the coordinator logged it:
+def write_lineage(path: Path, decisions: Sequence[LoggedDecision | LoggedGeneration | LoggedDiversityWeight]) -> None:
+    """The PBT decision log (CEM-RL's generations, DvD's weights), oldest first, as the coordinator logged it:
     the lineage without the plot. `run_env_steps` (the run's env steps when it was taken) is where it
     stands in lineage.png."""
     with atomic(path) as tmp:
@@ -189,6 +196,11 @@ def write_results(
         write_lineage(run_dir / "lineage.json", generations)
         save_figure(run_dir / "lineage.png", figures.generations_figure(generations, population, f"CEM-RL: {title}"))
         write_mean_actor(run_dir / "mean.pt", store, spec, run_config)
+    elif population > 1 and run_config.method == "dvd":
+        weights = store.diversity_weights()
+        write_lineage(run_dir / "lineage.json", weights)
+        if weights:
+            save_figure(run_dir / "lineage.png", figures.diversity_weight_figure(weights, f"DvD's weight: {title}"))
     elif population > 1:
         decisions = store.decisions()
         write_lineage(run_dir / "lineage.json", decisions)

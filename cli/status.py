@@ -18,7 +18,7 @@ from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord
+from rlmq.coordinator.records import LoggedDecision, LoggedDiversityWeight, LoggedGeneration, MemberRecord
 from rlmq.coordinator.store import NOT_OUTAGES, OUTAGE_ERRORS, RunStore
 
 PPO_TUNABLE = ALGORITHMS["ppo"].tunable  # the order status lists hyperparameters in
@@ -138,6 +138,7 @@ class PopulationView:
     decisions: list[LoggedDecision]  # the newest entries of the PBT log, oldest first
     applied: int  # id of the last decision applied to the member records
     generations: list[LoggedGeneration] = dataclasses.field(default_factory=list)  # CEM-RL's newest, oldest first
+    weights: list[LoggedDiversityWeight] = dataclasses.field(default_factory=list)  # DvD's newest λ, oldest first
 
     @classmethod
     def read(cls, store: RunStore, population: int) -> PopulationView:
@@ -148,6 +149,7 @@ class PopulationView:
             decisions=store.last_decisions(RECENT_DECISIONS),
             applied=store.applied_decision(),
             generations=store.last_generations(RECENT_DECISIONS),
+            weights=store.last_diversity_weights(RECENT_DECISIONS),
         )
 
 
@@ -173,6 +175,8 @@ def population_lines(run_config: RunConfig, best: int, view: PopulationView) -> 
         lines += wrap(row, hyperparam_words(record.hyperparams, ranges))
     if run_config.method == "cem":
         return lines + generation_lines(view)
+    if run_config.method == "dvd" and run_config.dvd.adaptive:
+        return lines + diversity_weight_lines(view)
     if view.decisions:
         shown = view.decisions[-RECENT_DECISIONS:]
         # logged but not applied: the coordinator stopped in between (it applies them on restart)
@@ -215,6 +219,21 @@ def generation_lines(view: PopulationView) -> list[str]:
         best, mean = (f"{max(scores):.1f}", _mean(scores)) if scores else ("—", "—")
         elites = ", ".join(map(str, g.elites)) or "— (the first draw)"
         lines.append(f"  {g.generation:>5}  {g.run_env_steps:>13,}  {best:>8}  {mean:>8}  {g.spread:>8.3g}  {elites}")
+    return lines
+
+
+def diversity_weight_lines(view: PopulationView) -> list[str]:
+    """DvD's newest choices of λ, with the population's best fitness when each was made."""
+    if not view.weights:
+        return ["", "  DvD weights: none chosen yet (the configured λ holds)"]
+    lines = [
+        "",
+        f"  DvD weights: λ {view.weights[-1].weight:g} now; the last {len(view.weights)} choices:",
+        f"  {'id':>5}  {'run env steps':>13}  {'λ':>6}  {'best fitness':>12}  posterior Beta(α, β) per arm",
+    ]
+    for w in view.weights:
+        beliefs = ", ".join(f"({a:g}, {b:g})" for a, b in zip(w.alpha, w.beta, strict=True))
+        lines.append(f"  {w.id:>5}  {w.run_env_steps:>13,}  {w.weight:>6g}  {w.fitness:>12.1f}  {beliefs}")
     return lines
 
 

@@ -22,7 +22,7 @@ from rlmq.common.algorithms import (
     refuse_non_finite,
 )
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
-from rlmq.common.population import CEMConfig, method_problems
+from rlmq.common.population import CEMConfig, DvDConfig, method_problems
 from rlmq.common.population import HyperRange as HyperRange
 from rlmq.common.population import PBTConfig as PBTConfig
 from rlmq.common.recurrent import CORES, STATE_PARTS
@@ -117,6 +117,7 @@ class RunConfig:
     method: str = "pbt"
     pbt: PBTConfig = field(default_factory=PBTConfig)
     cem: CEMConfig = field(default_factory=CEMConfig)
+    dvd: DvDConfig = field(default_factory=DvDConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     # The learners' update under torch.compile (learners/capture.py): "off" (eager), or a mode of
     # torch.compile's, or "cuda-graphs" (COMPILE_MODES says which replay CUDA graphs on a GPU).

@@ -256,7 +256,7 @@ class CoordinatorMetrics:
         self.pbt_decisions = Counter(
             f"{PREFIX}_pbt_decisions",
             "PBT decisions applied, by selection rule and kind (exploit: copied another member; "
-            "explore: perturbed its own hyperparameters).",
+            "explore: perturbed its own hyperparameters), and CEM-RL generations (selection cem, kind generation).",
             ["selection", "kind"],
             registry=r,
         )

@@ -102,6 +102,21 @@ class CEMConfig:
         return (population + 1) // 2 if self.trained is None else self.trained
 
 
+@dataclass(frozen=True)
+class DvDConfig:
+    """DvD's adaptive diversity weight (coordinator/bandit.py). Used when `RunConfig.method` is "dvd"."""
+
+    # A bandit chooses λ between 0 and the section's `diversity_weight` every `interval` env steps of
+    # the run, by how the population's best fitness moved after each choice; False: λ stays fixed.
+    adaptive: bool = False
+    interval: int = 5_000
+    fitness_episodes: int = 1  # a member's fitness: the mean return of its newest this many episodes
+
+    def __post_init__(self) -> None:
+        if self.interval < 1 or self.fitness_episodes < 1:
+            raise ValueError("dvd.interval and dvd.fitness_episodes must be at least 1")
+
+
 def method_problems(
     method: str, section: AlgoConfig, population: int, cem: CEMConfig, normalize_obs: bool
 ) -> list[str]:

@@ -17,7 +17,8 @@ Topology (who sends what to whom, see docs/architecture.md):
                                                   Rollout (one per credit)
     learner         ROUTER → actor                Credit
     coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
-                                                  Decision, Generation ("pbt.", to learner 0)
+                                                  Decision, Generation, DiversityWeight
+                                                  ("pbt.", to learner 0)
     coordinator     PAIR  ↔ its evaluator         EvaluationRequest → EvaluationResult (a private
                                                   Unix socket: coordinator/evaluator.py)
 """
@@ -406,6 +407,19 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class DiversityWeight:
+    """DvD's adaptive weight as the coordinator logged it (ids shared with `Decision`): λ of the
+    diversity term for every member from now on. A later one replaces an earlier one."""
+
+    id: int
+    weight: float
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.id <= MAX_COUNT, f"DiversityWeight.id {self.id} outside [1, 2^40]")
+        _require(0 <= self.weight <= MAX_COUNT, "DiversityWeight.weight outside [0, 2^40]")
+
+
+@dataclass(frozen=True)
 class EvaluationRequest:
     """The coordinator asks its evaluator (a child process, over a private socket) to play one
     member's weights for `episodes` episodes, episode i from `seed + i`."""
@@ -469,6 +483,7 @@ Message = (
     | Directive
     | Decision
     | Generation
+    | DiversityWeight
     | EvaluationRequest
     | EvaluationResult
 )
@@ -487,6 +502,7 @@ MESSAGE_TYPES: dict[str, type] = {
         Directive,
         Decision,
         Generation,
+        DiversityWeight,
         EvaluationRequest,
         EvaluationResult,
     )

@@ -359,6 +359,8 @@ class Coordinator:
         recent = self.population.recent_returns()
         if self.population.generations is not None:  # CEM-RL: fitness is the draws' own episodes
             self.population.next_generation(recent, self.latest_weights, steps)
+        elif self.run_config.method == "dvd":
+            self.population.next_diversity_weight(recent, steps)
         elif self.judge is None:
             self.population.tick(self.population.judged(recent), steps)
         else:

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 import numpy as np
 from prometheus_client import Counter
 
 from rlmq.common import failpoints, wire
+from rlmq.common.algorithms import ActorCriticConfig
 from rlmq.common.config import RunConfig
-from rlmq.coordinator import pbt
+from rlmq.coordinator import bandit, pbt
 from rlmq.coordinator.generations import Generations
-from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, MemberRecord
+from rlmq.coordinator.records import LoggedDecision, LoggedDiversityWeight, LoggedGeneration, MemberRecord
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -58,6 +60,12 @@ class Population:
             for unapplied in (e for e in logged if e.id > self.applied):
                 log.info("applying generation %d, logged before a restart", unapplied.id)
                 self.apply_generation(unapplied)
+        self.weights_log: list[LoggedDiversityWeight] = []  # DvD's adaptive λ: every choice, oldest first
+        if run_config.method == "dvd" and run_config.dvd.adaptive:
+            self.weights_log = [e for e in store.diversity_weights() if e.id <= self.applied]
+            for chosen in store.diversity_weights(after=self.applied):
+                log.info("applying DvD weight %d, logged before a restart", chosen.id)
+                self.apply_diversity_weight(chosen)
         self.learner_applied = store.status().learner_applied_decision
         self.actors: dict[str, tuple[int, float]] = {}  # actor name → (member, last heard: monotonic s)
 
@@ -214,14 +222,58 @@ class Population:
             entry.spread,
         )
 
-    def for_learners(self, weights: dict[int, wire.Weights]) -> list[wire.Decision | wire.Generation]:
+    def next_diversity_weight(self, returns: dict[int, list[float]], run_env_steps: int) -> None:
+        """DvD's adaptive λ: every `dvd.interval` env steps of the run, the bandit's next choice
+        (coordinator/bandit.py), judged by the population's best fitness now, logged and applied."""
+        cfg, section = self.run_config.dvd, self.run_config.algo_config
+        if self.run_config.method != "dvd" or not cfg.adaptive or not isinstance(section, ActorCriticConfig):
+            return
+        since = self.weights_log[-1].run_env_steps if self.weights_log else 0
+        k = cfg.fitness_episodes
+        scores = [float(np.mean(r[:k])) for r in returns.values() if len(r) >= k]
+        if run_env_steps - since < cfg.interval or not scores:
+            return
+        arms = (0.0, section.diversity_weight)
+        choices = [len(arms) - 1, *(e.arm for e in self.weights_log)]  # the run starts at the configured λ
+        fitness = [-math.inf, *(e.fitness for e in self.weights_log), max(scores)]
+        decision_id = self.applied + 1
+        arm = bandit.choose(choices, fitness, len(arms), np.random.default_rng([self.run_config.seed, decision_id]))
+        alpha, beta = bandit.posterior(choices, fitness, len(arms))
+        entry = LoggedDiversityWeight(
+            id=decision_id,
+            arm=arm,
+            weight=arms[arm],
+            fitness=max(scores),
+            alpha=tuple(alpha.tolist()),
+            beta=tuple(beta.tolist()),
+            run_env_steps=run_env_steps,
+            time=time.time(),
+        )
+        if not self.store.append_decision(entry):  # logged already, by another coordinator: apply that one
+            entry = self.store.diversity_weights(after=decision_id - 1)[0]
+        failpoints.reach(self.failpoint, failpoints.PBT_AFTER_APPEND, "between logging and applying a DvD weight")
+        self.apply_diversity_weight(entry)
+
+    def apply_diversity_weight(self, entry: LoggedDiversityWeight) -> None:
+        self.store.apply_diversity_weight(entry.id)
+        self.applied = entry.id
+        self.weights_log.append(entry)
+        if self.decisions_metric is not None:
+            self.decisions_metric.labels("dvd", "diversity_weight").inc()
+        log.info("DvD weight %d: λ %g at best fitness %.1f", entry.id, entry.weight, entry.fitness)
+
+    def for_learners(
+        self, weights: dict[int, wire.Weights]
+    ) -> list[wire.Decision | wire.Generation | wire.DiversityWeight]:
         """Applied decisions learner rank 0 has not yet reported applying, oldest first; of
-        generations, the last alone (it sets all the earlier ones did), its actors in the
-        parameters of `weights`."""
+        generations and DvD weights, the last alone (it sets all the earlier ones did), a
+        generation's actors in the parameters of `weights`."""
         if self.learner_applied >= self.applied:
             return []
         if self.generation is not None:
             return [self.generations.message(self.generation, weights[0])] if self.generations and 0 in weights else []
+        if self.weights_log:
+            return [wire.DiversityWeight(id=self.weights_log[-1].id, weight=self.weights_log[-1].weight)]
         return [self.to_message(e) for e in self.store.decisions(after=self.learner_applied) if e.id <= self.applied]
 
     def to_message(self, entry: LoggedDecision) -> wire.Decision:

@@ -61,6 +61,21 @@ class LoggedGeneration:
 
 
 @dataclass(frozen=True)
+class LoggedDiversityWeight:
+    """A choice of DvD's adaptive bandit as the coordinator logs it, in the decisions' stream and under
+    their ids (`wire.DiversityWeight` hands the learners the weight)."""
+
+    id: int
+    arm: int  # 0: no diversity term; 1: the section's diversity_weight
+    weight: float  # λ from now on
+    fitness: float  # the population's best fitness when chosen (what judges the choice before it)
+    alpha: tuple[float, ...]  # each arm's Beta posterior when chosen
+    beta: tuple[float, ...]
+    run_env_steps: int
+    time: float = 0.0  # unix seconds
+
+
+@dataclass(frozen=True)
 class RunStatus:
     """The run's status hash: written field by field (`RunStore.set_status`), read whole."""
 

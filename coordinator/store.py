@@ -6,7 +6,8 @@
     rlmq:{run}:member_steps        hash: member → env steps its actors collected
     rlmq:{run}:pbt                 stream: PBT decisions, entry id "{decision id}-0",
                                    field "decision" (JSON LoggedDecision)
-                                   or field "generation" (JSON LoggedGeneration, method "cem")
+                                   or field "generation" (JSON LoggedGeneration, method "cem"), or
+                                   field "diversity" (JSON LoggedDiversityWeight, adaptive "dvd")
     rlmq:{run}:pbt_applied         the id of the last decision applied to the member records
     rlmq:{run}:cem:{id}            hash: the search distribution generation {id} draws from (mean and
                                    variance as raw float64, noise, generation); kept for the last
@@ -51,6 +52,7 @@ from rlmq.coordinator.records import (
     STATUS_FIELDS,
     LearnerRecord,
     LoggedDecision,
+    LoggedDiversityWeight,
     LoggedGeneration,
     MemberRecord,
     ProgressSample,
@@ -65,12 +67,6 @@ PROGRESS_SAMPLES = 100_000
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _logged(entries: Any, field: bytes) -> list[bytes]:
-    """The `field` of each stream entry that has it (the decisions' stream holds PBT decisions and
-    CEM generations)."""
-    return [fields[field] for _id, fields in entries if fields and field in fields]
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -273,13 +269,14 @@ class RunStore:
     def member_steps(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.redis.hgetall(self.key("member_steps")).items()}
 
-    # --- the PBT decision log -----------------------------------------------------------------
+    # --- the decisions' log: PBT decisions, CEM-RL generations, DvD's weights -----------------
 
-    def append_decision(self, entry: LoggedDecision) -> bool:
-        """Log a decision under its own id; False if that id is logged already (so appending the
-        same decision twice, e.g. around a crash, cannot log it twice)."""
+    def append_decision(self, entry: LoggedDecision | LoggedDiversityWeight) -> bool:
+        """Log a PBT decision or a DvD weight under its own id; False if that id is logged already
+        (so appending the same decision twice, e.g. around a crash, cannot log it twice)."""
+        field = "decision" if isinstance(entry, LoggedDecision) else "diversity"
         try:
-            self.redis.xadd(self.key("pbt"), {"decision": to_json(entry)}, id=f"{entry.id}-0")
+            self.redis.xadd(self.key("pbt"), {field: to_json(entry)}, id=f"{entry.id}-0")
         except redis.ResponseError as exc:
             if "equal or smaller" in str(exc):
                 return False
@@ -287,14 +284,30 @@ class RunStore:
         return True
 
     def decisions(self, after: int = 0) -> list[LoggedDecision]:
-        """Logged decisions with id > `after`, in order."""
-        entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
-        return [from_json(LoggedDecision, text) for text in _logged(entries, b"decision")]
+        """Logged PBT decisions with id > `after`, in order."""
+        return [from_json(LoggedDecision, text) for text in self._logged(b"decision", after)]
 
     def last_decisions(self, count: int) -> list[LoggedDecision]:
         """The newest `count` logged decisions, oldest first (no read of the whole log)."""
+        return [from_json(LoggedDecision, text) for text in self._last_logged(b"decision", count)]
+
+    def diversity_weights(self, after: int = 0) -> list[LoggedDiversityWeight]:
+        """DvD's logged weights with id > `after`, in order."""
+        return [from_json(LoggedDiversityWeight, text) for text in self._logged(b"diversity", after)]
+
+    def last_diversity_weights(self, count: int) -> list[LoggedDiversityWeight]:
+        return [from_json(LoggedDiversityWeight, text) for text in self._last_logged(b"diversity", count)]
+
+    def _logged(self, field: bytes, after: int) -> list[bytes | str]:
+        """The `field` of each entry with id > `after` that has it (one stream holds every method's)."""
+        entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
+        return [fields[field] for _id, fields in entries if fields and field in fields]
+
+    def _last_logged(self, field: bytes, count: int) -> list[bytes | str]:
+        """The `field` of the newest `count` entries that have it, oldest first (no read of the
+        whole log, but of the newest `count` entries)."""
         entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
-        return [from_json(LoggedDecision, text) for text in _logged(reversed(entries), b"decision")]
+        return [fields[field] for _id, fields in reversed(entries) if fields and field in fields]
 
     def applied_decision(self) -> int:
         return int(self.redis.get(self.key("pbt_applied")) or 0)
@@ -330,13 +343,11 @@ class RunStore:
 
     def generations(self, after: int = 0) -> list[LoggedGeneration]:
         """Logged generations with id > `after`, in order."""
-        entries = self.redis.xrange(self.key("pbt"), min=f"({after}-0" if after else "-", max="+") or []
-        return [from_json(LoggedGeneration, text) for text in _logged(entries, b"generation")]
+        return [from_json(LoggedGeneration, text) for text in self._logged(b"generation", after)]
 
     def last_generations(self, count: int) -> list[LoggedGeneration]:
         """The newest `count` logged generations, oldest first."""
-        entries = self.redis.xrevrange(self.key("pbt"), max="+", min="-", count=count) or []
-        return [from_json(LoggedGeneration, text) for text in _logged(reversed(entries), b"generation")]
+        return [from_json(LoggedGeneration, text) for text in self._last_logged(b"generation", count)]
 
     def distribution(self, generation_id: int) -> Distribution | None:
         """The distribution logged with generation `generation_id`, checked as it is read."""
@@ -358,6 +369,10 @@ class RunStore:
         if not (np.isfinite(dist.mean).all() and np.isfinite(dist.variance).all() and dist.variance.min() >= 0):
             raise ValueError(f"{key}: not finite, or a negative variance")
         return dist
+
+    def apply_diversity_weight(self, decision_id: int) -> None:
+        """DvD's weight changes no member record: applying it is recording its id applied."""
+        self.redis.set(self.key("pbt_applied"), decision_id)
 
     def apply_generation(self, entry: LoggedGeneration, records: dict[int, MemberRecord], previous: int) -> None:
         """One transaction: every member's record, the applied id, the members' returns dropped

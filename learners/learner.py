@@ -175,7 +175,7 @@ class Learner:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
                 message = wire.decode(parts[1])
-                if isinstance(message, (wire.Decision, wire.Generation)):
+                if isinstance(message, (wire.Decision, wire.Generation, wire.DiversityWeight)):
                     self.pbt.keep(message, parts[1])
             except wire.WireError as exc:
                 self.reject(exc)
@@ -420,9 +420,15 @@ class Learner:
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
         the same everywhere); then its version moves on and its queued data, another policy's, is
         dropped. A CEM-RL generation gives every member its drawn actor; their queued data stays
-        (the replay takes any policy's). Returns the members whose weights changed."""
+        (the replay takes any policy's). A DvD weight sets λ for all. Returns the members whose
+        weights changed."""
         decision = self.pbt.apply(decision)
-        if isinstance(decision, wire.Generation):
+        replaced: list[int] = []
+        if isinstance(decision, wire.DiversityWeight):
+            assert isinstance(self.trainer, OffPolicyTrainer)  # RunConfig allows DvD for SAC and TD3 only
+            self.trainer.set_diversity_weight(decision.weight)
+            log.info("applied DvD weight %d: λ %g", decision.id, decision.weight)
+        elif isinstance(decision, wire.Generation):
             assert isinstance(self.trainer, OffPolicyTrainer)  # RunConfig allows CEM for SAC and TD3 only
             self.trainer.start_generation(decision)
             replaced = list(range(len(decision.actors)))

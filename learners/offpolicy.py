@@ -135,8 +135,10 @@ class OffPolicy(Protocol):
 
 
 @runtime_checkable
-class DrawsActors(Protocol):
-    """An algorithm whose actors CEM-RL may draw (SAC, TD3)."""
+class SharesCritic(Protocol):
+    """An algorithm whose actors may share a critic (SAC, TD3): CEM-RL draws them, DvD sets λ."""
+
+    diversity_weight: torch.Tensor  # DvD's λ, [] (a tensor: a captured step reads it as it is now)
 
     def start_generation(self, actors: list[Params], trained: list[bool]) -> None: ...
 
@@ -209,9 +211,16 @@ class OffPolicyTrainer:
 
     def start_generation(self, generation: wire.Generation) -> None:
         """CEM-RL: every member's actor is the one drawn for it (observation statistics are off)."""
-        if not isinstance(self.algorithm, DrawsActors):  # RunConfig refuses such a run: a bug
-            raise RuntimeError(f"{type(self.algorithm).__name__} has no actors to draw")
-        self.algorithm.start_generation([dict(a) for a in generation.actors], list(generation.trained))
+        self.shares_critic().start_generation([dict(a) for a in generation.actors], list(generation.trained))
+
+    def set_diversity_weight(self, weight: float) -> None:
+        """DvD's adaptive λ, for every member."""
+        self.shares_critic().diversity_weight.fill_(weight)
+
+    def shares_critic(self) -> SharesCritic:
+        if not isinstance(self.algorithm, SharesCritic):  # RunConfig refuses such a run: a bug
+            raise RuntimeError(f"{type(self.algorithm).__name__} has no actors around a shared critic")
+        return self.algorithm
 
     def nonfinite_skipped(self) -> int:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())

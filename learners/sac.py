@@ -98,7 +98,7 @@ class SAC:
     """The population's networks and optimizers, and one gradient step of all of them."""
 
     # What a checkpoint saves (learners/checkpoint.py).
-    STATE = ("actor", "critic", "target", "log_alpha", "optimizers", "actor_trained")
+    STATE = ("actor", "critic", "target", "log_alpha", "optimizers", "actor_trained", "diversity_weight")
 
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
@@ -126,6 +126,8 @@ class SAC:
         self.temperature_loss_of = self.temperature_loss
         self.gradients_taken = False  # by the losses themselves, once captured
         self.actor_trained = torch.ones(population, dtype=torch.bool, device=device)  # CEM-RL: False for half
+        # DvD's λ: the section's, or what the coordinator's bandit chose (a tensor, read by a captured step).
+        self.diversity_weight = torch.tensor(cfg.diversity_weight, device=device)
 
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's
@@ -162,7 +164,7 @@ class SAC:
         loss = actor_loss(logp, self.q(self.critic, obs, new_action), alpha) * weight
         if self.cfg.diversity_weight > 0:  # DvD: a P-th of the term on each member's row
             term = diversity_loss(self.embeddings(obs), self.cfg.diversity_length_scale)
-            loss = loss + self.cfg.diversity_weight * term / self.population
+            loss = loss + self.diversity_weight * term / self.population
         return loss, logp
 
     def embeddings(self, obs: Tensor) -> Tensor:

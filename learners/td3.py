@@ -95,6 +95,7 @@ class TD3:
         "critic_steps",
         "last_actor_loss",
         "actor_trained",
+        "diversity_weight",
     )
 
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
@@ -120,6 +121,8 @@ class TD3:
         self.last_actor_loss = torch.zeros(population, device=device)
         self.last_diversity = torch.zeros(population, device=device)  # det K at the last actor step
         self.actor_trained = torch.ones(population, dtype=torch.bool, device=device)  # CEM-RL: False for half
+        # DvD's λ: the section's, or what the coordinator's bandit chose (a tensor, read by a captured step).
+        self.diversity_weight = torch.tensor(cfg.diversity_weight, device=device)
         self.critic_loss_of, self.actor_loss_of, self.step_of = self.critic_loss, self.actor_loss, clip_then_step
         self.gradients_taken = False  # by the losses themselves, once captured
 
@@ -152,7 +155,7 @@ class TD3:
         loss = actor_loss(q1_new) * weight
         if self.cfg.diversity_weight > 0:
             term = diversity_loss(self.embeddings(obs), self.cfg.diversity_length_scale)
-            loss = loss + self.cfg.diversity_weight * term / self.population
+            loss = loss + self.diversity_weight * term / self.population
         return loss
 
     def embeddings(self, obs: Tensor) -> Tensor:

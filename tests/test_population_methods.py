@@ -5,6 +5,7 @@ and CEM-RL and DvD populations through `rlmq up`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -160,6 +161,23 @@ def test_a_generation_gives_every_member_its_draw_and_trains_only_the_first_ones
     moved = [any(not np.array_equal(v, draws[m][k]) for k, v in algorithm.member_params(m).items()) for m in range(3)]
     assert moved == [True, False, False]
     assert not torch.equal(algorithm.critic.flat, critic)
+
+
+def test_dvds_weight_is_what_the_learners_were_last_sent() -> None:
+    """DvD's adaptive λ reaches the loss through a tensor the trainer sets (`set_diversity_weight`):
+    at 0 the actors' loss is the loss without the term, at λ it is the configured one's."""
+    torch.manual_seed(2)
+    cfg = TD3Config(hidden_sizes=(8,), shared_critic=True, diversity_weight=0.5)
+    algo, obs = td3.TD3(SPEC, cfg, 3, CPU), transitions(3, 8, seed=3).obs
+    with_term = algo.actor_loss(obs, torch.ones(3)).detach()
+    algo.diversity_weight.fill_(0.0)
+    without = td3.TD3(SPEC, dataclasses.replace(cfg, diversity_weight=0.0), 3, CPU)
+    without.actor.flat.data.copy_(algo.actor.flat.data)
+    without.critic.flat.data.copy_(algo.critic.flat.data)
+    torch.testing.assert_close(algo.actor_loss(obs, torch.ones(3)), without.actor_loss(obs, torch.ones(3)))
+    algo.diversity_weight.fill_(0.5)
+    torch.testing.assert_close(algo.actor_loss(obs, torch.ones(3)).detach(), with_term)
+    assert not torch.equal(with_term, without.actor_loss(obs, torch.ones(3)).detach())
 
 
 @pytest.mark.slow

@@ -168,6 +168,7 @@ MESSAGES: list[tuple[str, Any]] = [
             trained=(True, True, False),
         ),
     ),
+    ("diversity-weight", wire.DiversityWeight(id=5, weight=0.5)),
     ("hello-actor-to-learner", wire.Hello(role="actor", name="actor-3", pid=5, member=2)),
     (
         "evaluation-request",
@@ -404,6 +405,8 @@ MALFORMED: list[tuple[str, bytes, str]] = [
         "non_finite",
     ),
     ("generation-id-0", with_field(GENERATION, id=0), "bad_value"),
+    ("diversity-weight-negative", pack("DiversityWeight", {"id": 1, "weight": -0.5}), "bad_value"),
+    ("diversity-weight-id-0", pack("DiversityWeight", {"id": 0, "weight": 0.5}), "bad_value"),
     (
         "generation-one-member",
         with_field(GENERATION, actors=fields_of(GENERATION)["actors"][:1], trained=[True]),

@@ -1,10 +1,12 @@
-"""CEM-RL's generations at the coordinator (coordinator/generations.py), against a real coordinator
-process and Redis: each generation logged before it is applied and applied once across a crash in
-between, its draw made again the same from the distribution logged with it, and a member's fitness
-taken only from episodes begun under its current draw."""
+"""The decisions of the population methods beyond PBT at the coordinator, against a real coordinator
+process and Redis: CEM-RL's generations (coordinator/generations.py) and DvD's adaptive weight
+(coordinator/bandit.py), each logged before it is applied and applied once across a crash in
+between. A generation's draw is made again the same from the distribution logged with it, and a
+member's fitness is taken only from episodes begun under its current draw."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from rlmq.common import envs, wire
 from rlmq.common.algorithms import TD3Config
 from rlmq.common.population import CEMConfig
 from rlmq.common.transport import free_port
-from rlmq.coordinator import cem
+from rlmq.coordinator import bandit, cem
 from rlmq.coordinator.store import RunStore
 from rlmq.learners import td3
 from tests.test_services import receive
@@ -78,6 +80,68 @@ def episodes(member: int, returns: list[float], lineages: list[int]) -> bytes:
             episode_lineages=np.array(lineages, np.int64),
         )
     )
+
+
+def test_a_dvd_weight_is_chosen_by_the_bandit_and_applied_once_across_a_crash(
+    start_service: Any, tmp_path: Path, redis_url: str, run_id: str
+) -> None:
+    config = {
+        **CONFIG,
+        "population": 2,
+        "method": "dvd",
+        "td3": {**TD3_SECTION, "diversity_weight": 0.5},
+        "dvd": {"adaptive": True, "interval": 100},
+    }
+    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+    first = start_coordinator(
+        start_service,
+        tmp_path,
+        redis_url,
+        run_id,
+        ports=ports,
+        name="first",
+        env={"RLMQ_FAILPOINT": "pbt-after-append"},
+        **config,
+    )
+    store = RunStore.connect(redis_url, run_id)
+    wait_for(lambda: store.members(), 30, "the population in Redis")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{ports['control']}")
+    for member, value in enumerate((-700.0, -300.0)):  # the best fitness is -300, then 100 env steps
+        sock.send(episodes(member, [value], [0]))
+    wait_for(lambda: all(store.recent_returns(m) for m in range(2)), 10, "the returns")
+    sock.send(wire.encode(wire.ActorReport(name="actor-0", member=0, env_steps=100)))
+    assert first["service"].process.wait(30) == 86, first["service"].log()  # died between logging and applying
+    (logged,) = store.diversity_weights()
+    arm = bandit.choose([1], [-math.inf, -300.0], 2, np.random.default_rng([0, 1]))  # the run's seed, the id
+    assert (logged.id, logged.fitness, logged.arm, logged.weight) == (1, -300.0, arm, (0.0, 0.5)[arm])
+    assert store.applied_decision() == 0
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
+    sub.connect(f"tcp://127.0.0.1:{ports['broadcast']}")
+    second = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="second", **config)
+    wait_for(lambda: store.applied_decision() == 1, 30, "the logged weight applied")
+    assert sub.poll(10_000), "the weight is handed to the learners"
+    assert wire.decode(sub.recv_multipart()[1]) == wire.DiversityWeight(id=1, weight=logged.weight)
+    as_learner_rank_0(sock)
+    sock.send(learner_report(1))
+    wait_for(lambda: store.status().learner_applied_decision == 1, 10, "the learner's report")
+    sock.send(episodes(1, [-100.0], [0]))  # a new best, then the next interval
+    wait_for(lambda: store.recent_returns(1)[:1] == [-100.0], 10, "the new return")
+    sock.send(wire.encode(wire.ActorReport(name="actor-1", member=1, env_steps=100)))
+    wait_for(lambda: store.applied_decision() == 2, 10, "the next choice")
+    (chosen,) = store.diversity_weights(after=1)
+    want = bandit.choose([1, arm], [-math.inf, -300.0, -100.0], 2, np.random.default_rng([0, 2]))
+    assert (chosen.fitness, chosen.arm) == (-100.0, want)
+    assert second["service"].stop() == 0
+
+    third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **config)
+    time.sleep(1.5)  # a few ticks: time to (wrongly) apply or choose again
+    assert third["service"].alive(), third["service"].log()
+    assert [w.id for w in store.diversity_weights()] == [1, 2] and store.applied_decision() == 2
+    sock.close()
+    sub.close()
 
 
 def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own_episodes(
