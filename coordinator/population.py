@@ -45,7 +45,8 @@ class Population:
         self.records = store.members()
         if not self.records:
             base = run_config.base_hyperparams()
-            drawn = pbt.initial_hyperparams(base, run_config.pbt.ranges, self.size, run_config.seed)
+            ranges = run_config.pbt.ranges if run_config.method == "pbt" else {}  # others train the config's
+            drawn = pbt.initial_hyperparams(base, ranges, self.size, run_config.seed)
             self.records = {m: MemberRecord(hyperparams=hp) for m, hp in enumerate(drawn)}
             store.put_members(self.records)
         self.applied = store.applied_decision()

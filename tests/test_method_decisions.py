@@ -160,6 +160,9 @@ def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own
     )
     store = RunStore.connect(redis_url, run_id)
     wait_for(lambda: store.members(), 30, "the population in Redis")
+    # The members train with the config's hyperparameters: PBT's ranges are PBT's alone.
+    base = {"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.005}
+    assert all(record.hyperparams == base for record in store.members().values())
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{ports['control']}")
     as_learner_rank_0(sock)
