@@ -105,7 +105,8 @@ class RedisServer:
         if password:
             conf, password_path = data_dir / "redis.conf", data_dir / "password"
             secret = write_redis_password(conf, password_path)
-            config, self.password_file = [str(conf)], str(password_path)
+            # Absolute: run.json keeps it, and `rlmq status` reads it from wherever it runs.
+            config, self.password_file = [str(conf)], str(password_path.resolve())
             self.url = f"redis://:{secret}@127.0.0.1:{self.port}/0"
         self.args = [*server_argv(config, self.port, "127.0.0.1", data_dir, persist), "--logfile", "redis.log"]
         self._spawn()

@@ -53,7 +53,11 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        own_url, own_run = run_redis_of(run_dir)  # with the password `rlmq up` keeps for its Redis
+        try:
+            own_url, own_run = run_redis_of(run_dir)  # with the password `rlmq up` keeps for its Redis
+        except OSError as exc:  # a password file moved, or named relative to where `rlmq up` ran
+            print(f"error: {info_path}: {exc}; pass --redis-url, --run and --redis-password-file", file=sys.stderr)
+            return EXIT_USAGE
         redis_url, run = redis_url or own_url, run or own_run
     redis_url = with_password(redis_url, password_file)
     store = RunStore.connect(redis_url, run)

@@ -181,6 +181,16 @@ def test_a_redis_url_that_is_not_a_url_names_the_form_to_use(tmp_path: Path, com
 # --- a run directory that cannot be made ---------------------------------------------------------
 
 
+def test_status_of_a_run_whose_password_file_is_gone_says_so_in_one_line(tmp_path: Path) -> None:
+    """`rlmq up` names its private Redis's password file in run.json; where that file cannot be
+    read (moved, or named relative to another directory by an older `rlmq up`), `rlmq status`
+    says which and what to pass instead."""
+    info = {"redis_url": "redis://127.0.0.1:1/0", "redis_password_file": "elsewhere/redis/password", "run": "r"}
+    write(tmp_path / "run.json", json.dumps(info))
+    line = the_one_line(rlmq("status", "--run-dir", str(tmp_path)))
+    assert "run.json" in line and "elsewhere/redis/password" in line and "--redis-password-file" in line
+
+
 def test_a_run_dir_under_proc_is_refused(tmp_path: Path) -> None:
     line = the_one_line(rlmq("up", "--run-dir", "/proc/rlmq-run"))
     assert "cannot use /proc/rlmq-run as the run directory" in line and "pass a --run-dir" in line
