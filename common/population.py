@@ -139,7 +139,7 @@ def method_problems(
             )
         if population < max(cem.elites, 2) or cem.trained_members(population) > population:
             problems.append(
-                f"method cem needs a population of at least cem.elites ({cem.elites}) and 2, and cem.trained ≤ it"
+                f"method cem needs a population of at least 2 and of cem.elites ({cem.elites}), and cem.trained ≤ it"
             )
         if normalize_obs:
             problems.append("method cem draws whole actors, observation statistics apart: set normalize_obs = false")

@@ -19,6 +19,7 @@ import torch
 from rlmq.cli.status import PopulationView, population_lines
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
+from rlmq.common.population import CEMConfig, DvDConfig
 from rlmq.learners import sac, td3
 from tests.test_td3 import CPU, SPEC, hyperparams, member_modules, no_sync, transitions
 
@@ -224,10 +225,12 @@ def test_rlmq_up_trains_a_cem_population_generation_by_generation(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path, adaptive: bool) -> None:
     """`--method dvd`: two TD3 members around one critic with DvD's term, through `rlmq up` on
     Pendulum. No member is copied (where PBT would have decided every 500 env steps of a member),
-    and the learners report the members' diversity (det K, in (0, 1]) with their losses."""
+    and the learners report the members' diversity (det K, in (0, 1]) with their losses. With the
+    adaptive weight, the bandit's choices are the run's only decisions, each applied by the learners."""
     config = tmp_path / "dvd.json"
     config.write_text(
         json.dumps(
@@ -247,6 +250,7 @@ def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(
                     "diversity_weight": 0.5,
                 },
                 "pbt": {"interval": 500, "fitness_episodes": 2},
+                "dvd": {"adaptive": adaptive, "interval": 1000},
             }
         )
     )
@@ -255,7 +259,14 @@ def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
     assert up.returncode == 0, up.stdout + up.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["population"] == 2 and summary["pbt_decisions"] == 0, summary
+    choices = json.loads((run_dir / "lineage.json").read_text())
+    assert summary["population"] == 2 and summary["pbt_decisions"] == len(choices), summary
+    if adaptive:  # one choice per 1 k env steps of the run, once the members have episodes
+        assert len(choices) >= 3 and all(c["weight"] in (0.0, 0.5) for c in choices), choices
+        applied = (run_dir / "logs" / "learner-0.log").read_text().count("applied DvD weight")
+        assert applied >= len(choices) - 1  # the last may come after the learners stopped
+    else:
+        assert choices == []
     diversity = [value for _, value in tb.scalars(run_dir / "tb")["learner/diversity"]]
     assert diversity and all(0 < value <= 1 for value in diversity), diversity
 
@@ -268,3 +279,22 @@ def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> N
     dvd = RunConfig(algo="td3", population=3, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=1.0))
     shown = "\n".join(population_lines(dvd, 0, PopulationView({}, {}, {}, [], 0)))  # `rlmq status`
     assert "population of 3 by dvd" in shown and "PBT decisions: none (method dvd takes none)" in shown
+    adaptive = dataclasses.replace(dvd, dvd=DvDConfig(adaptive=True))
+    assert "DvD weights: none chosen yet" in "\n".join(population_lines(adaptive, 0, PopulationView({}, {}, {}, [], 0)))
+
+
+def test_method_cem_needs_sac_or_td3_actors_around_a_shared_critic_and_enough_members() -> None:
+    shared = TD3Config(shared_critic=True)
+    with pytest.raises(ValueError, match=r"method cem .* shared_critic = true"):
+        RunConfig(algo="td3", population=6, method="cem")
+    with pytest.raises(ValueError, match=r"method cem .* shared_critic = true"):
+        RunConfig(algo="dqn", population=6, method="cem")
+    with pytest.raises(ValueError, match=r"at least 2 and of cem.elites \(5\)"):
+        RunConfig(algo="td3", population=4, method="cem", td3=shared)
+    with pytest.raises(ValueError, match="cem.trained ≤ it"):
+        RunConfig(algo="td3", population=6, method="cem", td3=shared, cem=CEMConfig(trained=7))
+    with pytest.raises(ValueError, match="normalize_obs = false"):
+        RunConfig(algo="td3", population=6, method="cem", td3=shared, normalize_obs=True)
+    cem_run = RunConfig(algo="sac", population=6, method="cem", sac=SACConfig(shared_critic=True))
+    shown = "\n".join(population_lines(cem_run, 0, PopulationView({}, {}, {}, [], 0)))
+    assert "population of 6 by cem" in shown and "CEM generations: none yet" in shown
