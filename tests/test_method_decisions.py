@@ -82,6 +82,34 @@ def episodes(member: int, returns: list[float], lineages: list[int]) -> bytes:
     )
 
 
+class Coordinators:
+    """One run's coordinator, started again and again on the same ports and Redis, and the sockets a
+    test speaks to it through."""
+
+    def __init__(self, start_service: Any, tmp_path: Path, redis_url: str, run_id: str, config: dict[str, Any]) -> None:
+        self.where, self.config = (start_service, tmp_path, redis_url, run_id), config
+        self.ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
+        self.store = RunStore.connect(redis_url, run_id)
+
+    def start(self, name: str, crash_after_logging: bool = False) -> Any:
+        env = {"RLMQ_FAILPOINT": "pbt-after-append"} if crash_after_logging else None
+        started = start_coordinator(*self.where, ports=self.ports, name=name, env=env, **self.config)
+        wait_for(lambda: self.store.members(), 30, "the population in Redis")
+        return started["service"]
+
+    def dealer(self) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{self.ports['control']}")
+        return sock
+
+    def decisions(self) -> zmq.Socket:
+        """What learner rank 0 hears on the broadcast."""
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
+        sub.connect(f"tcp://127.0.0.1:{self.ports['broadcast']}")
+        return sub
+
+
 def test_a_dvd_weight_is_chosen_by_the_bandit_and_applied_once_across_a_crash(
     start_service: Any, tmp_path: Path, redis_url: str, run_id: str
 ) -> None:
@@ -92,35 +120,20 @@ def test_a_dvd_weight_is_chosen_by_the_bandit_and_applied_once_across_a_crash(
         "td3": {**TD3_SECTION, "diversity_weight": 0.5},
         "dvd": {"adaptive": True, "interval": 100},
     }
-    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
-    first = start_coordinator(
-        start_service,
-        tmp_path,
-        redis_url,
-        run_id,
-        ports=ports,
-        name="first",
-        env={"RLMQ_FAILPOINT": "pbt-after-append"},
-        **config,
-    )
-    store = RunStore.connect(redis_url, run_id)
-    wait_for(lambda: store.members(), 30, "the population in Redis")
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.connect(f"tcp://127.0.0.1:{ports['control']}")
+    run = Coordinators(start_service, tmp_path, redis_url, run_id, config)
+    first, store, sock = run.start("first", crash_after_logging=True), run.store, run.dealer()
     for member, value in enumerate((-700.0, -300.0)):  # the best fitness is -300, then 100 env steps
         sock.send(episodes(member, [value], [0]))
     wait_for(lambda: all(store.recent_returns(m) for m in range(2)), 10, "the returns")
     sock.send(wire.encode(wire.ActorReport(name="actor-0", member=0, env_steps=100)))
-    assert first["service"].process.wait(30) == 86, first["service"].log()  # died between logging and applying
+    assert first.process.wait(30) == 86, first.log()  # died between logging and applying
     (logged,) = store.diversity_weights()
     arm = bandit.choose([1], [-math.inf, -300.0], 2, np.random.default_rng([0, 1]))  # the run's seed, the id
     assert (logged.id, logged.fitness, logged.arm, logged.weight) == (1, -300.0, arm, (0.0, 0.5)[arm])
     assert store.applied_decision() == 0
 
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
-    sub.connect(f"tcp://127.0.0.1:{ports['broadcast']}")
-    second = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="second", **config)
+    sub = run.decisions()
+    second = run.start("second")
     wait_for(lambda: store.applied_decision() == 1, 30, "the logged weight applied")
     assert sub.poll(10_000), "the weight is handed to the learners"
     assert wire.decode(sub.recv_multipart()[1]) == wire.DiversityWeight(id=1, weight=logged.weight)
@@ -134,11 +147,11 @@ def test_a_dvd_weight_is_chosen_by_the_bandit_and_applied_once_across_a_crash(
     (chosen,) = store.diversity_weights(after=1)
     want = bandit.choose([1, arm], [-math.inf, -300.0, -100.0], 2, np.random.default_rng([0, 2]))
     assert (chosen.fitness, chosen.arm) == (-100.0, want)
-    assert second["service"].stop() == 0
+    assert second.stop() == 0
 
-    third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **config)
+    third = run.start("third")
     time.sleep(1.5)  # a few ticks: time to (wrongly) apply or choose again
-    assert third["service"].alive(), third["service"].log()
+    assert third.alive(), third.log()
     assert [w.id for w in store.diversity_weights()] == [1, 2] and store.applied_decision() == 2
     sock.close()
     sub.close()
@@ -147,29 +160,17 @@ def test_a_dvd_weight_is_chosen_by_the_bandit_and_applied_once_across_a_crash(
 def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own_episodes(
     start_service: Any, tmp_path: Path, redis_url: str, run_id: str
 ) -> None:
-    ports = {"control": free_port(), "broadcast": free_port(), "metrics": free_port()}
-    first = start_coordinator(
-        start_service,
-        tmp_path,
-        redis_url,
-        run_id,
-        ports=ports,
-        name="first",
-        env={"RLMQ_FAILPOINT": "pbt-after-append"},
-        **CONFIG,
-    )
-    store = RunStore.connect(redis_url, run_id)
-    wait_for(lambda: store.members(), 30, "the population in Redis")
+    run = Coordinators(start_service, tmp_path, redis_url, run_id, CONFIG)
+    first, store = run.start("first", crash_after_logging=True), run.store
     # The members train with the config's hyperparameters: PBT's ranges are PBT's alone.
     base = {"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.005}
     assert all(record.hyperparams == base for record in store.members().values())
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.connect(f"tcp://127.0.0.1:{ports['control']}")
+    sock = run.dealer()
     as_learner_rank_0(sock)
     actors = first_actors()
     for member, params in enumerate(actors):  # the learners' first weights: generation 1 draws around member 0's
         sock.send(wire.encode(wire.Weights(member=member, version=1, params=params)))
-    assert first["service"].process.wait(30) == 86, first["service"].log()  # died between logging and applying
+    assert first.process.wait(30) == 86, first.log()  # died between logging and applying
     (logged,) = store.generations()
     assert (logged.id, logged.generation, logged.fitness, logged.trained) == (1, 1, {}, (0, 1))
     assert store.applied_decision() == 0 and store.decisions() == []
@@ -177,10 +178,8 @@ def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own
     assert initial is not None and np.array_equal(initial.mean, cem.flatten(actors[0]))
     np.testing.assert_allclose(initial.variance, 1e-2)
 
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
-    sub.connect(f"tcp://127.0.0.1:{ports['broadcast']}")
-    second = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="second", **CONFIG)
+    sub = run.decisions()
+    second = run.start("second")
     wait_for(lambda: store.applied_decision() == 1, 30, "the logged generation applied")
     assert sub.poll(10_000), "the generation is handed to the learners"
     sent = wire.decode(sub.recv_multipart()[1])
@@ -213,11 +212,11 @@ def test_a_generation_is_applied_once_across_a_crash_and_judged_by_its_draws_own
     )
     np.testing.assert_allclose(moved.mean, want.mean, rtol=1e-6)
     np.testing.assert_allclose(moved.variance, want.variance, rtol=1e-6)
-    assert second["service"].stop() == 0
+    assert second.stop() == 0
 
-    third = start_coordinator(start_service, tmp_path, redis_url, run_id, ports=ports, name="third", **CONFIG)
+    third = run.start("third")
     time.sleep(1.5)  # a few ticks: time to (wrongly) apply or draw anything again
-    assert third["service"].alive(), third["service"].log()
+    assert third.alive(), third.log()
     assert [g.id for g in store.generations()] == [1, 2] and store.applied_decision() == 2
     sock.close()
     sub.close()
