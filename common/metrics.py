@@ -253,6 +253,17 @@ class CoordinatorMetrics:
             ["member", "name"],
             registry=r,
         )
+        self.cem_spread = Gauge(
+            f"{PREFIX}_cem_spread",
+            "CEM-RL's search distribution after the last generation: its mean standard deviation over "
+            "the actor's weights (0 outside method cem).",
+            registry=r,
+        )
+        self.dvd_weight = Gauge(
+            f"{PREFIX}_dvd_weight",
+            "DvD's diversity weight λ as the adaptive bandit last chose it (0 until it chooses).",
+            registry=r,
+        )
         self.pbt_decisions = Counter(
             f"{PREFIX}_pbt_decisions",
             "PBT decisions applied, by selection rule and kind (exploit: copied another member; "

@@ -383,6 +383,10 @@ class Coordinator:
         for member, value in member_means.items():
             if value is not None:
                 self.metrics.member_fitness.labels(member).set(value)
+        if self.population.generation is not None:
+            self.metrics.cem_spread.set(self.population.generation.spread)
+        if self.population.weights_log:
+            self.metrics.dvd_weight.set(self.population.weights_log[-1].weight)
         for m, record in self.population.records.items():
             self.metrics.member_generation.labels(str(m)).set(record.generation)
             for name, value in record.hyperparams.items():
