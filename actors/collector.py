@@ -8,6 +8,11 @@ A recurrent policy's state is kept per slot across rollouts and weight updates, 
 first step of each episode (the step after the autoreset step), and each rollout carries the state
 it started from, so that a learner can recompute the core over it (learners/cores.py).
 
+When the weights' lineage changes (a PBT copy, a CEM-RL generation) every slot's open episode is
+abandoned and the envs reset, so the new weights' episodes start at once: an episode begun under
+the old weights is no evidence of the new ones (coordinator `evidence`), and without the restart a
+member would spend the rest of it, up to a whole episode, before its first evidence.
+
 An actor's slots may be split into lanes, vector envs over consecutive slots. A lane whose env
 steps in halves (the native Atari env: `send` starts a step on its C++ threads, `recv` waits for
 it) is stepped while the policy chooses the next lane's actions, so that acting (on a CPU core or
@@ -78,6 +83,8 @@ class Collector:
         # (benchmarks/LOG.md §1).
         self.unscanned: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.unscanned_lineages: list[int] = []  # each unscanned rollout's
+        # Episodes that finished before a restart (`restart_episodes`), not yet taken.
+        self.finished_before: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.clip = (
             (np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
             if spec.action_kind == "continuous" and spec.action_low
@@ -106,6 +113,8 @@ class Collector:
             raise ValueError("colored noise needs the slots in one lane")
         if lineage != self.lineage:
             self.core_state, self.lineage = None, lineage
+            if self.collected:
+                self.restart_episodes()
         state, starting, prev_done = self.memory(policy), self.starting, self.prev_done
         first_state = None
         if state is not None:
@@ -181,6 +190,22 @@ class Collector:
             **arrays,
         )
 
+    def restart_episodes(self) -> None:
+        """Abandon every slot's open episode and reset the envs. The steps played so far stay
+        good data: the last rollout ended on them without a done, so each bootstraps from its
+        true next observation, as at a truncation, and no n-step window crosses a rollout's end
+        (learners/replay.py). The abandoned episodes are not reported."""
+        finished = self.finished_episodes()  # (it takes the list `finished_before` was)
+        self.finished_before.append(finished)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        self.episode_lineage[:] = -1
+        self.obs = np.concatenate([lane.env.reset()[0] for lane in self.lanes])
+        self.prev_done[:] = False  # a reset leaves no autoreset step pending: step 0 is the episode's first
+        self.starting[:] = True
+        if self.noise is not None:
+            self.noise.restart(np.ones(self.num_envs, dtype=bool))
+
     def memory(self, policy: NumpyPolicy) -> np.ndarray | None:
         """The slots' core state for `policy` (zeros at first), or None for a stateless policy."""
         size = policy.state_size
@@ -211,7 +236,8 @@ class Collector:
     def finished_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(returns, lengths, lineages) of the episodes that ended since the last call, ordered by
         slot, then time, from the rollouts collected since then (one after another, so they
-        concatenate). An episode's lineage is that of the rollout it started in (`collect`).
+        concatenate), those that finished before a restart first. An episode's lineage is that
+        of the rollout it started in (`collect`).
 
         Each slot's steps, in time order and slot after slot, are cut into segments that start at
         the slot's first step and after each done step; one `np.add.reduceat` sums them all (a
@@ -220,6 +246,11 @@ class Collector:
         A segment that ends on a done step is a finished episode; the one left open in a slot is
         carried into the next call. Reset steps have reward 0 and are not valid: they add nothing.
         """
+        if self.finished_before:
+            before, self.finished_before = self.finished_before, []
+            parts = [*before, self.finished_episodes()]
+            returns, lengths, lineages = (np.concatenate(part) for part in zip(*parts, strict=True))
+            return returns, lengths, lineages
         if not self.unscanned:
             return np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         rewards, valid, done = (np.concatenate(parts).T for parts in zip(*self.unscanned, strict=True))

@@ -79,21 +79,29 @@ def test_unsupported_envs_fail_clearly(env_id: str, words: str) -> None:
 
 
 def test_episode_bookkeeping_across_rollouts() -> None:
-    """Episodes spanning rollouts are summed whole; every valid step lands in exactly one episode."""
+    """Episodes spanning rollouts are summed whole, and every valid step lands in exactly one
+    episode, unless the lineage changed before it ended: then it is abandoned, not reported."""
     env = envs.make_vector_env("CartPole-v1", 5)
     spec = envs.describe(env, "CartPole-v1")
     policy = NumpyPolicy(to_numpy_params(ActorCritic(spec, (8,))), spec)
     collector = Collector(env, spec, rollout_length=7, seed=3)  # shorter than most episodes
     rollouts, parts, lineage_of = [], [], []
     for count in (13, 1, 26):  # reports between rollouts: episodes open at a report carry over
-        for _ in range(count):  # the weights' lineage changes every 5 rollouts (a PBT copy, a generation)
-            lineage_of.append(len(rollouts) // 5)
+        for _ in range(count):  # the weights' lineage changes every 8 rollouts (a PBT copy, a generation)
+            lineage_of.append(len(rollouts) // 8)
             rollouts.append(collector.collect(policy, 0, 0, "a", lineage=lineage_of[-1]))
         parts.append(collector.finished_episodes())
     returns, lengths, lineages = (np.concatenate(p) for p in zip(*parts, strict=True))
-    # Reference: walk the steps one by one; an episode's lineage is its first step's rollout's.
+    # Reference: walk the steps one by one; an episode's lineage is its first step's rollout's, and
+    # a change of lineage abandons every open episode.
     running, expected, started, begun = np.zeros(5), [], np.ones(5, bool), np.zeros(5, int)
+    abandoned = 0.0  # steps of abandoned episodes (CartPole's reward is 1 a step)
     for i, r in enumerate(rollouts):
+        if i and lineage_of[i] != lineage_of[i - 1]:
+            abandoned += running.sum()
+            running[:], started[:] = 0, True
+            # The envs were reset: step 0 is a fresh CartPole state, and a real step.
+            assert r.valid[0].all() and (np.abs(r.obs[0]) <= 0.05).all()
         for t in range(r.rewards.shape[0]):
             begun[started], started[:] = lineage_of[i], False
             running += r.rewards[t]
@@ -110,7 +118,7 @@ def test_episode_bookkeeping_across_rollouts() -> None:
         assert (np.abs(resets) <= 0.05).all() and (r.rewards[~r.valid] == 0).all()
     assert any((~r.valid).any() for r in rollouts)
     valid_steps = sum(int(r.valid.sum()) for r in rollouts)
-    assert lengths.sum() + collector.episode_length.sum() == valid_steps
+    assert lengths.sum() + collector.episode_length.sum() + abandoned == valid_steps
     env.close()
 
 
