@@ -22,9 +22,15 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-Activation = Literal["tanh", "relu"]
+Activation = Literal["tanh", "relu", "elu"]
+# A network's hidden activation: one for every member, or each member's own as codes [P] into
+# `common.algorithms.ACTIVATIONS` (relu 0, tanh 1, elu 2: PBT's activation mutation), applied by a
+# select per candidate. Each candidate's derivative comes from its output, so the hand-written
+# backward takes them all: ReLU's 1[y > 0], tanh's 1 − y², ELU's y + 1 below 0.
+Activations = Activation | Tensor
 CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
@@ -49,7 +55,7 @@ def stacked_mlp(
     x: Tensor,
     weights: Sequence[Tensor],
     biases: Sequence[Tensor],
-    activation: Activation,
+    activation: Activations,
     *,
     outputs_first: bool = False,
 ) -> Tensor:
@@ -58,20 +64,20 @@ def stacked_mlp(
     the faster layout for a narrow last layer and for a softmax over its outputs."""
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"{len(weights)} weights and {len(biases)} biases: one of each per layer")
-    if traced() or (activation == "relu" and x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS):
+    small = x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS
+    if traced() or (isinstance(activation, str) and activation != "tanh" and small):
         return _autograd_mlp(x, weights, biases, activation, outputs_first)
     out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
     return out
 
 
 def _autograd_mlp(
-    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation, outputs_first: bool
+    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activations, outputs_first: bool
 ) -> Tensor:
-    """The network in plain autograd ops: a small ReLU one (under `HAND_WRITTEN_MIN_ROWS`), or any
-    while `traced`."""
-    act = torch.relu if activation == "relu" else torch.tanh
+    """The network in plain autograd ops: a small ReLU or ELU one (under `HAND_WRITTEN_MIN_ROWS`),
+    or any while `traced`."""
     for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
-        x = act(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)))
+        x = _activate(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)), activation)
     if outputs_first:
         return torch.baddbmm(biases[-1].unsqueeze(2), weights[-1], x.transpose(1, 2))
     return torch.baddbmm(biases[-1].unsqueeze(1), x, weights[-1].transpose(1, 2))
@@ -144,15 +150,33 @@ def _numpy_bmm(a: Tensor, b: Tensor) -> Tensor:
     return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
 
 
-def _activate_(z: Tensor, activation: Activation) -> Tensor:
-    """The activation, in place on a matmul's fresh output."""
+def _activate(z: Tensor, activation: Activations) -> Tensor:
+    """The activation in autograd ops; each member's own for codes [P] (`Activations`)."""
+    if isinstance(activation, Tensor):
+        code = activation.view(-1, 1, 1)
+        return torch.where(code == 0, z.relu(), torch.where(code == 1, torch.tanh(z), F.elu(z)))
+    return {"relu": torch.relu, "tanh": torch.tanh, "elu": F.elu}[activation](z)
+
+
+def _activate_(z: Tensor, activation: Activations) -> Tensor:
+    """The activation on a matmul's fresh output, in place where it has one kind."""
+    if isinstance(activation, Tensor):
+        return _activate(z, activation)
+    if activation == "elu":
+        return F.elu_(z)
     return z.relu_() if activation == "relu" else tanh_into(z, z)
 
 
-def _activation_backward(grad: Tensor, output: Tensor, activation: Activation) -> Tensor:
+def _activation_backward(grad: Tensor, output: Tensor, activation: Activations) -> Tensor:
     """The gradient at the activation's input, from the gradient at its output and that output."""
+    if isinstance(activation, Tensor):
+        code = activation.view(-1, 1, 1)
+        below = torch.where(code == 2, output + 1, torch.zeros_like(output))  # ELU's e^x, ReLU's 0
+        return grad * torch.where(code == 1, 1 - output * output, torch.where(output > 0, 1.0, below))
     if activation == "relu":
         return torch.ops.aten.threshold_backward(grad, output, 0)
+    if activation == "elu":
+        return grad * torch.where(output > 0, 1.0, output + 1)
     return torch.ops.aten.tanh_backward(grad, output)
 
 
@@ -176,7 +200,7 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
 
 def _mlp_forward(
-    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activation, outputs_first: bool
+    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activations, outputs_first: bool
 ) -> tuple[Tensor, list[Tensor]]:
     """(output, each activation's output): tanh′ and ReLU′ come from the output, and each hidden
     output is the next weight's input."""
@@ -194,7 +218,7 @@ def _mlp_backward(
     grad: Tensor,
     inputs: Sequence[Tensor],
     weights: Sequence[Tensor],
-    activation: Activation,
+    activation: Activations,
     outputs_first: bool,
     needs: Sequence[bool],
     needs_x: bool,
@@ -221,7 +245,7 @@ class _StackedMLP(torch.autograd.Function):
     """One MLP, its weights and biases given as tensors of their own."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, activation: Activation, outputs_first: bool, *params: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, activation: Activations, outputs_first: bool, *params: Tensor) -> Tensor:
         layers = len(params) // 2
         out, hidden = _mlp_forward(x, params[:layers], params[layers:], activation, outputs_first)
         ctx.activation, ctx.outputs_first = activation, outputs_first
@@ -250,7 +274,7 @@ class Tower(NamedTuple):
     weight [out, in] in a row, out, in, offset of its bias [out])."""
 
     linears: tuple[tuple[int, int, int, int], ...]
-    activation: Activation
+    activation: Activations
     outputs_first: bool
 
     def weights(self, flat: Tensor) -> list[Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 from rlmq.learners import stacked_mlp as stacked
 from rlmq.learners.stacked_mlp import (
     Activation,
+    Activations,
     CpuMatmul,
     Tower,
     stacked_mlp,
@@ -30,13 +32,23 @@ def parameters(dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor]]:
     return [w.requires_grad_() for w in weights], [b.requires_grad_() for b in biases]
 
 
-def reference(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: Activation) -> Tensor:
-    """The same network in plain autograd ops."""
+MIXED = ("relu", "tanh", "elu")  # "mixed": member m's activation is MIXED[m], by codes [0, 1, 2]
+FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": torch.nn.functional.elu}
+
+
+def reference(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str) -> Tensor:
+    """The same network in plain autograd ops, member by member for "mixed"."""
     for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
         x = x @ w.transpose(1, 2) + b.unsqueeze(1)
         if i < len(weights) - 1:
-            x = torch.tanh(x) if activation == "tanh" else torch.relu(x)
+            kinds = MIXED if activation == "mixed" else (activation,) * P
+            x = torch.stack([FUNCTIONS[kind](x[m]) for m, kind in enumerate(kinds)])
     return x
+
+
+def activations(activation: str) -> Activations:
+    """What `stacked_mlp` takes for the test's name: the codes [P] for "mixed"."""
+    return torch.arange(P) if activation == "mixed" else cast(Activation, activation)
 
 
 @pytest.fixture(autouse=True)
@@ -54,18 +66,18 @@ def cpu_matmul(request: pytest.FixtureRequest) -> Iterator[CpuMatmul]:
     stacked.use_cpu_matmul("numpy")
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "mixed"])
 @pytest.mark.parametrize("outputs_first", [False, True])
 @pytest.mark.parametrize("input_grad", [False, True])
 def test_forward_and_every_gradient_match_autograd(
-    activation: Activation, outputs_first: bool, input_grad: bool, cpu_matmul: CpuMatmul
+    activation: str, outputs_first: bool, input_grad: bool, cpu_matmul: CpuMatmul
 ) -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     x.requires_grad_(input_grad)
     upstream = torch.randn(P, N, SIZES[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 
-    ours = stacked_mlp(x, weights, biases, activation, outputs_first=outputs_first)
+    ours = stacked_mlp(x, weights, biases, activations(activation), outputs_first=outputs_first)
     want = reference(x, weights, biases, activation)
     torch.testing.assert_close(ours, want.transpose(1, 2) if outputs_first else want)
 
@@ -122,11 +134,13 @@ def test_bmm_takes_expanded_and_transposed_operands(cpu_matmul: CpuMatmul) -> No
     torch.testing.assert_close(stacked.baddbmm(bias, a, b), torch.baddbmm(bias, a, b))
 
 
-def test_gradcheck_in_float64() -> None:
+@pytest.mark.parametrize("activation", ["tanh", "mixed"])
+def test_gradcheck_in_float64(activation: str) -> None:
     weights, biases = parameters(torch.float64)
     x = torch.randn(P, N, SIZES[0], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda *t: stacked_mlp(t[0], t[1:4], t[4:], "tanh", outputs_first=True), (x, *weights, *biases)
+        lambda *t: stacked_mlp(t[0], t[1:4], t[4:], activations(activation), outputs_first=True),
+        (x, *weights, *biases),
     )
 
 
