@@ -49,7 +49,9 @@ class HeldPolicy:
     def adopt(self, weights: wire.Weights) -> None:
         """Build the policy; WireError("bad_weights") leaves the policy held before in place."""
         try:
-            policy = make_policy(self.run_config, dict(weights.params), self.spec, weights.trained_steps, self.device)
+            policy = make_policy(
+                self.run_config, dict(weights.params), self.spec, weights.trained_steps, self.device, weights.activation
+            )
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.policy, self.version, self.copied_by = policy, weights.version, weights.copied_by

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlmq.common import envs
+from rlmq.common.algorithms import member_activation
 from rlmq.common.config import RunConfig
 from rlmq.common.episodes import Evaluation, play_policy
 from rlmq.common.models import NumpyPolicy, make_policy
@@ -29,6 +30,7 @@ class Checkpoint:
     params: dict[str, np.ndarray]
     version: int
     trained_steps: int  # env steps the member's weights were trained on (0 in checkpoints before it)
+    activation: str = ""  # the member's hidden activation where PBT mutated it ("": the run config's)
 
 
 def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
@@ -52,13 +54,22 @@ def load_checkpoint(path: Path, member: int | None = None) -> Checkpoint:
             f"{file}: member {chosen} is not in it (members: {', '.join(map(str, sorted(record.members)))})"
         )
     saved = record.members[chosen]
-    return Checkpoint(record.run_config, record.env_spec, chosen, saved.params, saved.version, saved.trained_steps)
+    return Checkpoint(
+        record.run_config,
+        record.env_spec,
+        chosen,
+        saved.params,
+        saved.version,
+        saved.trained_steps,
+        member_activation(saved.hyperparams),
+    )
 
 
 def policy_of(checkpoint: Checkpoint) -> NumpyPolicy:
     """The member's policy, as its actors ran it; ValueError for weights that do not fit."""
     try:
-        return make_policy(checkpoint.run_config, checkpoint.params, checkpoint.spec, checkpoint.trained_steps)
+        run, params, spec = checkpoint.run_config, checkpoint.params, checkpoint.spec
+        return make_policy(run, params, spec, checkpoint.trained_steps, activation=checkpoint.activation)
     except KeyError as exc:
         raise ValueError(f"the checkpoint's weights do not fit its policy: missing {exc}") from exc
 

@@ -39,7 +39,7 @@ class ExportedPolicy(nn.Module):
     def __init__(self, policy: NumpyPolicy) -> None:
         super().__init__()
         spec = self.spec = policy.spec
-        self.categories, self.relu, self.head = spec.obs_categories, policy.activation_name == "relu", policy.head
+        self.categories, self.activation, self.head = spec.obs_categories, policy.activation_name, policy.head
         self.convs = nn.ModuleList()  # the convolutional encoder's, if the policy has one
         encoder = policy.encoder
         self.plan: tuple[Layer, ...] = ()
@@ -121,7 +121,12 @@ class ExportedPolicy(nn.Module):
         for i, linear in enumerate(self.linears):
             x = linear(x)
             if i < len(self.linears) - 1:
-                x = torch.relu(x) if self.relu else torch.tanh(x)
+                if self.activation == "relu":
+                    x = torch.relu(x)
+                elif self.activation == "elu":
+                    x = nn.functional.elu(x)
+                else:
+                    x = torch.tanh(x)
         if self.head == "argmax":
             return x.argmax(-1)
         if self.head == "mean":

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlmq.cli import figures
 from rlmq.common import wire
+from rlmq.common.algorithms import activation_code
 from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec
@@ -71,6 +72,14 @@ def atomic(path: Path) -> Iterator[Path]:
     os.replace(tmp, path)
 
 
+def _played_with(hyperparams: dict[str, float], weights: wire.Weights) -> dict[str, float]:
+    """A member record's hyperparameters with the activation its weights were published under: a
+    decision the record already holds may not have reached the published weights yet."""
+    if not weights.activation:
+        return hyperparams
+    return {**hyperparams, "activation": activation_code(weights.activation)}
+
+
 def write_checkpoint(path: Path, store: RunStore, spec: EnvSpec, run_config: RunConfig) -> int | None:
     """Every member's latest published weights as the policy record (learners/policy_file.py);
     the best member's version."""
@@ -98,6 +107,7 @@ def save_checkpoint(
     run_config: RunConfig,
 ) -> int | None:
     """`write_checkpoint` from weights and member records in hand; the best member's version."""
+
     if not published:
         return None
     import torch  # only here: `rlmq up` itself stays light until the run is over
@@ -111,7 +121,7 @@ def save_checkpoint(
                 params=weights.params,
                 version=weights.version,
                 trained_steps=weights.trained_steps,
-                hyperparams=records.get(m, unknown).hyperparams,
+                hyperparams=_played_with(records.get(m, unknown).hyperparams, weights),
                 generation=records.get(m, unknown).generation,
                 parent=records.get(m, unknown).parent,
             )

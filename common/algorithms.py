@@ -13,6 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+# The networks' hidden activations, in the order of their codes: where PBT mutates activations
+# (`PBTConfig.activations`), a member's is the hyperparameter "activation", its code here.
+ACTIVATIONS = ("relu", "tanh", "elu")
+
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {
     "gamma": (0.0, 1.0, False),
@@ -20,7 +24,26 @@ _TUNABLE_BOUNDS = {
     "ent_coef": (0.0, 1e9, True),
     "vf_coef": (0.0, 1e9, True),
     "tau": (0.0, 1.0, False),
+    "activation": (0.0, len(ACTIVATIONS) - 1.0, True),
 }
+
+
+def activation_code(name: str) -> float:
+    """The "activation" hyperparameter's value for the activation `name`."""
+    return float(ACTIVATIONS.index(name))
+
+
+def member_activation(hyperparams: dict[str, float]) -> str:
+    """A member's hidden activation where PBT mutates it ("activation" among its hyperparameters),
+    else "" (the run config's): as `wire.Weights.activation` carries it."""
+    return activation_named(hyperparams["activation"]) if "activation" in hyperparams else ""
+
+
+def activation_named(code: float) -> str:
+    """The activation of an "activation" hyperparameter's value; ValueError for no code."""
+    if code not in range(len(ACTIVATIONS)):
+        raise ValueError(f"activation code {code:g} is none of 0 … {len(ACTIVATIONS) - 1} ({', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[int(code)]
 
 
 def tunable_bounds(name: str) -> tuple[float, float, bool]:
@@ -35,6 +58,8 @@ def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
         lo, hi, lo_inclusive = tunable_bounds(name)
         if not ((lo <= value if lo_inclusive else lo < value) and value <= hi):
             problems.append(f"{name} = {value:g} outside {'[' if lo_inclusive else '('}{lo:g}, {hi:g}]")
+        elif name == "activation" and value != int(value):
+            problems.append(f"activation = {value:g} is no code of {', '.join(ACTIVATIONS)}")
     return problems
 
 
@@ -94,8 +119,8 @@ class OnPolicyConfig:
     # (SB3's VecNormalize norm_reward; learners/normalization.py).
     normalize_reward: bool = False
     reward_clip: float = 10.0
-    # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default) or
-    # "relu" (gymnax-blines' and PureJaxRL's MinAtar agents).
+    # The policy's and the value's hidden layers: "tanh" (SB3's and CleanRL's PPO default), "relu"
+    # (gymnax-blines' and PureJaxRL's MinAtar agents) or "elu".
     activation: str = "tanh"
     # How learner ranks stay in step: "gradients" (DDP: each minibatch's gradient all-reduced),
     # "batch" (the ranks' batches all-gathered once per update, then every rank runs the same
@@ -110,7 +135,7 @@ class OnPolicyConfig:
             "max_rollouts_per_batch >= 0": self.max_rollouts_per_batch >= 0,
             "max_policy_lag >= 0": self.max_policy_lag >= 0,
             "reward_clip > 0": self.reward_clip > 0,
-            'activation is "tanh" or "relu"': self.activation in ("tanh", "relu"),
+            f"activation is one of {', '.join(ACTIVATIONS)}": self.activation in ACTIVATIONS,
             'sync is "auto", "gradients" or "batch"': self.sync in SYNC_MODES,
         }
         return [f"{section}: {rule}" for rule, ok in checks.items() if not ok]
@@ -199,6 +224,8 @@ class ReplayConfig:
     # step of the member: a member then takes 1/P of a lone agent's gradient steps per env step of
     # the whole run, and P × replay_ratio gives it as many.
     share_replay: bool = False
+    # Every network's hidden layers (SB3's off-policy defaults: ReLU); "tanh" or "elu" otherwise.
+    activation: str = "relu"
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
@@ -207,6 +234,8 @@ class ReplayConfig:
             for name in ("batch_size", "buffer_size", "replay_ratio", "publish_every", "n_step")
             if getattr(self, name) <= 0
         ]
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation {self.activation!r} is none of {', '.join(ACTIVATIONS)}")
         if self.learning_starts < 0 or self.lr_decay_steps < 0:
             problems.append("learning_starts and lr_decay_steps must not be negative")
         if not 0 < self.lr_final_fraction <= 1:
@@ -407,3 +436,6 @@ ALGORITHMS = {
     )
 }
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
+# Every name a member's hyperparameters may hold: the tunables, and the activation's code where
+# PBT mutates activations (categorical: no range, `PBTConfig.activations`).
+ALL_HYPERPARAMS = ALL_TUNABLE | {"activation"}

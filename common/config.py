@@ -7,8 +7,10 @@ learners inside `Assign`, so its fields are restricted to what `rlmq.common.wire
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlmq.common.algorithms import (
     ALGORITHMS,
@@ -19,6 +21,7 @@ from rlmq.common.algorithms import (
     ReplayConfig,
     SACConfig,
     TD3Config,
+    activation_code,
     refuse_non_finite,
 )
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
@@ -150,10 +153,25 @@ class RunConfig:
         (`images.resolve_encoder`: ValueError if the one named does not fit)."""
         return resolve_encoder(self.encoder, spec, ALGORITHMS[self.algo].takes_images)
 
+    @property
+    def mutates_activations(self) -> bool:
+        """Whether PBT switches members' hidden activations (`pbt.activations`)."""
+        return self.population > 1 and bool(self.pbt.activations)
+
+    def with_activation(self, activation: str) -> RunConfig:
+        """This config with its algorithm's hidden activation set to `activation` (a member's, as
+        PBT mutated it)."""
+        changes: dict[str, Any] = {self.algo: dataclasses.replace(self.algo_config, activation=activation)}
+        return dataclasses.replace(self, **changes)
+
     def base_hyperparams(self) -> dict[str, float]:
         """The algorithm's tunable hyperparameters as the config sets them (each member's start
-        when they are not ranged)."""
-        return {name: float(getattr(self.algo_config, name)) for name in ALGORITHMS[self.algo].tunable}
+        when they are not ranged), and the activation's code where PBT mutates it."""
+        section = self.algo_config
+        base = {name: float(getattr(section, name)) for name in ALGORITHMS[self.algo].tunable}
+        if self.mutates_activations:
+            base["activation"] = activation_code(section.activation)
+        return base
 
     def __post_init__(self) -> None:
         refuse_non_finite(self)
@@ -196,7 +214,9 @@ class RunConfig:
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
         problems += self.core_problems()
-        problems += method_problems(self.method, section, self.population, self.cem, self.normalize_obs)
+        problems += method_problems(self.method, section, self.population, self.pbt, self.cem, self.normalize_obs)
+        if self.mutates_activations and self.compile_update != "off":
+            problems.append('pbt.activations change a member\'s network between updates: set compile_update = "off"')
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -39,11 +39,15 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0, out=x)
 
 
-ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": _relu}
+def _elu(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": _relu, "elu": _elu}
 
 
 class NumpyPolicy:
-    """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh or ReLU)."""
+    """Samples actions and their log-probabilities from an MLP policy (PPO's: tanh, ReLU or ELU)."""
 
     def __init__(
         self,
@@ -177,10 +181,10 @@ class SquashedGaussianPolicy(NumpyPolicy):
     """SAC's policy: a ReLU MLP giving mean and log-std; actions tanh-squashed into the env's
     bounds. Must match learners/sac.py (`Actor`, LOG_STD_MIN/MAX)."""
 
-    def __init__(self, params: Params, spec: EnvSpec, noise_color: float = 0.0) -> None:
+    def __init__(self, params: Params, spec: EnvSpec, noise_color: float = 0.0, activation: str = "relu") -> None:
         if spec.action_kind != "continuous":
             raise ValueError("SAC needs continuous actions")
-        super().__init__(params, spec, outputs=2 * spec.action_dim, activation="relu")
+        super().__init__(params, spec, outputs=2 * spec.action_dim, activation=activation)
         self.head = "squashed_mean"
         self._log_std = None
         self.noise_color = noise_color
@@ -208,10 +212,18 @@ class DeterministicPolicy(NumpyPolicy):
     the env's bounds, plus Gaussian noise of std `noise` × half the range, clipped to the bounds.
     During `warmup` (before the member trains) actions are uniform within the bounds instead."""
 
-    def __init__(self, params: Params, spec: EnvSpec, noise: float, warmup: bool, noise_color: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Params,
+        spec: EnvSpec,
+        noise: float,
+        warmup: bool,
+        noise_color: float = 0.0,
+        activation: str = "relu",
+    ) -> None:
         if spec.action_kind != "continuous":
             raise ValueError("TD3 needs continuous actions")
-        super().__init__(params, spec, outputs=spec.action_dim, activation="relu")
+        super().__init__(params, spec, outputs=spec.action_dim, activation=activation)
         self.head = "tanh"
         self.noise, self.warmup, self.noise_color = noise, warmup, noise_color
 
@@ -236,11 +248,17 @@ class EpsilonGreedyPolicy(NumpyPolicy):
     `policy.{2i}`), or with probability `epsilon` a uniformly random action."""
 
     def __init__(
-        self, params: Params, spec: EnvSpec, epsilon: float, encoder: str = "mlp", device: str | None = None
+        self,
+        params: Params,
+        spec: EnvSpec,
+        epsilon: float,
+        encoder: str = "mlp",
+        device: str | None = None,
+        activation: str = "relu",
     ) -> None:
         if spec.action_kind != "discrete":
             raise ValueError("DQN needs discrete actions")
-        super().__init__(params, spec, activation="relu", encoder=encoder, device=device)
+        super().__init__(params, spec, activation=activation, encoder=encoder, device=device)
         self.epsilon, self.actions = epsilon, spec.action_dim
 
     def act(
@@ -266,9 +284,8 @@ def _td3_policy(
     run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int, device: str | None
 ) -> NumpyPolicy:
     td3 = run_config.td3
-    return DeterministicPolicy(
-        params, spec, td3.exploration_noise, warmup=trained_steps < td3.learning_starts, noise_color=td3.noise_color
-    )
+    warmup = trained_steps < td3.learning_starts
+    return DeterministicPolicy(params, spec, td3.exploration_noise, warmup, td3.noise_color, td3.activation)
 
 
 def _dqn_policy(
@@ -277,7 +294,7 @@ def _dqn_policy(
     dqn = run_config.dqn
     horizon = dqn.exploration_fraction * run_config.total_steps / run_config.population  # per member
     epsilon = linear_epsilon(trained_steps, horizon, dqn.exploration_initial_eps, dqn.exploration_final_eps)
-    return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec), device)
+    return EpsilonGreedyPolicy(params, spec, epsilon, run_config.encoder_for(spec), device, dqn.activation)
 
 
 # Each algorithm's actor policy (algorithms.ALGORITHMS): (run config, weights, env spec, the env steps
@@ -288,7 +305,7 @@ POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int, str | None], Nump
         params, spec, activation=run_config.ppo.activation, encoder=run_config.encoder_for(spec), device=device
     ),
     "sac": lambda run_config, params, spec, trained_steps, device: SquashedGaussianPolicy(
-        params, spec, run_config.sac.noise_color
+        params, spec, run_config.sac.noise_color, run_config.sac.activation
     ),
     "td3": _td3_policy,
     "dqn": _dqn_policy,
@@ -296,12 +313,20 @@ POLICIES: dict[str, Callable[[RunConfig, Params, EnvSpec, int, str | None], Nump
 
 
 def make_policy(
-    run_config: RunConfig, params: Params, spec: EnvSpec, trained_steps: int = 0, device: str | None = None
+    run_config: RunConfig,
+    params: Params,
+    spec: EnvSpec,
+    trained_steps: int = 0,
+    device: str | None = None,
+    activation: str = "",
 ) -> NumpyPolicy:
     """The actors' policy for the run's algorithm, for weights trained on `trained_steps` env steps,
-    acting on `device` (`acting_device`'s); raises KeyError/ValueError for weights that do not fit,
-    the recurrent core and observation statistics included: a run that normalizes observations
-    publishes them with every member's weights, and no other does."""
+    acting on `device` (`acting_device`'s), with the hidden `activation` PBT gave the member (""
+    the run config's: `wire.Weights.activation`); raises KeyError/ValueError for weights that do
+    not fit, the recurrent core and observation statistics included: a run that normalizes
+    observations publishes them with every member's weights, and no other does."""
+    if activation and activation != run_config.algo_config.activation:
+        run_config = run_config.with_activation(activation)
     if (OBS_NORM_KEYS[0] in params) != run_config.normalize_obs:
         raise ValueError(
             f"weights {'without' if run_config.normalize_obs else 'with'} observation statistics "

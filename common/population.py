@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlmq.common.algorithms import ALL_TUNABLE, ActorCriticConfig, AlgoConfig, refuse_non_finite, tunable_bounds
+from rlmq.common.algorithms import (
+    ACTIVATIONS,
+    ALL_TUNABLE,
+    ActorCriticConfig,
+    AlgoConfig,
+    refuse_non_finite,
+    tunable_bounds,
+)
 
 METHODS = ("pbt", "cem", "dvd")
 
@@ -46,6 +53,10 @@ class PBTConfig:
     param_noise: float = 0.0  # std of Gaussian noise on a copy's policy network, every algorithm's (0: none)
     fitness_episodes: int = 20  # fitness: mean return of the member's last this many episodes
     ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
+    # AgileRL's activation mutation: the hidden activations a member may take (of ACTIVATIONS; none:
+    # never mutated) and, at each explore, the probability it switches to another of them.
+    activations: tuple[str, ...] = ()
+    activation_probability: float = 0.2
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "pbt")
@@ -64,6 +75,10 @@ class PBTConfig:
             problems.append("pbt.perturb_factors must be positive")
         if not 0 <= self.resample_probability <= 1 or self.param_noise < 0:
             problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
+        if self.activations and (len(set(self.activations)) < 2 or not set(self.activations) <= set(ACTIVATIONS)):
+            problems.append(f"pbt.activations: two or more of {', '.join(ACTIVATIONS)} (none: no mutation)")
+        if not 0 <= self.activation_probability <= 1:
+            problems.append("pbt.activation_probability must be in [0, 1]")
         for name, r in self.ranges.items():
             if name not in ALL_TUNABLE:
                 problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(sorted(ALL_TUNABLE))}")
@@ -118,13 +133,15 @@ class DvDConfig:
 
 
 def method_problems(
-    method: str, section: AlgoConfig, population: int, cem: CEMConfig, normalize_obs: bool
+    method: str, section: AlgoConfig, population: int, pbt: PBTConfig, cem: CEMConfig, normalize_obs: bool
 ) -> list[str]:
     """What is wrong with training a population of `population` by `method`, each fix named."""
     if method not in METHODS:
         return [f"method must be one of {', '.join(METHODS)}"]
     shared = isinstance(section, ActorCriticConfig) and section.shared_critic
     problems = []
+    if pbt.activations and (method != "pbt" or shared):
+        problems.append("pbt.activations mutate members of method pbt, each with its own networks")
     if method == "dvd" and not (shared and isinstance(section, ActorCriticConfig) and section.diversity_weight > 0):
         problems.append(
             "method dvd trains SAC or TD3 members around one shared critic with DvD's diversity "

@@ -124,7 +124,7 @@ class DeviceForward:
             for columns, bias, conv in encoder.convs
         ]
         self.layers = [(put(weight), put(bias)) for weight, bias in layers]  # [in, out]: x @ W + b
-        self.activation = torch.tanh if activation == "tanh" else torch.relu
+        self.activation = {"tanh": torch.tanh, "relu": torch.relu, "elu": torch.nn.functional.elu}[activation]
         self.norm = None if norm is None else (put(norm.mean), put(norm.std), norm.clip)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rlmq.common.algorithms import ALGORITHMS, ALL_TUNABLE, hyperparam_problems
+from rlmq.common.algorithms import ACTIVATIONS, ALL_HYPERPARAMS, hyperparam_problems
 
 # The limits and the error are the codec's; they are named here too, where services look for them.
 from rlmq.common.codec import MAX_ARRAY_DIMS as MAX_ARRAY_DIMS
@@ -98,10 +98,15 @@ class Weights:
     # The id of the last PBT decision that copied another member's weights into this one (0: none):
     # an actor whose weights change lineage zeroes its recurrent states (actors/collector.py).
     copied_by: int = 0
+    # The member's hidden activation where PBT mutates activations ("": the run config's).
+    activation: str = ""
 
     def __post_init__(self) -> None:
         _require(bool(self.params), "Weights.params is empty")
         _counts(self, "member", "version", "trained_steps", "copied_by")
+        _require(
+            self.activation in ("", *ACTIVATIONS), f"Weights.activation {self.activation!r} is none of {ACTIVATIONS}"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,8 @@ class Assign:
 
     def __post_init__(self) -> None:
         _require(len(self.hyperparams) in (0, self.config.population), "Assign.hyperparams: one per member")
-        tunable = set(ALGORITHMS[self.config.algo].tunable)
-        _require(all(set(h) == tunable for h in self.hyperparams), "Assign.hyperparams: the algorithm's tunables")
+        names = set(self.config.base_hyperparams())
+        _require(all(set(h) == names for h in self.hyperparams), "Assign.hyperparams: the run's hyperparameters")
         _require(not any(hyperparam_problems(h) for h in self.hyperparams), "Assign.hyperparams out of bounds")
         _require(all(0 <= w.member < self.config.population for w in self.member_weights), "Assign: member")
         _counts(self, "applied_decision")
@@ -377,8 +382,8 @@ class Decision:
         _counts(self, "target", "source")
         _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
         _require(
-            bool(self.hyperparams) and set(self.hyperparams) <= ALL_TUNABLE,
-            f"Decision.hyperparams must name tunables: {', '.join(sorted(ALL_TUNABLE))}",
+            bool(self.hyperparams) and set(self.hyperparams) <= ALL_HYPERPARAMS,
+            f"Decision.hyperparams must name hyperparameters: {', '.join(sorted(ALL_HYPERPARAMS))}",
         )
         _require(self.param_noise >= 0, "Decision.param_noise is negative")
         _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")

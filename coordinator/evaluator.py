@@ -111,7 +111,9 @@ def evaluate(request: wire.EvaluationRequest) -> wire.EvaluationResult:
     started = time.perf_counter()
     weights = request.weights
     try:
-        policy = make_policy(request.config, dict(weights.params), request.env_spec, weights.trained_steps)
+        policy = make_policy(
+            request.config, dict(weights.params), request.env_spec, weights.trained_steps, activation=weights.activation
+        )
         run = request.config
         played = play_side_by_side(
             policy,

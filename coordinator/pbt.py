@@ -12,7 +12,9 @@ asks `decide` about it, the *target*:
     that scatter widely between episodes, a ranking of means copies noise, and each copy throws
     away a member's own line of training.
 - explore: the hyperparameters it takes are perturbed, each multiplied by one of `perturb_factors`
-  or, with probability `resample_probability`, drawn afresh, and kept within its range.
+  or, with probability `resample_probability`, drawn afresh, and kept within its range; where
+  `activations` are listed, the hidden activation switches to another of them with probability
+  `activation_probability` (AgileRL's activation mutation).
 
 Randomness comes only from the generator passed in; the coordinator seeds one per decision from
 (run seed, decision id), so a decision can be recomputed and every rule tested without a run.
@@ -27,6 +29,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from rlmq.common.algorithms import activation_code, activation_named
 from rlmq.common.config import HyperRange, PBTConfig
 
 Hyperparams = dict[str, float]
@@ -77,6 +80,20 @@ def perturb(
         else:
             value = out[name] * float(rng.choice(np.asarray(factors)))
         out[name] = float(min(max(value, r.low), r.high))
+    return out
+
+
+def mutate_activation(
+    hyperparams: Mapping[str, float], choices: Sequence[str], probability: float, rng: np.random.Generator
+) -> Hyperparams:
+    """AgileRL's activation mutation: with `probability`, the member's hidden activation (the
+    "activation" hyperparameter, a code of ACTIVATIONS) becomes another of `choices`, drawn
+    uniformly. The weights it copied were trained under the old one: the mutation is a jump, which
+    selection then keeps or undoes."""
+    out = dict(hyperparams)
+    if rng.random() < probability:
+        current = activation_named(out["activation"])
+        out["activation"] = activation_code(str(rng.choice([c for c in choices if c != current])))
     return out
 
 
@@ -171,4 +188,6 @@ def decide(
     if source is None:
         return None
     new = perturb(hyperparams[source], cfg.ranges, cfg.perturb_factors, cfg.resample_probability, rng)
+    if cfg.activations:
+        new = mutate_activation(new, cfg.activations, cfg.activation_probability, rng)
     return Choice(source=source, hyperparams=new)

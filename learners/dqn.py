@@ -21,7 +21,7 @@ advances once per `step`, which every rank calls equally often.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from rlmq.learners.optim import (
     written_by_step,
 )
 from rlmq.learners.replay import Transitions
+from rlmq.learners.stacked_mlp import Activation
 
 
 class QNetwork(nn.Module):
@@ -118,9 +119,11 @@ class DQN:
         self.cfg, self.population = cfg, population
         image = image_encoder(spec, encoder)
         self.q, self.target = (
-            Stacked([QNetwork(spec, cfg.hidden_sizes, encoder, core, core_size) for _ in range(population)], image).to(
-                device
-            )
+            Stacked(
+                [QNetwork(spec, cfg.hidden_sizes, encoder, core, core_size) for _ in range(population)],
+                image,
+                cast(Activation, cfg.activation),
+            ).to(device)
             for _ in range(2)
         )
         self.target.flat.requires_grad_(False)
@@ -138,7 +141,7 @@ class DQN:
 
     def values(self, network: Stacked, obs: Tensor) -> Tensor:
         """Q of every action, [P, B, n]."""
-        return network.mlp(self.layers, network.encode(obs), "relu")
+        return network.mlp(self.layers, network.encode(obs))
 
     @torch.no_grad()
     def td_target(self, reward: Tensor, terminated: Tensor, next_obs: Tensor, gamma: Tensor, horizon: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ import torch
 import zmq
 
 from rlmq.common import failpoints, transport, wire
+from rlmq.common.algorithms import member_activation
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem
@@ -148,6 +149,7 @@ class Learner:
             final=final,
             trained_steps=self.trainer.trained_steps(member),
             copied_by=self.pbt.copied_by[member],
+            activation=member_activation(self.pbt.hyperparams[member]),
         )
 
     def weights_frame(self, member: int) -> bytes:

@@ -15,7 +15,7 @@ from rlmq.common.recurrent import CORE_WEIGHTS
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import cores
 from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
-from rlmq.learners.stacked_mlp import Activation, Tower, fast_tanh, stacked_mlp, stacked_towers
+from rlmq.learners.stacked_mlp import Activation, Activations, Tower, fast_tanh, stacked_mlp, stacked_towers
 
 
 class Tanh(nn.Module):
@@ -34,7 +34,7 @@ def mlp(sizes: list[int], out_gain: float, activation: Activation = "tanh") -> n
         nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
-            layers.append(Tanh() if activation == "tanh" else nn.ReLU())
+            layers.append({"tanh": Tanh(), "relu": nn.ReLU(), "elu": nn.ELU()}[activation])
     return nn.Sequential(*layers)
 
 
@@ -117,6 +117,14 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
 
 
+def member_activations(hyperparams: list[dict[str, float]]) -> Tensor | None:
+    """Each member's activation code [P] where PBT mutates activations (the hyperparameter
+    "activation", `common.algorithms.ACTIVATIONS`), else None."""
+    if "activation" not in hyperparams[0]:
+        return None
+    return torch.tensor([int(h["activation"]) for h in hyperparams], dtype=torch.long)
+
+
 def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
     """[..., *obs_shape] observations in their own dtype → [..., obs_size] float32, the networks'
     input: flattened, or one-hot for a Discrete observation (as common/schema.py does for actors)."""
@@ -146,9 +154,11 @@ class Stacked(nn.Module):
 
     STATE = ("flat",)  # what a checkpoint saves (learners/checkpoint.py)
 
-    def __init__(self, members: list[nn.Module], image: ImageEncoder | None = None) -> None:
+    def __init__(
+        self, members: list[nn.Module], image: ImageEncoder | None = None, activation: Activation = "relu"
+    ) -> None:
         super().__init__()
-        self.population, self.image = len(members), image
+        self.population, self.image, self.activation = len(members), image, activation
         self.layout: dict[str, tuple[int, torch.Size]] = {}
         offset = 0
         for name, tensor in members[0].state_dict().items():
@@ -156,6 +166,14 @@ class Stacked(nn.Module):
             offset += tensor.numel()
         rows = [torch.cat([t.reshape(-1) for t in m.state_dict().values()]) for m in members]
         self.flat = nn.Parameter(torch.stack(rows))
+        # Each member's hidden activation as codes [P] where PBT mutates activations; None:
+        # `activation`, every member's. Set from the hyperparameters (`set_activations`), which a
+        # checkpoint holds, so it is not state of its own.
+        self.activations: Tensor | None = None
+
+    def set_activations(self, codes: Tensor | None) -> None:
+        """Each member's hidden activation from now on (`stacked_mlp.Activations` codes [P])."""
+        self.activations = None if codes is None else codes.to(self.flat.device)
 
     @torch.no_grad()
     def add_noise(self, member: int, std: float, seed: int) -> None:
@@ -200,21 +218,25 @@ class Stacked(nn.Module):
         count = sum(1 for name in self.layout if name.startswith(f"{prefix}.") and name.endswith(".weight"))
         return [(f"{prefix}.{2 * i}.weight", f"{prefix}.{2 * i}.bias") for i in range(count)]
 
-    def tower(self, layers: list[tuple[str, str]], activation: Activation, *, outputs_first: bool = False) -> Tower:
+    def tower(self, layers: list[tuple[str, str]], *, outputs_first: bool = False) -> Tower:
         """The named Linears as a `Tower` of `flat`, for `stacked_towers`."""
         linears = []
         for weight, bias in layers:
             offset, (out, inp) = self.layout[weight]
             linears.append((offset, out, inp, self.layout[bias][0]))
-        return Tower(tuple(linears), activation, outputs_first)
+        return Tower(tuple(linears), self.hidden_activation(), outputs_first)
 
-    def mlp(
-        self, layers: list[tuple[str, str]], x: Tensor, activation: Activation, *, outputs_first: bool = False
-    ) -> Tensor:
+    def hidden_activation(self) -> Activations:
+        """What `stacked_mlp` takes: each member's code where `set_activations` gave them, else `activation`."""
+        return self.activation if self.activations is None else self.activations
+
+    def mlp(self, layers: list[tuple[str, str]], x: Tensor, *, outputs_first: bool = False) -> Tensor:
         """[P, N, in] → [P, N, out] ([P, out, N] if `outputs_first`) through the named Linears,
-        `activation` between them, as one `stacked_mlp`."""
+        the hidden activation between them, as one `stacked_mlp`."""
         both = self.tensors([name for pair in zip(*layers, strict=True) for name in pair])
-        return stacked_mlp(x, both[: len(layers)], both[len(layers) :], activation, outputs_first=outputs_first)
+        return stacked_mlp(
+            x, both[: len(layers)], both[len(layers) :], self.hidden_activation(), outputs_first=outputs_first
+        )
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """One member's parameters under the member module's names, as actors and Weights take them."""
@@ -253,14 +275,22 @@ class PopulationActorCritic(Stacked):
                 for _ in range(population)
             ],
             image_encoder(spec, encoder),
+            activation,
         )
         self.discrete, self.core_kind = spec.action_kind == "discrete", core
         # Discrete logits come out as [P, A, N]: log_softmax along a narrow last dimension is several
         # times slower than along the middle one (benchmarks/LOG.md §4). Gaussian means as [P, N, A].
-        self.towers = (
-            self.tower(self.linear_names("policy"), activation, outputs_first=self.discrete),
-            self.tower(self.linear_names("value"), activation, outputs_first=True),
+        self.towers = self.both_towers()
+
+    def both_towers(self) -> tuple[Tower, Tower]:
+        return (
+            self.tower(self.linear_names("policy"), outputs_first=self.discrete),
+            self.tower(self.linear_names("value"), outputs_first=True),
         )
+
+    def set_activations(self, codes: Tensor | None) -> None:
+        super().set_activations(codes)
+        self.towers = self.both_towers()
 
     @property
     def recurrent(self) -> bool:

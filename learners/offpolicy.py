@@ -21,7 +21,7 @@ from rlmq.common.algorithms import ReplayConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
-from rlmq.learners.networks import Stacked
+from rlmq.learners.networks import Stacked, member_activations
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
 from rlmq.learners.optim import PopulationAdam, Sync
 from rlmq.learners.replay import Replay
@@ -57,7 +57,7 @@ def q_pair(
     members = len(x)
     if critic.population == 1 and members > 1:
         x = x.reshape(1, -1, x.shape[-1])
-    q1, q2 = (critic.mlp(q_layers[q], x, "relu").reshape(members, -1) for q in ("q1", "q2"))
+    q1, q2 = (critic.mlp(q_layers[q], x).reshape(members, -1) for q in ("q1", "q2"))
     return q1, q2
 
 
@@ -200,6 +200,10 @@ class OffPolicyTrainer:
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
         self.hp = self.algorithm.hyperparams(hyperparams, self.device)
+        codes = member_activations(hyperparams)
+        for network in vars(self.algorithm).values():  # the members' own networks; a shared critic keeps its one
+            if isinstance(network, Stacked) and network.population == len(hyperparams):
+                network.set_activations(codes)
 
     def copy_member(self, decision: wire.Decision) -> None:
         """PBT exploit: every network and optimizer state, then the decision's parameter noise on

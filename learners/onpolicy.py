@@ -20,7 +20,7 @@ from rlmq.common.algorithms import OnPolicyConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed, ppo, replicas
-from rlmq.learners.networks import PopulationActorCritic
+from rlmq.learners.networks import PopulationActorCritic, member_activations
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
@@ -121,6 +121,7 @@ class OnPolicyTrainer:
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
         self.hp = per_member(self.HYPERPARAMS, hyperparams, self.device)
+        self.core.set_activations(member_activations(hyperparams))
 
     def steps_per_update(self) -> int:
         """Gradient steps an update takes (what DDP's collectives are counted in: replicas.choose)."""

@@ -37,7 +37,7 @@ class R2D2(DQN):
         population, rows, slots, _ = obs.shape
         x = network.encode(obs.flatten(1, 2)).view(population, rows, slots, -1)
         h, _ = cores.unroll(self.core, x, state, starts, network.core_weights())
-        return network.mlp(self.layers, h.flatten(1, 2), "relu").view(population, rows, slots, -1)
+        return network.mlp(self.layers, h.flatten(1, 2)).view(population, rows, slots, -1)
 
     def loss(self, batch: Sequences, gamma: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         """(each member's loss [P], its weight applied; Q of the learned steps' actions [P, n])."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from rlmq.learners.optim import (
     written_by_step,
 )
 from rlmq.learners.replay import Transitions
+from rlmq.learners.stacked_mlp import Activation
 
 
 class Actor(nn.Module):
@@ -103,9 +104,12 @@ class SAC:
     def __init__(self, spec: EnvSpec, cfg: SACConfig, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         critics = 1 if cfg.shared_critic else population
-        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
-        self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
+        activation = cast(Activation, cfg.activation)
+        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)], activation=activation)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation)
+        self.target = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation)
+        for network in (self.actor, self.critic, self.target):
+            network.to(device)
         self.target.flat.requires_grad_(False)
         with torch.no_grad():
             self.target.flat.copy_(self.critic.flat)
@@ -132,7 +136,7 @@ class SAC:
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Actions in [-1, 1] [P, B, A] and their log-probabilities [P, B] under each member's
         policy, with the Gaussian's standard normal draws `noise` [P, B, A] given."""
-        mean, log_std = self.actor.mlp(self.policy_layers, obs, "relu").chunk(2, dim=-1)
+        mean, log_std = self.actor.mlp(self.policy_layers, obs).chunk(2, dim=-1)
         return squashed_gaussian(mean, log_std, noise)
 
     def q(self, critic: Stacked, obs: Tensor, action: Tensor) -> Tensor:
@@ -170,7 +174,7 @@ class SAC:
     def embeddings(self, obs: Tensor) -> Tensor:
         """Every member's deterministic action (the squashed mean) on the states all share, one
         row each [P, S·A]."""
-        mean, _ = self.actor.mlp(self.policy_layers, shared_states(obs), "relu").chunk(2, dim=-1)
+        mean, _ = self.actor.mlp(self.policy_layers, shared_states(obs)).chunk(2, dim=-1)
         return embed(torch.tanh(mean))
 
     def temperature_loss(self, logp: Tensor, weight: Tensor) -> Tensor:

@@ -27,6 +27,8 @@ which every rank calls equally often, so all ranks update their actors at the sa
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -49,6 +51,7 @@ from rlmq.learners.optim import (
     written_by_step,
 )
 from rlmq.learners.replay import Transitions
+from rlmq.learners.stacked_mlp import Activation
 
 
 class Actor(nn.Module):
@@ -101,10 +104,15 @@ class TD3:
     def __init__(self, spec: EnvSpec, cfg: TD3Config, population: int, device: torch.device) -> None:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         critics = 1 if cfg.shared_critic else population
-        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
-        self.target_actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)]).to(device)
-        self.target_critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)]).to(device)
+        activation = cast(Activation, cfg.activation)
+        self.actor, self.target_actor = (
+            Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)], activation=activation).to(device)
+            for _ in range(2)
+        )
+        self.critic, self.target_critic = (
+            Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation).to(device)
+            for _ in range(2)
+        )
         with torch.no_grad():
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
                 target.flat.requires_grad_(False)
@@ -128,7 +136,7 @@ class TD3:
 
     def act(self, actor: Stacked, obs: Tensor) -> Tensor:
         """Each member's deterministic action in [-1, 1], [P, B, A]."""
-        return torch.tanh(actor.mlp(self.policy_layers, obs, "relu"))
+        return torch.tanh(actor.mlp(self.policy_layers, obs))
 
     @torch.no_grad()
     def td_target(self, batch: Transitions, gamma: Tensor, noise: Tensor) -> Tensor:

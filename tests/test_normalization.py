@@ -94,7 +94,7 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     assert np.abs(normalized).max() == 3.0
     net = trainer.core  # type: ignore[attr-defined]
     with torch.no_grad():
-        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1), "tanh")[
+        expected = net.mlp(net.linear_names("policy"), torch.from_numpy(normalized).float().expand(2, -1, -1))[
             0
         ].numpy()
     np.testing.assert_allclose(NumpyPolicy(params, spec).forward(obs), expected, rtol=1e-4, atol=1e-5)
