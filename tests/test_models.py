@@ -39,7 +39,7 @@ def trained_looking_model(
     return model
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
 @pytest.mark.parametrize("hidden_sizes", [(64, 64), (16,), (8, 12, 6)])
 @pytest.mark.parametrize("kind", sorted(SPECS))
 def test_numpy_forward_equals_torch_policy(kind: str, hidden_sizes: tuple[int, ...], activation: Activation) -> None:
