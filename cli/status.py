@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
 
 from rlmq.cli.rundir import run_redis_of
-from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.algorithms import ALGORITHMS, activation_named
 from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
@@ -245,20 +244,23 @@ def _mean(values: Sequence[float]) -> str:
     return f"{sum(values) / len(values):.1f}"
 
 
-def format_value(value: float, hyper_range: HyperRange | None) -> str:
+def format_value(name: str, value: float, hyper_range: HyperRange | None) -> str:
+    if name == "activation":  # a code: the name says it
+        return activation_named(value)
     # Log-ranged values (learning rates) span decades: only an exponent keeps them comparable.
     return f"{value:.1e}" if hyper_range is not None and hyper_range.log else f"{value:.3g}"
 
 
-def _ordered(names: Mapping[str, Any]) -> list[str]:
+def _ordered(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda n: (PPO_TUNABLE.index(n) if n in PPO_TUNABLE else len(PPO_TUNABLE), n))
 
 
 def hyperparam_words(hyperparams: Mapping[str, float], ranges: Mapping[str, HyperRange]) -> list[str]:
-    """`lr 1.2e-03`, `ent 0.004`: the ranged hyperparameters only, as the others never change."""
+    """`lr 1.2e-03`, `ent 0.004`, `activation elu`: the ranged hyperparameters and the mutated
+    activation only, as the others never change."""
     return [
-        f"{SHORT_NAMES.get(name, name)} {format_value(hyperparams[name], ranges[name])}"
-        for name in _ordered(ranges)
+        f"{SHORT_NAMES.get(name, name)} {format_value(name, hyperparams[name], ranges.get(name))}"
+        for name in _ordered([*ranges, "activation"])
         if name in hyperparams
     ]
 
@@ -269,8 +271,8 @@ def changed_words(decision: LoggedDecision, ranges: Mapping[str, HyperRange]) ->
     for name in _ordered(new):
         if name in old and old[name] == new[name]:
             continue
-        before = "?" if name not in old else format_value(old[name], ranges.get(name))
-        words.append(f"{SHORT_NAMES.get(name, name)} {before} → {format_value(new[name], ranges.get(name))}")
+        before = "?" if name not in old else format_value(name, old[name], ranges.get(name))
+        words.append(f"{SHORT_NAMES.get(name, name)} {before} → {format_value(name, new[name], ranges.get(name))}")
     return words or ["none"]
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlmq.common.algorithms import SACConfig
+from rlmq.cli.evaluate import load_checkpoint, policy_of
+from rlmq.common.algorithms import SACConfig, activation_code
 from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.learners import sac
@@ -145,7 +146,10 @@ def test_two_ranks_keep_every_network_and_optimizer_identical(algo: str, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
+def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_activation(tmp_path: Path) -> None:
+    """With `pbt.activations` and probability 1, the copy plays another activation than its
+    source: the learners run it (one update for both members), the actors and the evaluator build
+    their policies with it, and `rlmq eval` plays the checkpointed member under it."""
     config = tmp_path / "sac-pbt.json"
     config.write_text(
         json.dumps(
@@ -161,6 +165,8 @@ def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
                     "interval": 1200,
                     "fitness_episodes": 4,
                     "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}},
+                    "activations": ["relu", "elu"],
+                    "activation_probability": 1.0,
                 },
             }
         )
@@ -190,8 +196,21 @@ def test_a_sac_population_completes_a_pbt_decision(tmp_path: Path) -> None:
     assert summary["pbt_decisions"] >= 1, summary
     (first, *_) = json.loads((run_dir / "lineage.json").read_text())
     assert first["kind"] == "exploit" and first["target"] != first["source"]
+    assert first["previous"]["activation"] == activation_code("relu")  # SAC's, every member's at the start
+    assert first["hyperparams"]["activation"] == activation_code("elu")
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"applied PBT decision 1: member {first['target']} ← {first['source']}" in learner_log
+    checkpoint = load_checkpoint(run_dir, first["target"])
+    assert checkpoint.activation in ("relu", "elu") and policy_of(checkpoint).activation_name == checkpoint.activation
+    if summary["pbt_decisions"] == 1:  # the target's last weights are those of the mutated copy
+        assert checkpoint.activation == "elu"
+    played = subprocess.run(
+        [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--member", str(first["target"]), "--episodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert played.returncode == 0, played.stdout + played.stderr
 
 
 def test_dvd_adds_its_term_over_the_members_squashed_means_on_shared_states() -> None:
