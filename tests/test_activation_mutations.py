@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from rlmq.cli.status import hyperparam_words
 from rlmq.common import wire
 from rlmq.common.algorithms import ACTIVATIONS, ALGORITHMS, activation_code
-from rlmq.common.config import PBTConfig, RunConfig
+from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import pbt
@@ -170,3 +171,10 @@ def test_the_wire_carries_an_activation_and_refuses_one_it_does_not_know() -> No
         wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1e-3, "activation": 0.5})
     with pytest.raises(wire.WireError, match="activation"):
         wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1e-3, "activation": 3.0})
+
+
+def test_status_names_a_members_activation() -> None:
+    ranges = {"learning_rate": HyperRange(1e-4, 1e-2, log=True)}
+    member = {"learning_rate": 1.2e-3, "gamma": 0.99, "activation": activation_code("elu")}
+    assert hyperparam_words(member, ranges) == ["lr 1.2e-03", "activation elu"]
+    assert hyperparam_words({"learning_rate": 1.2e-3}, ranges) == ["lr 1.2e-03"]  # no mutation: not shown
