@@ -1,7 +1,7 @@
 """The policy network as actors run it: a NumPy forward pass over the learner's parameters.
 
 Learners train `rlmq.learners.networks.ActorCritic` (torch); its state-dict names are the contract
-read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of an MLP (tanh or ReLU),
+read here: ``policy.{2i}.weight`` / ``policy.{2i}.bias`` for the i-th Linear of an MLP (tanh, ReLU or ELU),
 ``log_std`` for continuous actions, and ``encoder.*`` for the convolutions in front of an image
 policy (run by `rlmq.common.images.NumpyEncoder`, or by torch for the large encoders:
 `images.TORCH_IN_ACTORS`), and ``core.*`` for a recurrent core between the two

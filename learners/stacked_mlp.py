@@ -289,7 +289,7 @@ def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Te
     whose backward writes ∂`flat` whole. Through `stacked_mlp`, an actor-critic's two towers would
     be two Functions plus a view per tensor, and autograd would put ∂`flat` together from a piece
     per tensor, which costs a CartPole member's update a few percent (benchmarks/LOG.md §4).
-    Always the hand-written path (its one user is PPO's actor-critic, tanh or ReLU) while not
+    Always the hand-written path (its one user is PPO's actor-critic, any activation) while not
     `traced`, whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
     if traced():
         return tuple(_autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first) for t in towers)

@@ -3,6 +3,7 @@ in a fresh process that never imports rlmq, acts as the learner's policy does.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -199,3 +200,16 @@ def test_eval_and_export_run_on_a_checkpoint_a_short_run_wrote(tmp_path: Path) -
     assert exported.returncode == 0, exported.stderr
     obs = np.random.default_rng(0).uniform(-0.2, 0.2, (32, 4)).astype(np.float32)
     assert run_plain_torch(tmp_path / "p.pt", obs, tmp_path).tolist() == policy_of(point).mode(obs).tolist()
+
+
+@pytest.mark.parametrize("activation", ["elu", "tanh"])
+def test_an_exported_member_keeps_the_activation_pbt_gave_it(tmp_path: Path, activation: str) -> None:
+    torch.manual_seed(0)
+    point = dataclasses.replace(
+        checkpoint("td3", CONTINUOUS, to_numpy_params(TD3Actor(CONTINUOUS, (16,)))), activation=activation
+    )
+    obs = (np.random.default_rng(1).standard_normal((64, *CONTINUOUS.obs_shape)) * 3).astype(np.float32)
+    expected = policy_of(point).mode(obs)
+    assert not np.allclose(expected, policy_of(dataclasses.replace(point, activation="")).mode(obs), atol=1e-3)
+    actions = run_plain_torch(export(point, tmp_path / "policy.pt"), obs, tmp_path)
+    np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-5)
