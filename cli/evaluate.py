@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlmq.common import envs
-from rlmq.common.algorithms import member_activation
+from rlmq.common.architecture import member_activation
 from rlmq.common.config import RunConfig
 from rlmq.common.episodes import Evaluation, play_policy
 from rlmq.common.models import NumpyPolicy, make_policy

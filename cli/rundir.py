@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlmq.cli import figures
 from rlmq.common import wire
-from rlmq.common.algorithms import activation_code
+from rlmq.common.architecture import activation_code
 from rlmq.common.config import RunConfig
 from rlmq.common.redis_urls import with_password
 from rlmq.common.schema import EnvSpec

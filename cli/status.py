@@ -12,7 +12,8 @@ from pathlib import Path
 import redis
 
 from rlmq.cli.rundir import run_redis_of
-from rlmq.common.algorithms import ALGORITHMS, activation_named
+from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.architecture import activation_named
 from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec

@@ -13,9 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-# The networks' hidden activations, in the order of their codes: where PBT mutates activations
-# (`PBTConfig.activations`), a member's is the hyperparameter "activation", its code here.
-ACTIVATIONS = ("relu", "tanh", "elu")
+from rlmq.common.architecture import ACTIVATIONS, is_shape_hyperparam, shape_problems
 
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {
@@ -24,7 +22,6 @@ _TUNABLE_BOUNDS = {
     "ent_coef": (0.0, 1e9, True),
     "vf_coef": (0.0, 1e9, True),
     "tau": (0.0, 1.0, False),
-    "activation": (0.0, len(ACTIVATIONS) - 1.0, True),
 }
 
 
@@ -33,33 +30,22 @@ def activation_code(name: str) -> float:
     return float(ACTIVATIONS.index(name))
 
 
-def member_activation(hyperparams: dict[str, float]) -> str:
-    """A member's hidden activation where PBT mutates it ("activation" among its hyperparameters),
-    else "" (the run config's): as `wire.Weights.activation` carries it."""
-    return activation_named(hyperparams["activation"]) if "activation" in hyperparams else ""
-
-
-def activation_named(code: float) -> str:
-    """The activation of an "activation" hyperparameter's value; ValueError for no code."""
-    if code not in range(len(ACTIVATIONS)):
-        raise ValueError(f"activation code {code:g} is none of 0 … {len(ACTIVATIONS) - 1} ({', '.join(ACTIVATIONS)})")
-    return ACTIVATIONS[int(code)]
-
-
 def tunable_bounds(name: str) -> tuple[float, float, bool]:
     """(low, high, low inclusive) of a tunable hyperparameter: positive and finite unless named above."""
     return _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))
 
 
 def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
-    """What is out of bounds in a member's tunable hyperparameters (e.g. γ > 1), by name."""
+    """What is out of bounds in a member's hyperparameters (e.g. γ > 1), by name; its network's
+    shape (common/architecture.py) included."""
     problems = []
     for name, value in hyperparams.items():
+        if is_shape_hyperparam(name):
+            problems += shape_problems(name, value)
+            continue
         lo, hi, lo_inclusive = tunable_bounds(name)
         if not ((lo <= value if lo_inclusive else lo < value) and value <= hi):
             problems.append(f"{name} = {value:g} outside {'[' if lo_inclusive else '('}{lo:g}, {hi:g}]")
-        elif name == "activation" and value != int(value):
-            problems.append(f"activation = {value:g} is no code of {', '.join(ACTIVATIONS)}")
     return problems
 
 
@@ -436,6 +422,9 @@ ALGORITHMS = {
     )
 }
 ALL_TUNABLE = frozenset(name for algorithm in ALGORITHMS.values() for name in algorithm.tunable)
-# Every name a member's hyperparameters may hold: the tunables, and the activation's code where
-# PBT mutates activations (categorical: no range, `PBTConfig.activations`).
-ALL_HYPERPARAMS = ALL_TUNABLE | {"activation"}
+
+
+def is_member_hyperparam(name: str) -> bool:
+    """Whether a member's hyperparameters may hold `name`: a tunable, or a part of its network's
+    shape that PBT mutates (common/architecture.py)."""
+    return name in ALL_TUNABLE or is_shape_hyperparam(name)

@@ -21,9 +21,9 @@ from rlmq.common.algorithms import (
     ReplayConfig,
     SACConfig,
     TD3Config,
-    activation_code,
     refuse_non_finite,
 )
+from rlmq.common.architecture import activation_code
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
 from rlmq.common.population import CEMConfig, DvDConfig, method_problems
 from rlmq.common.population import HyperRange as HyperRange

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlmq.common.algorithms import (
-    ACTIVATIONS,
     ALL_TUNABLE,
     ActorCriticConfig,
     AlgoConfig,
     refuse_non_finite,
     tunable_bounds,
 )
+from rlmq.common.architecture import ACTIVATIONS
 
 METHODS = ("pbt", "cem", "dvd")
 

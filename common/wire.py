@@ -31,7 +31,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rlmq.common.algorithms import ACTIVATIONS, ALL_HYPERPARAMS, hyperparam_problems
+from rlmq.common.algorithms import hyperparam_problems, is_member_hyperparam
+from rlmq.common.architecture import ACTIVATIONS
 
 # The limits and the error are the codec's; they are named here too, where services look for them.
 from rlmq.common.codec import MAX_ARRAY_DIMS as MAX_ARRAY_DIMS
@@ -382,8 +383,8 @@ class Decision:
         _counts(self, "target", "source")
         _require(1 <= self.id <= MAX_COUNT, f"Decision.id {self.id} outside [1, 2^40]")
         _require(
-            bool(self.hyperparams) and set(self.hyperparams) <= ALL_HYPERPARAMS,
-            f"Decision.hyperparams must name hyperparameters: {', '.join(sorted(ALL_HYPERPARAMS))}",
+            bool(self.hyperparams) and all(is_member_hyperparam(name) for name in self.hyperparams),
+            f"Decision.hyperparams must name hyperparameters: {sorted(self.hyperparams)}",
         )
         _require(self.param_noise >= 0, "Decision.param_noise is negative")
         _require(not hyperparam_problems(self.hyperparams), f"Decision: {hyperparam_problems(self.hyperparams)}")

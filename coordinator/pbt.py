@@ -29,7 +29,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rlmq.common.algorithms import activation_code, activation_named
+from rlmq.common.architecture import activation_code, activation_named
 from rlmq.common.config import HyperRange, PBTConfig
 
 Hyperparams = dict[str, float]

@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from rlmq.common import failpoints, transport, wire
-from rlmq.common.algorithms import member_activation
+from rlmq.common.architecture import member_activation
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem

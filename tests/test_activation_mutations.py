@@ -12,7 +12,8 @@ import torch
 
 from rlmq.cli.status import hyperparam_words
 from rlmq.common import wire
-from rlmq.common.algorithms import ACTIVATIONS, ALGORITHMS, activation_code
+from rlmq.common.algorithms import ALGORITHMS
+from rlmq.common.architecture import ACTIVATIONS, activation_code
 from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rlmq.cli.evaluate import load_checkpoint, policy_of
-from rlmq.common.algorithms import SACConfig, activation_code
+from rlmq.common.algorithms import SACConfig
+from rlmq.common.architecture import activation_code
 from rlmq.common.schema import EnvSpec
 from rlmq.common.transport import free_port
 from rlmq.learners import sac
