@@ -49,6 +49,11 @@ def member_widths(hyperparams: Mapping[str, float]) -> tuple[int, ...] | None:
     return tuple(int(hyperparams[width_name(i)]) for i in layers) if layers else None
 
 
+def member_shape(hyperparams: Mapping[str, float]) -> dict[str, float]:
+    """The hyperparameters that shape a member's network (none where PBT mutates no shape)."""
+    return {name: value for name, value in hyperparams.items() if is_shape_hyperparam(name)}
+
+
 def is_shape_hyperparam(name: str) -> bool:
     return name == "activation" or _WIDTH.fullmatch(name) is not None
 

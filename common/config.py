@@ -23,7 +23,7 @@ from rlmq.common.algorithms import (
     TD3Config,
     refuse_non_finite,
 )
-from rlmq.common.architecture import activation_code
+from rlmq.common.architecture import activation_code, width_name
 from rlmq.common.images import ENCODER_CHOICES, resolve_encoder
 from rlmq.common.population import CEMConfig, DvDConfig, method_problems
 from rlmq.common.population import HyperRange as HyperRange
@@ -158,6 +158,28 @@ class RunConfig:
         """Whether PBT switches members' hidden activations (`pbt.activations`)."""
         return self.population > 1 and bool(self.pbt.activations)
 
+    @property
+    def mutates_widths(self) -> bool:
+        """Whether PBT changes members' hidden widths (`pbt.node_probability`)."""
+        return self.population > 1 and self.pbt.node_probability > 0
+
+    @property
+    def member_hidden_sizes(self) -> tuple[int, ...]:
+        """The hidden layers of the algorithm's MLPs: PPO's `hidden_sizes`, else its section's."""
+        section = self.algo_config
+        return self.hidden_sizes if isinstance(section, PPOConfig) else section.hidden_sizes
+
+    def allocated(self) -> RunConfig:
+        """The config the learners build their networks from: every hidden layer `pbt.max_width`
+        wide where PBT changes widths (members use a prefix of each: `member_widths`)."""
+        if not self.mutates_widths:
+            return self
+        wide = (self.pbt.max_width,) * len(self.member_hidden_sizes)
+        if isinstance(self.algo_config, PPOConfig):
+            return dataclasses.replace(self, hidden_sizes=wide)
+        changes: dict[str, Any] = {self.algo: dataclasses.replace(self.algo_config, hidden_sizes=wide)}
+        return dataclasses.replace(self, **changes)
+
     def with_activation(self, activation: str) -> RunConfig:
         """This config with its algorithm's hidden activation set to `activation` (a member's, as
         PBT mutated it)."""
@@ -171,6 +193,8 @@ class RunConfig:
         base = {name: float(getattr(section, name)) for name in ALGORITHMS[self.algo].tunable}
         if self.mutates_activations:
             base["activation"] = activation_code(section.activation)
+        if self.mutates_widths:
+            base.update({width_name(i): float(size) for i, size in enumerate(self.member_hidden_sizes)})
         return base
 
     def __post_init__(self) -> None:
@@ -215,8 +239,17 @@ class RunConfig:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
         problems += self.core_problems()
         problems += method_problems(self.method, section, self.population, self.pbt, self.cem, self.normalize_obs)
-        if self.mutates_activations and self.compile_update != "off":
-            problems.append('pbt.activations change a member\'s network between updates: set compile_update = "off"')
+        if (self.mutates_activations or self.mutates_widths) and self.compile_update != "off":
+            problems.append(
+                "pbt.activations and node_probability change a member's network between updates: "
+                'set compile_update = "off"'
+            )
+        widest, narrowest = max(self.member_hidden_sizes), min(self.member_hidden_sizes)
+        if self.mutates_widths and not self.pbt.min_width <= narrowest <= widest <= self.pbt.max_width:
+            problems.append(
+                f"pbt.min_width ≤ every hidden size ≤ pbt.max_width: the hidden sizes are "
+                f"{list(self.member_hidden_sizes)}, the widths [{self.pbt.min_width}, {self.pbt.max_width}]"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 

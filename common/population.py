@@ -19,7 +19,7 @@ from rlmq.common.algorithms import (
     refuse_non_finite,
     tunable_bounds,
 )
-from rlmq.common.architecture import ACTIVATIONS
+from rlmq.common.architecture import ACTIVATIONS, MAX_WIDTH
 
 METHODS = ("pbt", "cem", "dvd")
 
@@ -57,6 +57,14 @@ class PBTConfig:
     # never mutated) and, at each explore, the probability it switches to another of them.
     activations: tuple[str, ...] = ()
     activation_probability: float = 0.2
+    # AgileRL's node mutation: at each explore, with this probability, one hidden layer gains or
+    # loses one of `node_steps` units, within [min_width, max_width] (0: widths never change).
+    # Every member's MLP layers are then allocated `max_width` units wide, and each uses a prefix
+    # of them ("width.i", from the config's hidden sizes at the start): one update for all.
+    node_probability: float = 0.0
+    node_steps: tuple[int, ...] = (16, 32, 64)
+    min_width: int = 16
+    max_width: int = 512
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "pbt")
@@ -77,8 +85,10 @@ class PBTConfig:
             problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
         if self.activations and (len(set(self.activations)) < 2 or not set(self.activations) <= set(ACTIVATIONS)):
             problems.append(f"pbt.activations: two or more of {', '.join(ACTIVATIONS)} (none: no mutation)")
-        if not 0 <= self.activation_probability <= 1:
-            problems.append("pbt.activation_probability must be in [0, 1]")
+        if not 0 <= self.activation_probability <= 1 or not 0 <= self.node_probability <= 1:
+            problems.append("pbt.activation_probability and node_probability must be in [0, 1]")
+        if not (self.node_steps and min(self.node_steps) >= 1 and 1 <= self.min_width <= self.max_width <= MAX_WIDTH):
+            problems.append(f"pbt: need node_steps ≥ 1 and 1 ≤ min_width ≤ max_width ≤ {MAX_WIDTH}")
         for name, r in self.ranges.items():
             if name not in ALL_TUNABLE:
                 problems.append(f"pbt.ranges.{name}: not tunable; tunable are {', '.join(sorted(ALL_TUNABLE))}")
@@ -140,8 +150,10 @@ def method_problems(
         return [f"method must be one of {', '.join(METHODS)}"]
     shared = isinstance(section, ActorCriticConfig) and section.shared_critic
     problems = []
-    if pbt.activations and (method != "pbt" or shared):
-        problems.append("pbt.activations mutate members of method pbt, each with its own networks")
+    if (pbt.activations or pbt.node_probability) and (method != "pbt" or shared):
+        problems.append(
+            "pbt.activations and pbt.node_probability mutate members of method pbt, each with its own networks"
+        )
     if method == "dvd" and not (shared and isinstance(section, ActorCriticConfig) and section.diversity_weight > 0):
         problems.append(
             "method dvd trains SAC or TD3 members around one shared critic with DvD's diversity "

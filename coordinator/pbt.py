@@ -14,7 +14,8 @@ asks `decide` about it, the *target*:
 - explore: the hyperparameters it takes are perturbed, each multiplied by one of `perturb_factors`
   or, with probability `resample_probability`, drawn afresh, and kept within its range; where
   `activations` are listed, the hidden activation switches to another of them with probability
-  `activation_probability` (AgileRL's activation mutation).
+  `activation_probability` (AgileRL's activation mutation), and one hidden layer's width moves by
+  one of `node_steps` with `node_probability` (its node mutation).
 
 Randomness comes only from the generator passed in; the coordinator seeds one per decision from
 (run seed, decision id), so a decision can be recomputed and every rule tested without a run.
@@ -29,7 +30,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rlmq.common.architecture import activation_code, activation_named
+from rlmq.common.architecture import activation_code, activation_named, member_widths, width_name
 from rlmq.common.config import HyperRange, PBTConfig
 
 Hyperparams = dict[str, float]
@@ -94,6 +95,25 @@ def mutate_activation(
     if rng.random() < probability:
         current = activation_named(out["activation"])
         out["activation"] = activation_code(str(rng.choice([c for c in choices if c != current])))
+    return out
+
+
+def mutate_widths(
+    hyperparams: Mapping[str, float],
+    steps: Sequence[int],
+    probability: float,
+    low: int,
+    high: int,
+    rng: np.random.Generator,
+) -> Hyperparams:
+    """AgileRL's node mutation: with `probability`, one hidden layer, drawn uniformly, gains or
+    loses (even odds) one of `steps` units, its width kept within [low, high] ("width.i")."""
+    out = dict(hyperparams)
+    widths = member_widths(out)
+    if widths is not None and rng.random() < probability:
+        layer = int(rng.integers(len(widths)))
+        change = int(rng.choice(np.asarray(steps))) * (1 if rng.random() < 0.5 else -1)
+        out[width_name(layer)] = float(min(max(widths[layer] + change, low), high))
     return out
 
 
@@ -190,4 +210,6 @@ def decide(
     new = perturb(hyperparams[source], cfg.ranges, cfg.perturb_factors, cfg.resample_probability, rng)
     if cfg.activations:
         new = mutate_activation(new, cfg.activations, cfg.activation_probability, rng)
+    if cfg.node_probability:
+        new = mutate_widths(new, cfg.node_steps, cfg.node_probability, cfg.min_width, cfg.max_width, rng)
     return Choice(source=source, hyperparams=new)

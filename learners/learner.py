@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from rlmq.common import failpoints, transport, wire
-from rlmq.common.architecture import member_activation
+from rlmq.common.architecture import member_activation, member_shape, member_widths
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem
@@ -420,10 +420,13 @@ class Learner:
     def apply_decision(self, decision: wire.Message) -> list[int]:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
-        the same everywhere); then its version moves on and its queued data, another policy's, is
-        dropped. A CEM-RL generation gives every member its drawn actor; their queued data stays
+        the same everywhere), and its network's new shape (activation, widths); then, after a copy
+        or a new shape, its version moves on and its queued data, another policy's, is dropped. A CEM-RL generation gives every member its drawn actor; their queued data stays
         (the replay takes any policy's). A DvD weight sets λ for all. Returns the members whose
         weights changed."""
+        # The source's network shape before the decision: a copy's weights have it (the target's own,
+        # for an explore), which the decision's may change (common/architecture.py).
+        before = dict(self.pbt.hyperparams[decision.source]) if isinstance(decision, wire.Decision) else {}
         decision = self.pbt.apply(decision)
         replaced: list[int] = []
         if isinstance(decision, wire.DiversityWeight):
@@ -438,11 +441,17 @@ class Learner:
                 self.members.versions[member] += 1
             log.info("applied CEM generation %d: trained %s", decision.id, [m for m in replaced if decision.trained[m]])
         else:
-            replaced = [decision.target] if decision.source != decision.target else []
-            if replaced:
+            copied = decision.source != decision.target
+            reshaped = member_shape(decision.hyperparams) != member_shape(before)
+            replaced = [decision.target] if copied or reshaped else []  # another policy from now on
+            if copied:
                 self.trainer.copy_member(decision)
+            widths, new_widths = member_widths(before), member_widths(decision.hyperparams)
+            if widths is not None and new_widths is not None and widths != new_widths:
+                self.trainer.grow_member(decision.target, widths, new_widths, decision.id)
+            if replaced:
                 self.members.replaced(decision.target)
-            self.trainer.set_hyperparams(self.pbt.hyperparams)
+            self.trainer.set_hyperparams(self.pbt.hyperparams)  # and a narrower layer's units zeroed
             log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
             for member in replaced:

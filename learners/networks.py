@@ -4,18 +4,24 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlmq.common.architecture import member_widths
 from rlmq.common.images import encoded_size
 from rlmq.common.recurrent import CORE_WEIGHTS
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import cores
 from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
+from rlmq.learners.optim import PopulationAdam
 from rlmq.learners.stacked_mlp import Activation, Activations, Tower, fast_tanh, stacked_mlp, stacked_towers
+from rlmq.learners.widths import grow as grow_units
+from rlmq.learners.widths import mask as width_mask
+from rlmq.learners.widths import padded, trimmed
 
 
 class Tanh(nn.Module):
@@ -117,12 +123,25 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
 
 
-def member_activations(hyperparams: list[dict[str, float]]) -> Tensor | None:
-    """Each member's activation code [P] where PBT mutates activations (the hyperparameter
-    "activation", `common.algorithms.ACTIVATIONS`), else None."""
-    if "activation" not in hyperparams[0]:
-        return None
-    return torch.tensor([int(h["activation"]) for h in hyperparams], dtype=torch.long)
+def set_member_shapes(
+    networks: Sequence[Stacked], optimizers: Iterable[PopulationAdam], hyperparams: list[dict[str, float]]
+) -> None:
+    """Each member's hidden activation and widths, where PBT mutates them (common/architecture.py),
+    on every network the members own; the moments `optimizers` keep for parameters a narrower
+    member gave up are zeroed with them (learners/widths.py says why that is all it takes)."""
+    codes = (
+        torch.tensor([int(h["activation"]) for h in hyperparams], dtype=torch.long)
+        if "activation" in hyperparams[0]
+        else None
+    )
+    each = [member_widths(h) for h in hyperparams]
+    widths = None if each[0] is None else torch.tensor(each, dtype=torch.long)
+    for network in networks:
+        network.set_activations(codes)
+        keep = network.set_widths(widths)
+        for optimizer in optimizers:
+            if keep is not None and optimizer.param is network.flat:
+                optimizer.keep_only(keep)
 
 
 def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
@@ -170,10 +189,30 @@ class Stacked(nn.Module):
         # `activation`, every member's. Set from the hyperparameters (`set_activations`), which a
         # checkpoint holds, so it is not state of its own.
         self.activations: Tensor | None = None
+        # Each member's units in use per hidden layer [P, L] where PBT changes widths (the layers
+        # are allocated wider: learners/widths.py); None: all. From the hyperparameters too.
+        self.widths: Tensor | None = None
+        self.allocated_wider = False  # the trainer's: members may use narrower layers
 
     def set_activations(self, codes: Tensor | None) -> None:
         """Each member's hidden activation from now on (`stacked_mlp.Activations` codes [P])."""
         self.activations = None if codes is None else codes.to(self.flat.device)
+
+    @torch.no_grad()
+    def set_widths(self, widths: Tensor | None) -> Tensor | None:
+        """Each member's hidden widths [P, L] from now on: the units beyond them zeroed. Returns
+        the mask of the parameters in use [P, D] (None: every one), for the optimizer's moments."""
+        self.widths = widths
+        if widths is None:
+            return None
+        keep = width_mask(self.layout, widths.to(self.flat.device), self.flat.shape[1])
+        self.flat.mul_(keep)
+        return keep
+
+    def grow(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
+        """`member`'s new units from `before` to `after` widths start as a fresh layer's
+        (learners/widths.py, `grow`)."""
+        grow_units(self.flat, self.layout, member, before, after, seed)
 
     @torch.no_grad()
     def add_noise(self, member: int, std: float, seed: int) -> None:
@@ -241,16 +280,22 @@ class Stacked(nn.Module):
     def member_params(self, member: int) -> dict[str, np.ndarray]:
         """One member's parameters under the member module's names, as actors and Weights take them."""
         row = self.flat.detach()[member].to("cpu", torch.float32)
-        return {name: row[o : o + s.numel()].view(s).numpy().copy() for name, (o, s) in self.layout.items()}
+        params = {name: row[o : o + s.numel()].view(s).numpy().copy() for name, (o, s) in self.layout.items()}
+        return params if self.widths is None else trimmed(params, self.layout, self.widths[member].tolist())
 
     def load_member(self, member: int, params: dict[str, np.ndarray]) -> None:
+        """Set one member's parameters; where the layers are `allocated_wider`, its MLP layers may
+        be narrower (weights a member of mutated widths published), and are zero-padded."""
         if set(params) != set(self.layout):
             raise KeyError(f"member weights hold {sorted(params)}, the network {sorted(self.layout)}")
         with torch.no_grad():
             for name, (offset, shape) in self.layout.items():
-                value = torch.from_numpy(np.array(params[name], dtype=np.float32))  # a copy: wire arrays are read-only
-                if value.shape != shape:
-                    raise ValueError(f"{name}: {tuple(value.shape)}, the network has {tuple(shape)}")
+                array = np.array(params[name], dtype=np.float32)  # a copy: wire arrays are read-only
+                if array.shape != shape:
+                    if not self.allocated_wider:
+                        raise ValueError(f"{name}: {tuple(array.shape)}, the network has {tuple(shape)}")
+                    array = padded(name, array, shape, self.layout)
+                value = torch.from_numpy(array)
                 self.flat[member, offset : offset + shape.numel()] = value.reshape(-1).to(self.flat.device)
 
 

@@ -21,7 +21,7 @@ from rlmq.common.algorithms import ReplayConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
-from rlmq.learners.networks import Stacked, member_activations
+from rlmq.learners.networks import Stacked, set_member_shapes
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
 from rlmq.learners.optim import PopulationAdam, Sync
 from rlmq.learners.replay import Replay
@@ -159,12 +159,15 @@ class OffPolicyTrainer:
         world_size: int,
         device: torch.device,
     ) -> None:
-        self.algorithm, self.device, population = algorithm, device, run_cfg.population
+        self.algorithm, self.device, self.population = algorithm, device, run_cfg.population
+        population = self.population
         if run_cfg.compile_update != "off":
             algorithm.capture(run_cfg.compile_update)
         assert isinstance(run_cfg.algo_config, ReplayConfig)
         self.cfg, self.spec = run_cfg.algo_config, spec
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
+        for network in self.member_networks():  # members of mutated widths publish them trimmed
+            network.allocated_wider = run_cfg.mutates_widths
         for w in weights:  # a restarted world resumes the policies; the rest starts afresh
             self.load_member(w.member, dict(w.params))
         if world_size > 1:  # replicas start equal
@@ -200,10 +203,21 @@ class OffPolicyTrainer:
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
         self.hp = self.algorithm.hyperparams(hyperparams, self.device)
-        codes = member_activations(hyperparams)
-        for network in vars(self.algorithm).values():  # the members' own networks; a shared critic keeps its one
-            if isinstance(network, Stacked) and network.population == len(hyperparams):
-                network.set_activations(codes)
+        set_member_shapes(self.member_networks(), self.algorithm.optimizers.values(), hyperparams)
+
+    def member_networks(self) -> list[Stacked]:
+        """Every network of the members' own, target networks included (a shared critic is not)."""
+        return [
+            network
+            for network in vars(self.algorithm).values()
+            if isinstance(network, Stacked) and network.population == self.population
+        ]
+
+    def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
+        """PBT's node mutation gave `member` more units (learners/widths.py, `grow`): each network
+        and its target draw the same, as they share their layout and the seed."""
+        for network in self.member_networks():
+            network.grow(member, before, after, seed)
 
     def copy_member(self, decision: wire.Decision) -> None:
         """PBT exploit: every network and optimizer state, then the decision's parameter noise on

@@ -20,7 +20,7 @@ from rlmq.common.algorithms import OnPolicyConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed, ppo, replicas
-from rlmq.learners.networks import PopulationActorCritic, member_activations
+from rlmq.learners.networks import PopulationActorCritic, set_member_shapes
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
@@ -68,6 +68,7 @@ class OnPolicyTrainer:
             run_cfg.core,
             run_cfg.core_size,
         ).to(device)
+        self.core.allocated_wider = run_cfg.mutates_widths  # members of mutated widths publish them trimmed
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = (
             RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
@@ -121,7 +122,11 @@ class OnPolicyTrainer:
 
     def set_hyperparams(self, hyperparams: list[dict[str, float]]) -> None:
         self.hp = per_member(self.HYPERPARAMS, hyperparams, self.device)
-        self.core.set_activations(member_activations(hyperparams))
+        set_member_shapes([self.core], [self.optimizer], hyperparams)
+
+    def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
+        """PBT's node mutation gave `member` more units (learners/widths.py, `grow`)."""
+        self.core.grow(member, before, after, seed)
 
     def steps_per_update(self) -> int:
         """Gradient steps an update takes (what DDP's collectives are counted in: replicas.choose)."""

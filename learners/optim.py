@@ -138,6 +138,13 @@ class PopulationAdam:
             state.zero_()
 
     @torch.no_grad()
+    def keep_only(self, keep: Tensor) -> None:
+        """Zero the moments outside `keep` [P, D]: parameters a member gave up (learners/widths.py),
+        whose steps must stay zero."""
+        self.exp_avg.mul_(keep)
+        self.exp_avg_sq.mul_(keep)
+
+    @torch.no_grad()
     def copy_member(self, source: int, target: int) -> None:
         """PBT exploit: the target takes the source's optimizer state (its weights: the caller)."""
         for state in (self.exp_avg, self.exp_avg_sq, self.steps):

@@ -42,6 +42,10 @@ class Trainer(Protocol):
 
     def copy_member(self, decision: wire.Decision) -> None: ...
 
+    def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
+        """PBT's node mutation gave `member` more hidden units (learners/widths.py)."""
+        ...
+
     def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
         """The world's agreement on every rank's `proposal` (distributed.proposal). PPO's replicas
         gather in the same collective the `batch` this rank would take (left queued), which the
@@ -146,4 +150,5 @@ def make_trainer(
     world_size: int,
     device: torch.device,
 ) -> Trainer:
-    return TRAINERS[run_cfg.algo](spec, run_cfg, weights, rank, world_size, device)
+    # Where PBT changes widths, every member's networks are allocated the widest (learners/widths.py).
+    return TRAINERS[run_cfg.algo](spec, run_cfg.allocated(), weights, rank, world_size, device)
