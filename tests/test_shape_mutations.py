@@ -1,6 +1,6 @@
-"""AgileRL's activation mutation: PBT switches a member's hidden activation (`pbt.activations`),
-the learners run each member's own in one update, and its actors, evaluator and `rlmq eval` play
-the weights under the activation they were trained with."""
+"""AgileRL's architecture mutations: PBT switches a member's hidden activation (`pbt.activations`)
+and moves its hidden widths (`pbt.node_probability`); the learners run every member's own shape
+in one update, and its actors, evaluator and `rlmq eval` play the weights as they were trained."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import torch
 from rlmq.cli.status import hyperparam_words
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS
-from rlmq.common.architecture import ACTIVATIONS, activation_code
+from rlmq.common.architecture import ACTIVATIONS, activation_code, width_name
 from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import pbt
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked, member_activations
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked, set_member_shapes
 from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.trainers import make_trainer
+from rlmq.learners.widths import mask as width_mask
 from tests.helpers.offpolicy_rank import rollout
 
 CONTINUOUS = EnvSpec(
@@ -95,7 +96,7 @@ def test_the_learners_and_the_actors_play_a_member_under_its_own_activation(algo
     assert isinstance(trainer, OffPolicyTrainer)
     members = hyperparams(run)
     trainer.set_hyperparams(members)
-    codes = member_activations(members)
+    codes = torch.tensor(MIXED["activation"], dtype=torch.long)
     networks = [n for n in vars(trainer.algorithm).values() if isinstance(n, Stacked)]
     assert len(networks) >= 2 and all(torch.equal(n.activations, codes) for n in networks)  # type: ignore[arg-type]
     policy = trainer.algorithm.policy_network
@@ -179,3 +180,139 @@ def test_status_names_a_members_activation() -> None:
     member = {"learning_rate": 1.2e-3, "gamma": 0.99, "activation": activation_code("elu")}
     assert hyperparam_words(member, ranges) == ["lr 1.2e-03", "activation elu"]
     assert hyperparam_words({"learning_rate": 1.2e-3}, ranges) == ["lr 1.2e-03"]  # no mutation: not shown
+
+
+WIDE = 32  # every member's allocation
+
+
+def widths_run(algo: str = "td3", **section: object) -> RunConfig:
+    pbt_section = PBTConfig(node_probability=1.0, node_steps=(8,), min_width=8, max_width=WIDE)
+    if algo == "ppo":
+        return RunConfig(population=3, pbt=pbt_section, hidden_sizes=(16, 16))
+    base = dataclasses.replace(getattr(RunConfig(), algo), hidden_sizes=(16, 16), **section)
+    return RunConfig(algo=algo, population=3, pbt=pbt_section, **{algo: base})  # type: ignore[arg-type]
+
+
+def with_widths(run: RunConfig, *widths: tuple[int, int]) -> list[dict[str, float]]:
+    return [{**run.base_hyperparams(), width_name(0): float(w0), width_name(1): float(w1)} for w0, w1 in widths]
+
+
+def test_the_node_mutation_moves_one_layer_by_a_step_within_bounds() -> None:
+    start = {"learning_rate": 1e-3, "width.0": 64.0, "width.1": 32.0}
+    moved = [pbt.mutate_widths(start, (16, 32), 1.0, 16, 80, np.random.default_rng([3, i])) for i in range(400)]
+    layers = ("width.0", "width.1")
+    assert all(sum(after[n] != start[n] for n in layers) == 1 for after in moved)  # one layer each
+    changes = {(n, after[n] - start[n]) for after in moved for n in layers if after[n] != start[n]}
+    # ±16 or ±32 within [16, 80]: width.0 + 32 stops at 80 (+16), width.1 − 32 at 16 (−16)
+    assert changes == {("width.0", 16.0), ("width.0", -16.0), ("width.0", -32.0)} | {
+        ("width.1", 16.0),
+        ("width.1", 32.0),
+        ("width.1", -16.0),
+    }
+    assert pbt.mutate_widths(start, (16,), 0.0, 16, 80, np.random.default_rng(0)) == start
+    unshaped = {"learning_rate": 1e-3}  # PBT mutates no widths: nothing to move
+    assert pbt.mutate_widths(unshaped, (16,), 1.0, 16, 80, np.random.default_rng(0)) == unshaped
+
+
+def test_a_member_of_narrower_widths_computes_what_a_network_of_its_own_widths_does() -> None:
+    run = widths_run("ppo")
+    torch.manual_seed(0)
+    population = PopulationActorCritic(DISCRETE, run.allocated().hidden_sizes, 3)
+    assert population.layout["policy.0.weight"][1] == (WIDE, DISCRETE.obs_size)
+    members = with_widths(run, (8, 24), (32, 32), (16, 8))
+    set_member_shapes([population], [], members)
+    obs = torch.randn(3, 20, DISCRETE.obs_size)
+    actions = torch.randint(0, DISCRETE.action_dim, (3, 20))
+    logp, entropy, value = population(obs, actions)
+    for m, hp in enumerate(members):
+        params = population.member_params(m)  # trimmed: what the member's actors get
+        lone = ActorCritic(DISCRETE, (int(hp["width.0"]), int(hp["width.1"])))
+        lone.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+        for got, want in zip((logp[m], entropy[m], value[m]), lone(obs[m], actions[m]), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_training_leaves_a_narrower_members_unused_units_at_zero_and_a_grown_one_learning() -> None:
+    """No mask in the update: a unit with zero weights in and out gets exactly zero gradients and
+    Adam steps. Growth starts the new units' incoming weights and keeps the function; their
+    outgoing weights then learn."""
+    run = widths_run("td3", learning_starts=1, batch_size=16, buffer_size=256, replay_ratio=0.1)
+    torch.manual_seed(0)
+    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
+    assert isinstance(trainer, OffPolicyTrainer)
+    members = with_widths(run, (8, 24), (32, 32), (16, 8))
+    trainer.set_hyperparams(members)
+    rng = np.random.default_rng(0)
+
+    def train() -> None:
+        rollouts = [[rollout(rng, CONTINUOUS, m) for _ in range(4)] for m in range(3)]
+        trainer.train(rollouts, [sum(r.num_steps for r in rs) for rs in rollouts], 4)
+
+    train()
+    actor = trainer.algorithm.policy_network
+    assert actor.tensor("policy.0.weight")[1, 24:].abs().sum() > 0  # member 1 uses all 32 units
+    members[1].update({"width.0": 24.0, "width.1": 16.0})  # then shrinks: its moments there must go too
+    trainer.set_hyperparams(members)
+    train()
+    networks = trainer.member_networks()
+    assert len(networks) == 4  # actor, critic and their targets
+    widths = torch.tensor([[8, 24], [24, 16], [16, 8]])
+    for network in networks:
+        unused = ~width_mask(network.layout, widths, network.flat.shape[1])
+        assert unused.any() and not network.flat.detach()[unused].any()
+    for optimizer in trainer.algorithm.optimizers.values():  # Adam's moments too: their steps stay 0
+        network = next(n for n in networks if n.flat is optimizer.param)
+        unused = ~width_mask(network.layout, widths, network.flat.shape[1])
+        assert not optimizer.exp_avg[unused].any() and not optimizer.exp_avg_sq[unused].any()
+
+    # Member 2's first layer grows 16 → 24: the same function at once, then its new units learn.
+    obs = torch.randn(3, 50, CONTINUOUS.obs_size)
+    before = actor.mlp(actor.linear_names("policy"), obs).detach()
+    trainer.grow_member(2, (16, 8), (24, 8), seed=5)
+    members[2]["width.0"] = 24.0
+    trainer.set_hyperparams(members)
+    torch.testing.assert_close(actor.mlp(actor.linear_names("policy"), obs).detach(), before)
+    incoming = actor.tensor("policy.0.weight")[2, 16:24]
+    outgoing = actor.tensor("policy.2.weight")[2, :8, 16:24]
+    assert incoming.abs().sum() > 0 and not outgoing.any()
+    train()
+    assert actor.tensor("policy.2.weight")[2, :8, 16:24].abs().sum() > 0
+
+
+def test_weights_published_trimmed_play_as_the_learner_and_load_back_into_the_allocation() -> None:
+    run = widths_run("sac")
+    torch.manual_seed(0)
+    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
+    assert isinstance(trainer, OffPolicyTrainer)
+    trainer.set_hyperparams(with_widths(run, (8, 24), (32, 32), (16, 8)))
+    published = trainer.member_params(0)
+    assert published["policy.0.weight"].shape == (8, CONTINUOUS.obs_size)
+    assert published["policy.2.weight"].shape == (24, 8) and published["policy.4.weight"].shape[1] == 24
+    obs = np.random.default_rng(1).standard_normal((16, CONTINUOUS.obs_size)).astype(np.float32)
+    actor = trainer.algorithm.policy_network
+    with torch.no_grad():
+        learner = actor.mlp(actor.linear_names("policy"), torch.from_numpy(obs).expand(3, -1, -1)).numpy()
+    np.testing.assert_allclose(make_policy(run, published, CONTINUOUS).forward(obs), learner[0], rtol=1e-4, atol=1e-5)
+    # A restarted world reads the trimmed weights back, padded with zeros, as they were.
+    restarted = make_trainer(
+        CONTINUOUS, run, (wire.Weights(member=0, version=3, params=published),), 0, 1, torch.device("cpu")
+    )
+    assert isinstance(restarted, OffPolicyTrainer)
+    torch.testing.assert_close(restarted.algorithm.policy_network.flat[0], actor.flat[0])
+    lone = make_trainer(CONTINUOUS, dataclasses.replace(run, population=1), (), 0, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="policy.0.weight"):
+        lone.load_member(0, published)  # not allocated wider: a narrower weight is an error
+
+
+def test_width_mutations_are_checked_against_the_hidden_sizes() -> None:
+    run = widths_run("td3")
+    assert run.base_hyperparams()["width.0"] == 16.0 and run.allocated().td3.hidden_sizes == (WIDE, WIDE)
+    assert RunConfig(population=3).allocated() == RunConfig(population=3)
+    with pytest.raises(ValueError, match="max_width"):
+        RunConfig(population=3, pbt=PBTConfig(node_probability=0.5, max_width=32), hidden_sizes=(64, 64))
+    with pytest.raises(ValueError, match="node_steps"):
+        PBTConfig(node_probability=0.5, min_width=64, max_width=32)
+    decision = wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1e-3, "width.0": 24.0})
+    assert wire.decode(wire.encode(decision)) == decision
+    with pytest.raises(wire.WireError, match="width.0"):
+        wire.Decision(id=1, target=0, source=1, hyperparams={"learning_rate": 1e-3, "width.0": 2.5})
