@@ -147,10 +147,11 @@ def test_two_ranks_keep_every_network_and_optimizer_identical(algo: str, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_activation(tmp_path: Path) -> None:
-    """With `pbt.activations` and probability 1, the copy plays another activation than its
-    source: the learners run it (one update for both members), the actors and the evaluator build
-    their policies with it, and `rlmq eval` plays the checkpointed member under it."""
+def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_network(tmp_path: Path) -> None:
+    """With `pbt.activations` and `pbt.node_probability` at probability 1, the copy plays another
+    activation than its source and one of its hidden layers moves by 8 units: the learners run it
+    (one update for both members), the actors and the evaluator build their policies with it from
+    its published (trimmed) weights, and `rlmq eval` plays the checkpointed member so."""
     config = tmp_path / "sac-pbt.json"
     config.write_text(
         json.dumps(
@@ -163,11 +164,15 @@ def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_activation(t
                 "rollout_length": 16,
                 "sac": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64},
                 "pbt": {
-                    "interval": 1200,
+                    "interval": 2500,
                     "fitness_episodes": 4,
                     "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}},
                     "activations": ["relu", "elu"],
                     "activation_probability": 1.0,
+                    "node_probability": 1.0,
+                    "node_steps": [8],
+                    "min_width": 8,
+                    "max_width": 32,
                 },
             }
         )
@@ -194,17 +199,21 @@ def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_activation(t
     )
     assert up.returncode == 0, up.stdout + up.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["pbt_decisions"] >= 1, summary
+    # One decision: a member is judged after 2,500 of its 4,000 env steps, and a copy's returns start afresh.
+    assert summary["pbt_decisions"] == 1, summary
     (first, *_) = json.loads((run_dir / "lineage.json").read_text())
     assert first["kind"] == "exploit" and first["target"] != first["source"]
     assert first["previous"]["activation"] == activation_code("relu")  # SAC's, every member's at the start
     assert first["hyperparams"]["activation"] == activation_code("elu")
+    widths = [first["hyperparams"][f"width.{i}"] for i in range(2)]
+    assert sorted(abs(w - 16) for w in widths) == [0, 8]  # one layer moved by a step
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"applied PBT decision 1: member {first['target']} ← {first['source']}" in learner_log
     checkpoint = load_checkpoint(run_dir, first["target"])
-    assert checkpoint.activation in ("relu", "elu") and policy_of(checkpoint).activation_name == checkpoint.activation
-    if summary["pbt_decisions"] == 1:  # the target's last weights are those of the mutated copy
-        assert checkpoint.activation == "elu"
+    assert policy_of(checkpoint).activation_name == checkpoint.activation
+    # The target's last weights are those of the mutated copy, published trimmed to its widths.
+    assert checkpoint.activation == "elu"
+    assert [checkpoint.params[f"policy.{2 * i}.weight"].shape[0] for i in range(2)] == widths
     played = subprocess.run(
         [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--member", str(first["target"]), "--episodes", "1"],
         capture_output=True,
