@@ -107,7 +107,6 @@ def save_checkpoint(
     run_config: RunConfig,
 ) -> int | None:
     """`write_checkpoint` from weights and member records in hand; the best member's version."""
-
     if not published:
         return None
     import torch  # only here: `rlmq up` itself stays light until the run is over

@@ -25,11 +25,6 @@ _TUNABLE_BOUNDS = {
 }
 
 
-def activation_code(name: str) -> float:
-    """The "activation" hyperparameter's value for the activation `name`."""
-    return float(ACTIVATIONS.index(name))
-
-
 def tunable_bounds(name: str) -> tuple[float, float, bool]:
     """(low, high, low inclusive) of a tunable hyperparameter: positive and finite unless named above."""
     return _TUNABLE_BOUNDS.get(name, (0.0, 1e9, False))

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlmq.common.algorithms import (
-    ALL_TUNABLE,
-    ActorCriticConfig,
-    AlgoConfig,
-    refuse_non_finite,
-    tunable_bounds,
-)
+from rlmq.common.algorithms import ALL_TUNABLE, ActorCriticConfig, AlgoConfig, refuse_non_finite, tunable_bounds
 from rlmq.common.architecture import ACTIVATIONS, MAX_WIDTH
 
 METHODS = ("pbt", "cem", "dvd")

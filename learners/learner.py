@@ -421,9 +421,9 @@ class Learner:
         """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
         an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
         the same everywhere), and its network's new shape (activation, widths); then, after a copy
-        or a new shape, its version moves on and its queued data, another policy's, is dropped. A CEM-RL generation gives every member its drawn actor; their queued data stays
-        (the replay takes any policy's). A DvD weight sets λ for all. Returns the members whose
-        weights changed."""
+        or a new shape, its version moves on and its queued data, another policy's, is dropped. A
+        CEM-RL generation gives every member its drawn actor; their queued data stays (the replay
+        takes any policy's). A DvD weight sets λ for all. Returns the members whose weights changed."""
         # The source's network shape before the decision: a copy's weights have it (the target's own,
         # for an explore), which the decision's may change (common/architecture.py).
         before = dict(self.pbt.hyperparams[decision.source]) if isinstance(decision, wire.Decision) else {}

@@ -4,24 +4,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlmq.common.architecture import member_widths
 from rlmq.common.images import encoded_size
 from rlmq.common.recurrent import CORE_WEIGHTS
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import cores
 from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
-from rlmq.learners.optim import PopulationAdam
+from rlmq.learners.shapes import grow as grow_units
+from rlmq.learners.shapes import mask as width_mask
+from rlmq.learners.shapes import padded, trimmed
 from rlmq.learners.stacked_mlp import Activation, Activations, Tower, fast_tanh, stacked_mlp, stacked_towers
-from rlmq.learners.widths import grow as grow_units
-from rlmq.learners.widths import mask as width_mask
-from rlmq.learners.widths import padded, trimmed
 
 
 class Tanh(nn.Module):
@@ -123,27 +120,6 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), value
 
 
-def set_member_shapes(
-    networks: Sequence[Stacked], optimizers: Iterable[PopulationAdam], hyperparams: list[dict[str, float]]
-) -> None:
-    """Each member's hidden activation and widths, where PBT mutates them (common/architecture.py),
-    on every network the members own; the moments `optimizers` keep for parameters a narrower
-    member gave up are zeroed with them (learners/widths.py says why that is all it takes)."""
-    codes = (
-        torch.tensor([int(h["activation"]) for h in hyperparams], dtype=torch.long)
-        if "activation" in hyperparams[0]
-        else None
-    )
-    each = [member_widths(h) for h in hyperparams]
-    widths = None if each[0] is None else torch.tensor(each, dtype=torch.long)
-    for network in networks:
-        network.set_activations(codes)
-        keep = network.set_widths(widths)
-        for optimizer in optimizers:
-            if keep is not None and optimizer.param is network.flat:
-                optimizer.keep_only(keep)
-
-
 def obs_features(obs: Tensor, spec: EnvSpec) -> Tensor:
     """[..., *obs_shape] observations in their own dtype → [..., obs_size] float32, the networks'
     input: flattened, or one-hot for a Discrete observation (as common/schema.py does for actors)."""
@@ -190,7 +166,7 @@ class Stacked(nn.Module):
         # checkpoint holds, so it is not state of its own.
         self.activations: Tensor | None = None
         # Each member's units in use per hidden layer [P, L] where PBT changes widths (the layers
-        # are allocated wider: learners/widths.py); None: all. From the hyperparameters too.
+        # are allocated wider: learners/shapes.py); None: all. From the hyperparameters too.
         self.widths: Tensor | None = None
         self.allocated_wider = False  # the trainer's: members may use narrower layers
 
@@ -211,7 +187,7 @@ class Stacked(nn.Module):
 
     def grow(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
         """`member`'s new units from `before` to `after` widths start as a fresh layer's
-        (learners/widths.py, `grow`)."""
+        (learners/shapes.py, `grow`)."""
         grow_units(self.flat, self.layout, member, before, after, seed)
 
     @torch.no_grad()

@@ -21,11 +21,12 @@ from rlmq.common.algorithms import ReplayConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed
-from rlmq.learners.networks import Stacked, set_member_shapes
+from rlmq.learners.networks import Stacked
 from rlmq.learners.normalization import ObsNormalizer, stacked_observations
 from rlmq.learners.optim import PopulationAdam, Sync
 from rlmq.learners.replay import Replay
 from rlmq.learners.sequence_replay import SequenceReplay
+from rlmq.learners.shapes import set_member_shapes
 
 Params = dict[str, np.ndarray]
 
@@ -214,7 +215,7 @@ class OffPolicyTrainer:
         ]
 
     def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
-        """PBT's node mutation gave `member` more units (learners/widths.py, `grow`): each network
+        """PBT's node mutation gave `member` more units (learners/shapes.py, `grow`): each network
         and its target draw the same, as they share their layout and the seed."""
         for network in self.member_networks():
             network.grow(member, before, after, seed)

@@ -20,10 +20,11 @@ from rlmq.common.algorithms import OnPolicyConfig
 from rlmq.common.config import RunConfig
 from rlmq.common.schema import EnvSpec
 from rlmq.learners import distributed, ppo, replicas
-from rlmq.learners.networks import PopulationActorCritic, set_member_shapes
+from rlmq.learners.networks import PopulationActorCritic
 from rlmq.learners.normalization import ObsNormalizer, RewardScaler
 from rlmq.learners.offpolicy import allreduce_mean
 from rlmq.learners.optim import PopulationAdam, per_member
+from rlmq.learners.shapes import set_member_shapes
 from rlmq.learners.stacked_mlp import Activation
 
 Params = dict[str, np.ndarray]
@@ -125,7 +126,7 @@ class OnPolicyTrainer:
         set_member_shapes([self.core], [self.optimizer], hyperparams)
 
     def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
-        """PBT's node mutation gave `member` more units (learners/widths.py, `grow`)."""
+        """PBT's node mutation gave `member` more units (learners/shapes.py, `grow`)."""
         self.core.grow(member, before, after, seed)
 
     def steps_per_update(self) -> int:

@@ -139,7 +139,7 @@ class PopulationAdam:
 
     @torch.no_grad()
     def keep_only(self, keep: Tensor) -> None:
-        """Zero the moments outside `keep` [P, D]: parameters a member gave up (learners/widths.py),
+        """Zero the moments outside `keep` [P, D]: parameters a member gave up (learners/shapes.py),
         whose steps must stay zero."""
         self.exp_avg.mul_(keep)
         self.exp_avg_sq.mul_(keep)

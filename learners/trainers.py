@@ -43,7 +43,7 @@ class Trainer(Protocol):
     def copy_member(self, decision: wire.Decision) -> None: ...
 
     def grow_member(self, member: int, before: tuple[int, ...], after: tuple[int, ...], seed: int) -> None:
-        """PBT's node mutation gave `member` more hidden units (learners/widths.py)."""
+        """PBT's node mutation gave `member` more hidden units (learners/shapes.py)."""
         ...
 
     def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
@@ -150,5 +150,5 @@ def make_trainer(
     world_size: int,
     device: torch.device,
 ) -> Trainer:
-    # Where PBT changes widths, every member's networks are allocated the widest (learners/widths.py).
+    # Where PBT changes widths, every member's networks are allocated the widest (learners/shapes.py).
     return TRAINERS[run_cfg.algo](spec, run_cfg.allocated(), weights, rank, world_size, device)

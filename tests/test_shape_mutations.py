@@ -18,10 +18,11 @@ from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import pbt
-from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked, set_member_shapes
+from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked
 from rlmq.learners.offpolicy import OffPolicyTrainer
+from rlmq.learners.shapes import mask as width_mask
+from rlmq.learners.shapes import set_member_shapes
 from rlmq.learners.trainers import make_trainer
-from rlmq.learners.widths import mask as width_mask
 from tests.helpers.offpolicy_rank import rollout
 
 CONTINUOUS = EnvSpec(

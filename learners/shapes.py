@@ -1,4 +1,6 @@
-"""Members of different hidden widths in one stacked network (PBT's node mutation, AgileRL's).
+"""Members of different network shapes in one stacked network: each member's hidden activation
+and widths, as PBT mutates them (AgileRL's activation and node mutations; common/architecture.py).
+The activations are a select per candidate in `stacked_mlp`; the widths are here.
 
 Every member is allocated the same, widest layers (`PBTConfig.max_width`), so the population
 stays one [P, D] parameter and one batched step. A member uses a prefix of each hidden layer,
@@ -18,14 +20,42 @@ network; a learner reads such weights back into the allocation (`padded`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from rlmq.common.architecture import member_widths
+
+if TYPE_CHECKING:
+    from rlmq.learners.networks import Stacked
+    from rlmq.learners.optim import PopulationAdam
+
 Layout = Mapping[str, tuple[int, torch.Size]]
 Layers = list[tuple[str, str]]  # one MLP's (weight, bias) names, input layer first
+
+
+def set_member_shapes(
+    networks: Sequence[Stacked], optimizers: Iterable[PopulationAdam], hyperparams: list[dict[str, float]]
+) -> None:
+    """Each member's hidden activation and widths, where PBT mutates them (common/architecture.py),
+    on every network the members own; the moments `optimizers` keep for parameters a narrower
+    member gave up are zeroed with them (the module's docstring says why that is all it takes)."""
+    codes = (
+        torch.tensor([int(h["activation"]) for h in hyperparams], dtype=torch.long)
+        if "activation" in hyperparams[0]
+        else None
+    )
+    each = [member_widths(h) for h in hyperparams]
+    widths = None if each[0] is None else torch.tensor(each, dtype=torch.long)
+    for network in networks:
+        network.set_activations(codes)
+        keep = network.set_widths(widths)
+        for optimizer in optimizers:
+            if keep is not None and optimizer.param is network.flat:
+                optimizer.keep_only(keep)
 
 
 def mlps(layout: Layout) -> list[Layers]:
