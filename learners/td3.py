@@ -105,14 +105,12 @@ class TD3:
         self.cfg, self.population, self.n_step = cfg, population, cfg.n_step
         critics = 1 if cfg.shared_critic else population
         activation = cast(Activation, cfg.activation)
-        self.actor, self.target_actor = (
-            Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)], activation=activation).to(device)
-            for _ in range(2)
-        )
-        self.critic, self.target_critic = (
-            Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation).to(device)
-            for _ in range(2)
-        )
+        self.actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)], activation=activation)
+        self.critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation)
+        self.target_actor = Stacked([Actor(spec, cfg.hidden_sizes) for _ in range(population)], activation=activation)
+        self.target_critic = Stacked([Critic(spec, cfg.hidden_sizes) for _ in range(critics)], activation=activation)
+        for network in (self.actor, self.critic, self.target_actor, self.target_critic):
+            network.to(device)
         with torch.no_grad():
             for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
                 target.flat.requires_grad_(False)
