@@ -238,7 +238,9 @@ class RunConfig:
         if self.compile_update not in COMPILE_MODES:
             problems.append(f"compile_update must be one of {', '.join(COMPILE_MODES)}")
         problems += self.core_problems()
-        problems += method_problems(self.method, section, self.population, self.pbt, self.cem, self.normalize_obs)
+        problems += method_problems(
+            self.method, section, self.population, self.pbt, self.cem, self.dvd, self.normalize_obs
+        )
         if (self.mutates_activations or self.mutates_widths) and self.compile_update != "off":
             problems.append(
                 "pbt.activations and node_probability change a member's network between updates: "

@@ -137,7 +137,13 @@ class DvDConfig:
 
 
 def method_problems(
-    method: str, section: AlgoConfig, population: int, pbt: PBTConfig, cem: CEMConfig, normalize_obs: bool
+    method: str,
+    section: AlgoConfig,
+    population: int,
+    pbt: PBTConfig,
+    cem: CEMConfig,
+    dvd: DvDConfig,
+    normalize_obs: bool,
 ) -> list[str]:
     """What is wrong with training a population of `population` by `method`, each fix named."""
     if method not in METHODS:
@@ -148,12 +154,16 @@ def method_problems(
         problems.append(
             "pbt.activations and pbt.node_probability mutate members of method pbt, each with its own networks"
         )
-    if method == "dvd" and not (shared and isinstance(section, ActorCriticConfig) and section.diversity_weight > 0):
+    if method == "dvd" and not shared:
         problems.append(
             "method dvd trains SAC or TD3 members around one shared critic with DvD's diversity "
             "term: set algo = sac or td3 and, in its section, shared_critic = true and "
-            "diversity_weight > 0 (configs/dvd-td3-halfcheetah.toml)"
+            "diversity_weight > 0, or 0 for the same population without the term "
+            "(configs/dvd-td3-halfcheetah.toml)"
         )
+    weight = section.diversity_weight if isinstance(section, ActorCriticConfig) else 0.0
+    if method == "dvd" and dvd.adaptive and weight <= 0:
+        problems.append("dvd.adaptive chooses between 0 and the section's diversity_weight: set diversity_weight > 0")
     if method == "cem":
         if not shared:
             problems.append(

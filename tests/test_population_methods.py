@@ -274,6 +274,10 @@ def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(
 def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> None:
     with pytest.raises(ValueError, match=r"method dvd .* shared_critic = true and diversity_weight > 0"):
         RunConfig(algo="td3", population=3, method="dvd")
+    without_term = TD3Config(shared_critic=True, diversity_weight=0.0)  # the population to compare with
+    assert RunConfig(algo="td3", population=3, method="dvd", td3=without_term).td3.diversity_weight == 0
+    with pytest.raises(ValueError, match="dvd.adaptive chooses between 0 and"):
+        RunConfig(algo="td3", population=3, method="dvd", td3=without_term, dvd=DvDConfig(adaptive=True))
     with pytest.raises(ValueError, match="method must be one of pbt, cem, dvd"):
         RunConfig(method="cma")
     dvd = RunConfig(algo="td3", population=3, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=1.0))
