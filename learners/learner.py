@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from rlmq.common import failpoints, transport, wire
-from rlmq.common.architecture import member_activation, member_shape, member_widths
+from rlmq.common.architecture import member_activation
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem
@@ -40,13 +40,12 @@ from rlmq.common.service import (
     keep_freed_memory,
     signals_end_at_once,
 )
-from rlmq.learners import checkpoint, distributed, reach
+from rlmq.learners import checkpoint, decisions, distributed, reach
 from rlmq.learners.credit_frames import CreditFrames
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
-from rlmq.learners.offpolicy import OffPolicyTrainer
 from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.progress import Progress
 from rlmq.learners.trainers import Trainer, make_trainer
@@ -393,9 +392,9 @@ class Learner:
             self.members.peek,
         )
         if agreed.decision_bytes:
-            decision = wire.decode(distributed.share(offer, agreed.decision_bytes, device))
-            for member in self.apply_decision(decision):
-                if isinstance(decision, wire.Decision):  # its queued batch, another policy's, is gone on every rank
+            applied = self.apply_decision(wire.decode(distributed.share(offer, agreed.decision_bytes, device)))
+            if applied.drops_queued:  # the member's queued batch, another policy's, is gone on every rank
+                for member in applied.replaced:
                     agreed.member_samples[member] = 0
         return agreed
 
@@ -417,47 +416,21 @@ class Learner:
             if self.cfg.rank == 0 and self.members.versions[member] % self.run_cfg.algo_config.publish_every == 0:
                 self.publish(member)
 
-    def apply_decision(self, decision: wire.Message) -> list[int]:
-        """PBT on every rank at the same iteration: the target takes new hyperparameters and, after
-        an exploit, the source's weights and optimizer state (plus noise seeded by the decision id,
-        the same everywhere), and its network's new shape (activation, widths); then, after a copy
-        or a new shape, its version moves on and its queued data, another policy's, is dropped. A
-        CEM-RL generation gives every member its drawn actor; their queued data stays (the replay
-        takes any policy's). A DvD weight sets λ for all. Returns the members whose weights changed."""
-        # The source's network shape before the decision: a copy's weights have it (the target's own,
-        # for an explore), which the decision's may change (common/architecture.py).
-        before = dict(self.pbt.hyperparams[decision.source]) if isinstance(decision, wire.Decision) else {}
-        decision = self.pbt.apply(decision)
-        replaced: list[int] = []
-        if isinstance(decision, wire.DiversityWeight):
-            assert isinstance(self.trainer, OffPolicyTrainer)  # RunConfig allows DvD for SAC and TD3 only
-            self.trainer.set_diversity_weight(decision.weight)
-            log.info("applied DvD weight %d: λ %g", decision.id, decision.weight)
-        elif isinstance(decision, wire.Generation):
-            assert isinstance(self.trainer, OffPolicyTrainer)  # RunConfig allows CEM for SAC and TD3 only
-            self.trainer.start_generation(decision)
-            replaced = list(range(len(decision.actors)))
-            for member in replaced:
+    def apply_decision(self, decision: wire.Message) -> decisions.Applied:
+        """A population decision on every rank at the same iteration (decisions.py); the members
+        it gave other weights get new versions (and lose their queued data where it is another
+        policy's), and rank 0 publishes them at once."""
+        applied = decisions.apply(decision, self.pbt, self.trainer)
+        for member in applied.replaced:
+            if applied.drops_queued:
+                self.members.replaced(member)
+            else:
                 self.members.versions[member] += 1
-            log.info("applied CEM generation %d: trained %s", decision.id, [m for m in replaced if decision.trained[m]])
-        else:
-            copied = decision.source != decision.target
-            reshaped = member_shape(decision.hyperparams) != member_shape(before)
-            replaced = [decision.target] if copied or reshaped else []  # another policy from now on
-            if copied:
-                self.trainer.copy_member(decision)
-            widths, new_widths = member_widths(before), member_widths(decision.hyperparams)
-            if widths is not None and new_widths is not None and widths != new_widths:
-                self.trainer.grow_member(decision.target, widths, new_widths, decision.id)
-            if replaced:
-                self.members.replaced(decision.target)
-            self.trainer.set_hyperparams(self.pbt.hyperparams)  # and a narrower layer's units zeroed
-            log.info("applied PBT decision %d: member %d ← %d", decision.id, decision.target, decision.source)
         if self.cfg.rank == 0:
-            for member in replaced:
+            for member in applied.replaced:
                 self.publish(member)
             self.report()
-        return replaced
+        return applied
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""

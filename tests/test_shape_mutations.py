@@ -18,8 +18,10 @@ from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.models import make_policy
 from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import pbt
+from rlmq.learners import decisions
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic, Stacked
 from rlmq.learners.offpolicy import OffPolicyTrainer
+from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.shapes import mask as width_mask
 from rlmq.learners.shapes import set_member_shapes
 from rlmq.learners.trainers import make_trainer
@@ -278,6 +280,37 @@ def test_training_leaves_a_narrower_members_unused_units_at_zero_and_a_grown_one
     assert incoming.abs().sum() > 0 and not outgoing.any()
     train()
     assert actor.tensor("policy.2.weight")[2, :8, 16:24].abs().sum() > 0
+
+
+def test_an_explore_that_changes_a_members_shape_replaces_its_policy_and_one_that_does_not_keeps_it() -> None:
+    """The learner's rule (decisions.py): another activation or width is another policy even with
+    the member's own weights, so its version moves on and its queued data goes; a new learning rate
+    alone is the same policy."""
+    run = widths_run("td3")
+    run = dataclasses.replace(run, pbt=dataclasses.replace(run.pbt, activations=ACTIVATIONS))
+    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
+    assert isinstance(trainer, OffPolicyTrainer)
+    members = with_widths(run, (16, 16), (16, 16), (16, 16))
+    trainer.set_hyperparams(members)
+    state = PbtState([dict(h) for h in members])
+    actor = trainer.algorithm.policy_network
+    kept = actor.flat.detach().clone()
+
+    rate = {**members[1], "learning_rate": 2 * members[1]["learning_rate"]}
+    assert decisions.apply(wire.Decision(id=1, target=1, source=1, hyperparams=rate), state, trainer) == (
+        decisions.Applied()
+    )
+    tanh = {**rate, "activation": activation_code("tanh")}
+    applied = decisions.apply(wire.Decision(id=2, target=1, source=1, hyperparams=tanh), state, trainer)
+    assert applied == decisions.Applied((1,), drops_queued=True)
+    assert actor.activations.tolist() == [activation_code("relu"), activation_code("tanh"), activation_code("relu")]
+    wider = {**tanh, "width.1": 24.0}
+    applied = decisions.apply(wire.Decision(id=3, target=1, source=1, hyperparams=wider), state, trainer)
+    assert applied == decisions.Applied((1,), drops_queued=True)
+    assert trainer.member_params(1)["policy.2.weight"].shape == (24, 16)
+    # the member's own weights throughout (grown by zero-outgoing units); the others' untouched
+    torch.testing.assert_close(actor.flat.detach()[[0, 2]], kept[[0, 2]])
+    assert state.hyperparams[1] == wider and state.applied == 3
 
 
 def test_weights_published_trimmed_play_as_the_learner_and_load_back_into_the_allocation() -> None:
