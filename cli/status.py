@@ -13,7 +13,7 @@ import redis
 
 from rlmq.cli.rundir import run_redis_of
 from rlmq.common.algorithms import ALGORITHMS
-from rlmq.common.architecture import activation_named
+from rlmq.common.architecture import activation_named, layers_present, member_widths
 from rlmq.common.config import HyperRange, RunConfig
 from rlmq.common.redis_urls import shown_url, with_password
 from rlmq.common.schema import EnvSpec
@@ -257,13 +257,17 @@ def _ordered(names: Iterable[str]) -> list[str]:
 
 
 def hyperparam_words(hyperparams: Mapping[str, float], ranges: Mapping[str, HyperRange]) -> list[str]:
-    """`lr 1.2e-03`, `ent 0.004`, `activation elu`: the ranged hyperparameters and the mutated
-    activation only, as the others never change."""
-    return [
+    """`lr 1.2e-03`, `ent 0.004`, `activation elu`, `layers 64×32`: the ranged hyperparameters and
+    the mutated shape only, as the others never change."""
+    words = [
         f"{SHORT_NAMES.get(name, name)} {format_value(name, hyperparams[name], ranges.get(name))}"
         for name in _ordered([*ranges, "activation"])
         if name in hyperparams
     ]
+    widths = member_widths(hyperparams)
+    if widths is not None:
+        words.append("layers " + "×".join(str(w) for w in widths[: layers_present(widths)]))
+    return words
 
 
 def changed_words(decision: LoggedDecision, ranges: Mapping[str, HyperRange]) -> list[str]:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from rlmq.common.architecture import ACTIVATIONS, is_shape_hyperparam, shape_problems
+from rlmq.common.architecture import ACTIVATIONS, is_shape_hyperparam, layers_problems, shape_problems
 
 # Where each tunable hyperparameter must stay whatever a range says: (low, high, low inclusive).
 _TUNABLE_BOUNDS = {
@@ -41,7 +41,7 @@ def hyperparam_problems(hyperparams: dict[str, float]) -> list[str]:
         lo, hi, lo_inclusive = tunable_bounds(name)
         if not ((lo <= value if lo_inclusive else lo < value) and value <= hi):
             problems.append(f"{name} = {value:g} outside {'[' if lo_inclusive else '('}{lo:g}, {hi:g}]")
-    return problems
+    return problems or layers_problems(hyperparams)
 
 
 def refuse_non_finite(config: Any, section: str = "") -> None:

@@ -4,7 +4,9 @@ learners' PBT state and checkpoints, policy files.
 
     activation  its hidden activation, as the code of ACTIVATIONS (`PBTConfig.activations`)
     width.{i}   the units hidden layer i uses, of the width every member is allocated
-                (`PBTConfig.max_width`): a prefix of the layer, the rest masked to zero
+                (`PBTConfig.max_width`): a prefix of the layer, the rest masked to zero;
+                0 where the member lacks the layer (of the `PBTConfig.max_layers` allocated):
+                only after the last layer it has, and never the first
 
 docs/architecture.md, "Population methods beyond PBT", says how one update runs members of
 different shapes.
@@ -13,11 +15,12 @@ different shapes.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 # The networks' hidden activations, in the order of their codes.
 ACTIVATIONS = ("relu", "tanh", "elu")
 MAX_WIDTH = 65_536
+MAX_LAYERS = 16  # hidden layers a member may be allocated (`PBTConfig.max_layers`)
 _WIDTH = re.compile(r"width\.(\d+)")
 
 
@@ -49,6 +52,23 @@ def member_widths(hyperparams: Mapping[str, float]) -> tuple[int, ...] | None:
     return tuple(int(hyperparams[width_name(i)]) for i in layers) if layers else None
 
 
+def layers_present(widths: Sequence[int]) -> int:
+    """The hidden layers a member has: those before its first of width 0."""
+    return next((i for i, w in enumerate(widths) if w == 0), len(widths))
+
+
+def layers_problems(hyperparams: Mapping[str, float]) -> list[str]:
+    """What is wrong with a member's layers as a whole: it must have the first, and none after
+    one it lacks."""
+    widths = member_widths(hyperparams)
+    if widths is None:
+        return []
+    present = layers_present(widths)
+    if present == 0 or any(widths[present:]):
+        return [f"widths {list(widths)}: a member has its first layer, and none after one of width 0"]
+    return []
+
+
 def member_shape(hyperparams: Mapping[str, float]) -> dict[str, float]:
     """The hyperparameters that shape a member's network (none where PBT mutates no shape)."""
     return {name: value for name, value in hyperparams.items() if is_shape_hyperparam(name)}
@@ -60,9 +80,9 @@ def is_shape_hyperparam(name: str) -> bool:
 
 def shape_problems(name: str, value: float) -> list[str]:
     """What is wrong with a shape hyperparameter's value: a code of ACTIVATIONS, or a whole
-    number of units."""
+    number of units (0: no layer)."""
     if name == "activation" and value not in range(len(ACTIVATIONS)):
         return [f"activation = {value:g} is no code of {', '.join(ACTIVATIONS)}"]
-    if name != "activation" and (value != int(value) or not 1 <= value <= MAX_WIDTH):
-        return [f"{name} = {value:g} is no number of units in [1, {MAX_WIDTH}]"]
+    if name != "activation" and (value != int(value) or not 0 <= value <= MAX_WIDTH):
+        return [f"{name} = {value:g} is no number of units in [0, {MAX_WIDTH}]"]
     return []

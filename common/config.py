@@ -164,6 +164,17 @@ class RunConfig:
         return self.population > 1 and self.pbt.node_probability > 0
 
     @property
+    def mutates_depth(self) -> bool:
+        """Whether PBT adds and removes members' hidden layers (`pbt.layer_probability`)."""
+        return self.population > 1 and self.pbt.layer_probability > 0
+
+    @property
+    def mutates_layers(self) -> bool:
+        """Whether members' hidden layers are their own (widths, depth: "width.i"), within layers
+        allocated wider or deeper (`allocated`)."""
+        return self.mutates_widths or self.mutates_depth
+
+    @property
     def member_hidden_sizes(self) -> tuple[int, ...]:
         """The hidden layers of the algorithm's MLPs: PPO's `hidden_sizes`, else its section's."""
         section = self.algo_config
@@ -171,10 +182,13 @@ class RunConfig:
 
     def allocated(self) -> RunConfig:
         """The config the learners build their networks from: every hidden layer `pbt.max_width`
-        wide where PBT changes widths (members use a prefix of each: `member_widths`)."""
-        if not self.mutates_widths:
+        wide where PBT changes widths (members use a prefix of each: `member_widths`), and
+        `pbt.max_layers` of them, as wide as the widest hidden size, where it changes depth."""
+        if not self.mutates_layers:
             return self
-        wide = (self.pbt.max_width,) * len(self.member_hidden_sizes)
+        sizes = self.member_hidden_sizes
+        layers = self.pbt.max_layers if self.mutates_depth else len(sizes)
+        wide = (self.pbt.max_width if self.mutates_widths else max(sizes),) * layers
         if isinstance(self.algo_config, PPOConfig):
             return dataclasses.replace(self, hidden_sizes=wide)
         changes: dict[str, Any] = {self.algo: dataclasses.replace(self.algo_config, hidden_sizes=wide)}
@@ -188,13 +202,16 @@ class RunConfig:
 
     def base_hyperparams(self) -> dict[str, float]:
         """The algorithm's tunable hyperparameters as the config sets them (each member's start
-        when they are not ranged), and the activation's code where PBT mutates it."""
+        when they are not ranged), the activation's code where PBT mutates it, and each allocated
+        hidden layer's width where it mutates widths or depth (0 for a layer beyond the config's)."""
         section = self.algo_config
         base = {name: float(getattr(section, name)) for name in ALGORITHMS[self.algo].tunable}
         if self.mutates_activations:
             base["activation"] = activation_code(section.activation)
-        if self.mutates_widths:
-            base.update({width_name(i): float(size) for i, size in enumerate(self.member_hidden_sizes)})
+        if self.mutates_layers:
+            sizes = self.member_hidden_sizes
+            layers = self.pbt.max_layers if self.mutates_depth else len(sizes)
+            base.update({width_name(i): float(sizes[i] if i < len(sizes) else 0) for i in range(layers)})
         return base
 
     def __post_init__(self) -> None:
@@ -241,16 +258,21 @@ class RunConfig:
         problems += method_problems(
             self.method, section, self.population, self.pbt, self.cem, self.dvd, self.normalize_obs
         )
-        if (self.mutates_activations or self.mutates_widths) and self.compile_update != "off":
+        if (self.mutates_activations or self.mutates_layers) and self.compile_update != "off":
             problems.append(
-                "pbt.activations and node_probability change a member's network between updates: "
-                'set compile_update = "off"'
+                "pbt.activations, node_probability and layer_probability change a member's network "
+                'between updates: set compile_update = "off"'
             )
         widest, narrowest = max(self.member_hidden_sizes), min(self.member_hidden_sizes)
         if self.mutates_widths and not self.pbt.min_width <= narrowest <= widest <= self.pbt.max_width:
             problems.append(
                 f"pbt.min_width ≤ every hidden size ≤ pbt.max_width: the hidden sizes are "
                 f"{list(self.member_hidden_sizes)}, the widths [{self.pbt.min_width}, {self.pbt.max_width}]"
+            )
+        if self.mutates_depth and not self.pbt.min_layers <= len(self.member_hidden_sizes) <= self.pbt.max_layers:
+            problems.append(
+                f"pbt.min_layers ≤ the hidden layers ≤ pbt.max_layers: {len(self.member_hidden_sizes)} "
+                f"hidden layers, the bounds [{self.pbt.min_layers}, {self.pbt.max_layers}]"
             )
         if problems:
             raise ValueError("; ".join(problems))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlmq.common.algorithms import ALL_TUNABLE, ActorCriticConfig, AlgoConfig, refuse_non_finite, tunable_bounds
-from rlmq.common.architecture import ACTIVATIONS, MAX_WIDTH
+from rlmq.common.architecture import ACTIVATIONS, MAX_LAYERS, MAX_WIDTH
 
 METHODS = ("pbt", "cem", "dvd")
 
@@ -59,6 +59,13 @@ class PBTConfig:
     node_steps: tuple[int, ...] = (16, 32, 64)
     min_width: int = 16
     max_width: int = 512
+    # AgileRL's layer mutation: at each explore, with this probability, a member gains a hidden
+    # layer after its last (as wide, starting as the identity) or loses its last, keeping between
+    # min_layers and max_layers (0: depth never changes). Every member's MLPs are then allocated
+    # `max_layers` hidden layers; one it lacks has width 0 and passes its input through.
+    layer_probability: float = 0.0
+    min_layers: int = 1
+    max_layers: int = 3
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "pbt")
@@ -79,8 +86,11 @@ class PBTConfig:
             problems.append("pbt.resample_probability must be in [0, 1] and param_noise ≥ 0")
         if self.activations and (len(set(self.activations)) < 2 or not set(self.activations) <= set(ACTIVATIONS)):
             problems.append(f"pbt.activations: two or more of {', '.join(ACTIVATIONS)} (none: no mutation)")
-        if not 0 <= self.activation_probability <= 1 or not 0 <= self.node_probability <= 1:
-            problems.append("pbt.activation_probability and node_probability must be in [0, 1]")
+        probabilities = (self.activation_probability, self.node_probability, self.layer_probability)
+        if not all(0 <= p <= 1 for p in probabilities):
+            problems.append("pbt.activation_probability, node_probability and layer_probability must be in [0, 1]")
+        if not 1 <= self.min_layers <= self.max_layers <= MAX_LAYERS:
+            problems.append(f"pbt: need 1 ≤ min_layers ≤ max_layers ≤ {MAX_LAYERS}")
         if not (self.node_steps and min(self.node_steps) >= 1 and 1 <= self.min_width <= self.max_width <= MAX_WIDTH):
             problems.append(f"pbt: need node_steps ≥ 1 and 1 ≤ min_width ≤ max_width ≤ {MAX_WIDTH}")
         for name, r in self.ranges.items():
@@ -150,9 +160,10 @@ def method_problems(
         return [f"method must be one of {', '.join(METHODS)}"]
     shared = isinstance(section, ActorCriticConfig) and section.shared_critic
     problems = []
-    if (pbt.activations or pbt.node_probability) and (method != "pbt" or shared):
+    if (pbt.activations or pbt.node_probability or pbt.layer_probability) and (method != "pbt" or shared):
         problems.append(
-            "pbt.activations and pbt.node_probability mutate members of method pbt, each with its own networks"
+            "pbt.activations, node_probability and layer_probability mutate members of method pbt, "
+            "each with its own networks"
         )
     if method == "dvd" and not shared:
         problems.append(

@@ -14,7 +14,8 @@ asks `decide` about it, the *target*:
 - explore: the hyperparameters it takes are perturbed, each multiplied by one of `perturb_factors`
   or, with probability `resample_probability`, drawn afresh, and kept within its range; where
   `activations` are listed, the hidden activation switches to another of them with probability
-  `activation_probability` (AgileRL's activation mutation), and one hidden layer's width moves by
+  `activation_probability` (AgileRL's activation mutation), the member gains or loses its last
+  hidden layer with `layer_probability` (its layer mutation), and one hidden layer's width moves by
   one of `node_steps` with `node_probability` (its node mutation).
 
 Randomness comes only from the generator passed in; the coordinator seeds one per decision from
@@ -30,7 +31,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rlmq.common.architecture import activation_code, activation_named, member_widths, width_name
+from rlmq.common.architecture import activation_code, activation_named, layers_present, member_widths, width_name
 from rlmq.common.config import HyperRange, PBTConfig
 
 Hyperparams = dict[str, float]
@@ -106,14 +107,34 @@ def mutate_widths(
     high: int,
     rng: np.random.Generator,
 ) -> Hyperparams:
-    """AgileRL's node mutation: with `probability`, one hidden layer, drawn uniformly, gains or
-    loses (even odds) one of `steps` units, its width kept within [low, high] ("width.i")."""
+    """AgileRL's node mutation: with `probability`, one hidden layer the member has, drawn
+    uniformly, gains or loses (even odds) one of `steps` units, its width kept within [low, high]
+    ("width.i")."""
     out = dict(hyperparams)
     widths = member_widths(out)
     if widths is not None and rng.random() < probability:
-        layer = int(rng.integers(len(widths)))
+        layer = int(rng.integers(layers_present(widths)))
         change = int(rng.choice(np.asarray(steps))) * (1 if rng.random() < 0.5 else -1)
         out[width_name(layer)] = float(min(max(widths[layer] + change, low), high))
+    return out
+
+
+def mutate_depth(
+    hyperparams: Mapping[str, float], probability: float, low: int, high: int, rng: np.random.Generator
+) -> Hyperparams:
+    """AgileRL's layer mutation: with `probability`, the member gains a hidden layer after its last,
+    as wide as that one, or loses its last (even odds, where both keep it within [low, high]
+    layers; "width.i" of a layer it lacks is 0)."""
+    out = dict(hyperparams)
+    widths = member_widths(out)
+    if widths is None or rng.random() >= probability:
+        return out
+    present = layers_present(widths)
+    can_add, can_remove = present < min(high, len(widths)), present > low
+    if can_add and (not can_remove or rng.random() < 0.5):
+        out[width_name(present)] = float(widths[present - 1])
+    elif can_remove:
+        out[width_name(present - 1)] = 0.0
     return out
 
 
@@ -210,6 +231,8 @@ def decide(
     new = perturb(hyperparams[source], cfg.ranges, cfg.perturb_factors, cfg.resample_probability, rng)
     if cfg.activations:
         new = mutate_activation(new, cfg.activations, cfg.activation_probability, rng)
+    if cfg.layer_probability:
+        new = mutate_depth(new, cfg.layer_probability, cfg.min_layers, cfg.max_layers, rng)
     if cfg.node_probability:
         new = mutate_widths(new, cfg.node_steps, cfg.node_probability, cfg.min_width, cfg.max_width, rng)
     return Choice(source=source, hyperparams=new)

@@ -16,9 +16,9 @@ from rlmq.common.schema import EnvSpec
 from rlmq.learners import cores
 from rlmq.learners.encoders import ConvEncoder, ImageEncoder, encode, image_encoder, stacked_encode
 from rlmq.learners.shapes import grow as grow_units
+from rlmq.learners.shapes import layer_passes, padded, trimmed
 from rlmq.learners.shapes import mask as width_mask
-from rlmq.learners.shapes import padded, trimmed
-from rlmq.learners.stacked_mlp import Activation, Activations, Tower, fast_tanh, stacked_mlp, stacked_towers
+from rlmq.learners.stacked_mlp import Activation, Activations, Passes, Tower, fast_tanh, stacked_mlp, stacked_towers
 
 
 class Tanh(nn.Module):
@@ -165,9 +165,11 @@ class Stacked(nn.Module):
         # `activation`, every member's. Set from the hyperparameters (`set_activations`), which a
         # checkpoint holds, so it is not state of its own.
         self.activations: Tensor | None = None
-        # Each member's units in use per hidden layer [P, L] where PBT changes widths (the layers
-        # are allocated wider: learners/shapes.py); None: all. From the hyperparameters too.
+        # Each member's units in use per hidden layer [P, L] where PBT changes widths or depth (the
+        # layers are allocated wider and deeper: learners/shapes.py; 0: the layer is absent and
+        # passes its input through, `passes`); None: all. From the hyperparameters too.
         self.widths: Tensor | None = None
+        self.passes: Passes | None = None
         self.allocated_wider = False  # the trainer's: members may use narrower layers
 
     def set_activations(self, codes: Tensor | None) -> None:
@@ -176,9 +178,11 @@ class Stacked(nn.Module):
 
     @torch.no_grad()
     def set_widths(self, widths: Tensor | None) -> Tensor | None:
-        """Each member's hidden widths [P, L] from now on: the units beyond them zeroed. Returns
-        the mask of the parameters in use [P, D] (None: every one), for the optimizer's moments."""
+        """Each member's hidden widths [P, L] from now on (0: no layer): the units beyond them
+        zeroed. Returns the mask of the parameters in use [P, D] (None: every one), for the
+        optimizer's moments."""
         self.widths = widths
+        self.passes = None if widths is None else layer_passes(widths.to(self.flat.device))
         if widths is None:
             return None
         keep = width_mask(self.layout, widths.to(self.flat.device), self.flat.shape[1])
@@ -239,7 +243,7 @@ class Stacked(nn.Module):
         for weight, bias in layers:
             offset, (out, inp) = self.layout[weight]
             linears.append((offset, out, inp, self.layout[bias][0]))
-        return Tower(tuple(linears), self.hidden_activation(), outputs_first)
+        return Tower(tuple(linears), self.hidden_activation(), outputs_first, self.passes)
 
     def hidden_activation(self) -> Activations:
         """What `stacked_mlp` takes: each member's code where `set_activations` gave them, else `activation`."""
@@ -250,7 +254,12 @@ class Stacked(nn.Module):
         the hidden activation between them, as one `stacked_mlp`."""
         both = self.tensors([name for pair in zip(*layers, strict=True) for name in pair])
         return stacked_mlp(
-            x, both[: len(layers)], both[len(layers) :], self.hidden_activation(), outputs_first=outputs_first
+            x,
+            both[: len(layers)],
+            both[len(layers) :],
+            self.hidden_activation(),
+            outputs_first=outputs_first,
+            passes=self.passes,
         )
 
     def member_params(self, member: int) -> dict[str, np.ndarray]:
@@ -262,15 +271,15 @@ class Stacked(nn.Module):
     def load_member(self, member: int, params: dict[str, np.ndarray]) -> None:
         """Set one member's parameters; where the layers are `allocated_wider`, its MLP layers may
         be narrower (weights a member of mutated widths published), and are zero-padded."""
+        if self.allocated_wider:
+            params = padded(params, self.layout)
         if set(params) != set(self.layout):
             raise KeyError(f"member weights hold {sorted(params)}, the network {sorted(self.layout)}")
         with torch.no_grad():
             for name, (offset, shape) in self.layout.items():
                 array = np.array(params[name], dtype=np.float32)  # a copy: wire arrays are read-only
                 if array.shape != shape:
-                    if not self.allocated_wider:
-                        raise ValueError(f"{name}: {tuple(array.shape)}, the network has {tuple(shape)}")
-                    array = padded(name, array, shape, self.layout)
+                    raise ValueError(f"{name}: {tuple(array.shape)}, the network has {tuple(shape)}")
                 value = torch.from_numpy(array)
                 self.flat[member, offset : offset + shape.numel()] = value.reshape(-1).to(self.flat.device)
 
@@ -312,6 +321,11 @@ class PopulationActorCritic(Stacked):
     def set_activations(self, codes: Tensor | None) -> None:
         super().set_activations(codes)
         self.towers = self.both_towers()
+
+    def set_widths(self, widths: Tensor | None) -> Tensor | None:
+        keep = super().set_widths(widths)
+        self.towers = self.both_towers()
+        return keep
 
     @property
     def recurrent(self) -> bool:

@@ -168,7 +168,7 @@ class OffPolicyTrainer:
         self.cfg, self.spec = run_cfg.algo_config, spec
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         for network in self.member_networks():  # members of mutated widths publish them trimmed
-            network.allocated_wider = run_cfg.mutates_widths
+            network.allocated_wider = run_cfg.mutates_layers
         for w in weights:  # a restarted world resumes the policies; the rest starts afresh
             self.load_member(w.member, dict(w.params))
         if world_size > 1:  # replicas start equal

@@ -69,7 +69,7 @@ class OnPolicyTrainer:
             run_cfg.core,
             run_cfg.core_size,
         ).to(device)
-        self.core.allocated_wider = run_cfg.mutates_widths  # members of mutated widths publish them trimmed
+        self.core.allocated_wider = run_cfg.mutates_layers  # members of mutated widths or depth publish them trimmed
         self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
         self.reward_scaler = (
             RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None

@@ -31,6 +31,9 @@ Activation = Literal["tanh", "relu", "elu"]
 # select per candidate. Each candidate's derivative comes from its output, so the hand-written
 # backward takes them all: ReLU's 1[y > 0], tanh's 1 − y², ELU's y + 1 below 0.
 Activations = Activation | Tensor
+# Per hidden layer, the members for which it is absent and passes its input through (PBT's layer
+# mutation: a member shallower than the allocation), as bool [P, 1, 1], or None where no member's is.
+Passes = Sequence[Tensor | None]
 CpuMatmul = Literal["numpy", "torch"]
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
@@ -58,26 +61,37 @@ def stacked_mlp(
     activation: Activations,
     *,
     outputs_first: bool = False,
+    passes: Passes | None = None,
 ) -> Tensor:
     """[P, N, in] → [P, N, out] through Linears `weights[i]` [P, out, in] and `biases[i]` [P, out],
     `activation` between them (not after the last). `outputs_first`: return [P, out, N] instead,
-    the faster layout for a narrow last layer and for a softmax over its outputs."""
+    the faster layout for a narrow last layer and for a softmax over its outputs. `passes`: the
+    hidden layers absent for some members, whose output is then their input (`Passes`)."""
     if len(weights) != len(biases) or not weights:
         raise ValueError(f"{len(weights)} weights and {len(biases)} biases: one of each per layer")
+    if passes is not None and len(passes) != len(weights) - 1:
+        raise ValueError(f"{len(passes)} layers' passes for {len(weights) - 1} hidden layers")
     small = x.shape[0] * x.shape[1] < HAND_WRITTEN_MIN_ROWS
     if traced() or (isinstance(activation, str) and activation != "tanh" and small):
-        return _autograd_mlp(x, weights, biases, activation, outputs_first)
-    out: Tensor = _StackedMLP.apply(x, activation, outputs_first, *weights, *biases)
+        return _autograd_mlp(x, weights, biases, activation, outputs_first, passes)
+    out: Tensor = _StackedMLP.apply(x, activation, outputs_first, passes, *weights, *biases)
     return out
 
 
 def _autograd_mlp(
-    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activations, outputs_first: bool
+    x: Tensor,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor],
+    activation: Activations,
+    outputs_first: bool,
+    passes: Passes | None = None,
 ) -> Tensor:
     """The network in plain autograd ops: a small ReLU or ELU one (under `HAND_WRITTEN_MIN_ROWS`),
     or any while `traced`."""
-    for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
-        x = _activate(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)), activation)
+    for i, (weight, bias) in enumerate(zip(weights[:-1], biases[:-1], strict=True)):
+        h = _activate(torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2)), activation)
+        passing = None if passes is None else passes[i]
+        x = h if passing is None else torch.where(passing, x, h)
     if outputs_first:
         return torch.baddbmm(biases[-1].unsqueeze(2), weights[-1], x.transpose(1, 2))
     return torch.baddbmm(biases[-1].unsqueeze(1), x, weights[-1].transpose(1, 2))
@@ -200,14 +214,21 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
 
 def _mlp_forward(
-    x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor], activation: Activations, outputs_first: bool
+    x: Tensor,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor],
+    activation: Activations,
+    outputs_first: bool,
+    passes: Passes | None,
 ) -> tuple[Tensor, list[Tensor]]:
-    """(output, each activation's output): tanh′ and ReLU′ come from the output, and each hidden
+    """(output, each hidden layer's output): tanh′ and ReLU′ come from the output, and each hidden
     output is the next weight's input."""
     hidden: list[Tensor] = []
     h = x
-    for weight, bias in zip(weights[:-1], biases[:-1], strict=True):
-        h = _activate_(baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)), activation)
+    for i, (weight, bias) in enumerate(zip(weights[:-1], biases[:-1], strict=True)):
+        out = _activate_(baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2)), activation)
+        passing = None if passes is None else passes[i]
+        h = out if passing is None else torch.where(passing, h, out)
         hidden.append(h)
     if outputs_first:
         return baddbmm(biases[-1].unsqueeze(2), weights[-1], h.transpose(1, 2)), hidden
@@ -220,14 +241,19 @@ def _mlp_backward(
     weights: Sequence[Tensor],
     activation: Activations,
     outputs_first: bool,
+    passes: Passes | None,
     needs: Sequence[bool],
     needs_x: bool,
 ) -> tuple[list[Tensor | None], Tensor | None]:
     """Walk the layers in reverse from `grad` at the output: ([∂W₀, …, ∂b₀, …], ∂x), computing
-    only the gradients `needs` (weights', then biases') and `needs_x` ask for."""
+    only the gradients `needs` (weights', then biases') and `needs_x` ask for. Where a hidden layer
+    passes its input through, the gradient at its output goes to its input, and none to its Linear."""
     layers = len(weights)
     grads: list[Tensor | None] = [None] * (2 * layers)
-    for i in reversed(range(layers)):  # `grad`: at layer i's output, [P, N, out] ([P, out, N] if outputs_first)
+    passed: Tensor | None = None  # the gradient a passing layer hands to its input, as it was at its output
+    for i in reversed(
+        range(layers)
+    ):  # `grad`: at layer i's Linear's output, [P, N, out] ([P, out, N] if outputs_first)
         last_first = outputs_first and i == layers - 1
         if needs[i]:
             grads[i] = bmm(grad, inputs[i]) if last_first else _weight_grad(grad, inputs[i])
@@ -236,8 +262,13 @@ def _mlp_backward(
         if i == 0 and not needs_x:
             return grads, None
         grad = bmm(grad.transpose(1, 2) if last_first else grad, weights[i])  # at its input
+        if passed is not None:
+            grad = grad + passed
         if i > 0:
-            grad = _activation_backward(grad, inputs[i], activation)
+            passing = None if passes is None else passes[i - 1]
+            local = _activation_backward(grad, inputs[i], activation)
+            passed = None if passing is None else torch.where(passing, grad, 0.0)
+            grad = local if passing is None else torch.where(passing, 0.0, local)
     return grads, grad
 
 
@@ -245,10 +276,12 @@ class _StackedMLP(torch.autograd.Function):
     """One MLP, its weights and biases given as tensors of their own."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, activation: Activations, outputs_first: bool, *params: Tensor) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, activation: Activations, outputs_first: bool, passes: Passes | None, *params: Tensor
+    ) -> Tensor:
         layers = len(params) // 2
-        out, hidden = _mlp_forward(x, params[:layers], params[layers:], activation, outputs_first)
-        ctx.activation, ctx.outputs_first = activation, outputs_first
+        out, hidden = _mlp_forward(x, params[:layers], params[layers:], activation, outputs_first, passes)
+        ctx.activation, ctx.outputs_first, ctx.passes = activation, outputs_first, passes
         ctx.save_for_backward(x, *params[:layers], *hidden)
         return out
 
@@ -263,10 +296,11 @@ class _StackedMLP(torch.autograd.Function):
             saved[:layers],
             ctx.activation,
             ctx.outputs_first,
-            ctx.needs_input_grad[3:],
+            ctx.passes,
+            ctx.needs_input_grad[4:],
             ctx.needs_input_grad[0],
         )
-        return (x_grad, None, None, *grads)
+        return (x_grad, None, None, None, *grads)
 
 
 class Tower(NamedTuple):
@@ -276,6 +310,7 @@ class Tower(NamedTuple):
     linears: tuple[tuple[int, int, int, int], ...]
     activation: Activations
     outputs_first: bool
+    passes: Passes | None = None
 
     def weights(self, flat: Tensor) -> list[Tensor]:
         return [flat[:, w : w + o * i].view(-1, o, i) for w, o, i, _b in self.linears]
@@ -292,7 +327,9 @@ def stacked_towers(x: Tensor, flat: Tensor, towers: Sequence[Tower]) -> tuple[Te
     Always the hand-written path (its one user is PPO's actor-critic, any activation) while not
     `traced`, whatever `HAND_WRITTEN_MIN_ROWS` says for ReLU networks."""
     if traced():
-        return tuple(_autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first) for t in towers)
+        return tuple(
+            _autograd_mlp(x, t.weights(flat), t.biases(flat), t.activation, t.outputs_first, t.passes) for t in towers
+        )
     outs: tuple[Tensor, ...] = _StackedTowers.apply(x, flat, tuple(towers))
     return outs
 
@@ -303,7 +340,7 @@ class _StackedTowers(torch.autograd.Function):
         outs, hidden = [], []
         for tower in towers:
             out, tower_hidden = _mlp_forward(
-                x, tower.weights(flat), tower.biases(flat), tower.activation, tower.outputs_first
+                x, tower.weights(flat), tower.biases(flat), tower.activation, tower.outputs_first, tower.passes
             )
             outs.append(out)
             hidden += tower_hidden
@@ -327,6 +364,7 @@ class _StackedTowers(torch.autograd.Function):
                 tower.weights(flat),
                 tower.activation,
                 tower.outputs_first,
+                tower.passes,
                 [needs_flat] * (2 * layers),
                 needs_x,
             )

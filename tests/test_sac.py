@@ -148,10 +148,11 @@ def test_two_ranks_keep_every_network_and_optimizer_identical(algo: str, tmp_pat
 
 @pytest.mark.slow
 def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_network(tmp_path: Path) -> None:
-    """With `pbt.activations` and `pbt.node_probability` at probability 1, the copy plays another
-    activation than its source and one of its hidden layers moves by 8 units: the learners run it
-    (one update for both members), the actors and the evaluator build their policies with it from
-    its published (trimmed) weights, and `rlmq eval` plays the checkpointed member so."""
+    """With `pbt.activations`, `layer_probability` and `node_probability` at probability 1, the
+    copy plays another activation than its source, has one hidden layer more or fewer, and one of
+    its layers moves by 8 units: the learners run it (one update for both members), the actors
+    and the evaluator build their policies with it from its published (trimmed) weights, and
+    `rlmq eval` plays the checkpointed member so."""
     config = tmp_path / "sac-pbt.json"
     config.write_text(
         json.dumps(
@@ -169,6 +170,8 @@ def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_network(tmp_
                     "ranges": {"learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}},
                     "activations": ["relu", "elu"],
                     "activation_probability": 1.0,
+                    "layer_probability": 1.0,
+                    "max_layers": 3,
                     "node_probability": 1.0,
                     "node_steps": [8],
                     "min_width": 8,
@@ -205,15 +208,20 @@ def test_a_sac_population_completes_a_pbt_decision_that_mutates_the_network(tmp_
     assert first["kind"] == "exploit" and first["target"] != first["source"]
     assert first["previous"]["activation"] == activation_code("relu")  # SAC's, every member's at the start
     assert first["hyperparams"]["activation"] == activation_code("elu")
-    widths = [first["hyperparams"][f"width.{i}"] for i in range(2)]
-    assert sorted(abs(w - 16) for w in widths) == [0, 8]  # one layer moved by a step
+    assert [first["previous"][f"width.{i}"] for i in range(3)] == [16, 16, 0]
+    widths = [first["hyperparams"][f"width.{i}"] for i in range(3)]
+    present = [w for w in widths if w > 0]  # one layer added (as wide as the last) or removed ...
+    assert len(present) in (1, 3) and widths[len(present) :] == [0] * (3 - len(present)), widths
+    assert sorted(abs(w - 16) for w in present) == [0] * (len(present) - 1) + [8]  # ... and one moved by a step
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"applied PBT decision 1: member {first['target']} ← {first['source']}" in learner_log
     checkpoint = load_checkpoint(run_dir, first["target"])
     assert policy_of(checkpoint).activation_name == checkpoint.activation
     # The target's last weights are those of the mutated copy, published trimmed to its widths.
     assert checkpoint.activation == "elu"
-    assert [checkpoint.params[f"policy.{2 * i}.weight"].shape[0] for i in range(2)] == widths
+    assert [checkpoint.params[f"policy.{2 * i}.weight"].shape[0] for i in range(len(present))] == present
+    assert f"policy.{2 * len(present)}.weight" in checkpoint.params  # the output layer, after the last present
+    assert f"policy.{2 * len(present) + 2}.weight" not in checkpoint.params
     played = subprocess.run(
         [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir), "--member", str(first["target"]), "--episodes", "1"],
         capture_output=True,
