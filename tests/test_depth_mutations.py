@@ -16,8 +16,6 @@ from rlmq.cli.status import hyperparam_words
 from rlmq.common import wire
 from rlmq.common.architecture import width_name
 from rlmq.common.config import PBTConfig, RunConfig
-from rlmq.common.models import make_policy
-from rlmq.common.schema import EnvSpec
 from rlmq.coordinator import pbt
 from rlmq.learners import stacked_mlp as stacked
 from rlmq.learners.networks import ActorCritic, PopulationActorCritic
@@ -26,12 +24,8 @@ from rlmq.learners.shapes import layer_passes, set_member_shapes
 from rlmq.learners.shapes import mask as width_mask
 from rlmq.learners.stacked_mlp import Tower, stacked_mlp, stacked_towers
 from rlmq.learners.trainers import make_trainer
-from tests.helpers.offpolicy_rank import rollout
+from tests.test_shape_mutations import CONTINUOUS, DISCRETE, check_published, training
 
-CONTINUOUS = EnvSpec(
-    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-2.0, 0.0), action_high=(2.0, 1.0)
-)
-DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=3)
 P, N, IN, H, OUT = 3, 9, 4, 6, 2
 DEPTHS = (3, 2, 1)  # member m has its first DEPTHS[m] of three hidden layers
 
@@ -187,17 +181,8 @@ def test_a_shallower_member_computes_what_a_network_of_its_own_layers_does() -> 
 
 def test_a_layer_added_keeps_a_relu_members_function_then_learns_and_one_removed_stays_zero() -> None:
     run = depth_run("td3", learning_starts=1, batch_size=16, buffer_size=256, replay_ratio=0.1)
-    torch.manual_seed(0)
-    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
-    assert isinstance(trainer, OffPolicyTrainer)
     members = with_layers(run, (16, 16), (16, 16, 16), (16,))
-    trainer.set_hyperparams(members)
-    rng = np.random.default_rng(0)
-
-    def train() -> None:
-        rollouts = [[rollout(rng, CONTINUOUS, m) for _ in range(4)] for m in range(3)]
-        trainer.train(rollouts, [sum(r.num_steps for r in rs) for rs in rollouts], 4)
-
+    trainer, train = training(run, members)
     train()
     actor = trainer.algorithm.policy_network
     names = actor.linear_names("policy")
@@ -234,14 +219,4 @@ def test_shallow_weights_published_play_as_the_learner_and_load_back_into_the_al
     assert {n for n in published if n.startswith("policy.")} == {
         f"policy.{i}.{k}" for i in (0, 2) for k in ("weight", "bias")
     }
-    obs = np.random.default_rng(1).standard_normal((16, CONTINUOUS.obs_size)).astype(np.float32)
-    actor = trainer.algorithm.policy_network
-    with torch.no_grad():
-        learner = actor.mlp(actor.linear_names("policy"), torch.from_numpy(obs).expand(3, -1, -1)).numpy()
-    np.testing.assert_allclose(make_policy(run, published, CONTINUOUS).forward(obs), learner[0], rtol=1e-4, atol=1e-5)
-    # A restarted world reads the shallow weights back: the output layer where it was, zeros between.
-    restarted = make_trainer(
-        CONTINUOUS, run, (wire.Weights(member=0, version=3, params=published),), 0, 1, torch.device("cpu")
-    )
-    assert isinstance(restarted, OffPolicyTrainer)
-    torch.testing.assert_close(restarted.algorithm.policy_network.flat[0], actor.flat[0])
+    check_published(run, trainer, published)  # the output layer back at the end, zeros between

@@ -23,6 +23,17 @@ from rlmq.common.population import CEMConfig, DvDConfig
 from rlmq.learners import sac, td3
 from tests.test_td3 import CPU, SPEC, hyperparams, member_modules, no_sync, transitions
 
+# Three TD3 actors around one critic on Pendulum, small enough for a few generations in seconds.
+CEM_PENDULUM = {
+    "env_id": "Pendulum-v1",
+    "algo": "td3",
+    "population": 3,
+    "num_envs": 2,
+    "rollout_length": 16,
+    "td3": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64, "shared_critic": True},
+    "cem": {"elites": 2},
+}
+
 
 @pytest.mark.parametrize("diversity_weight", [0.0, 0.5], ids=["cem-rl", "dvd"])
 def test_a_shared_critic_step_equals_the_loop_over_members_around_one_critic(diversity_weight: float) -> None:
@@ -187,20 +198,7 @@ def test_rlmq_up_trains_a_cem_population_generation_by_generation(tmp_path: Path
     Generations follow one another, each judged by its draws' own episodes; the run directory
     holds them (lineage.json) and the last distribution's mean actor, which `rlmq eval` plays."""
     config = tmp_path / "cem.json"
-    config.write_text(
-        json.dumps(
-            {
-                "env_id": "Pendulum-v1",
-                "algo": "td3",
-                "population": 3,
-                "total_steps": 9000,
-                "num_envs": 2,
-                "rollout_length": 16,
-                "td3": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64, "shared_critic": True},
-                "cem": {"elites": 2},
-            }
-        )
-    )
+    config.write_text(json.dumps(CEM_PENDULUM | {"total_steps": 9000}))
     run_dir = tmp_path / "run"
     argv = ["up", "--actors", "3", "--config", str(config), "--method", "cem", "--run-dir", str(run_dir)]
     up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)

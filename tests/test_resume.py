@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tb
@@ -15,9 +16,10 @@ import torch
 from procs import start_up, wait_for, wait_until_stepping
 
 from rlmq.cli.redis_server import RedisServer
-from rlmq.coordinator.records import LoggedDecision, RunStatus
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, RunStatus
 from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint
+from tests.test_population_methods import CEM_PENDULUM
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +45,21 @@ log = true
 """
 
 
-def in_redis(run_dir: Path) -> tuple[RunStatus, list[LoggedDecision]]:
-    """The run's status and PBT log as its private Redis kept them (its append-only file)."""
+def in_redis(run_dir: Path) -> tuple[RunStatus, list[LoggedDecision], list[LoggedGeneration]]:
+    """The run's status, PBT log and CEM-RL generations as its private Redis kept them (its
+    append-only file)."""
     with RedisServer(run_dir / "redis") as server:
         store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
-        return store.status(), store.decisions()
+        return store.status(), store.decisions(), store.generations()
+
+
+def stop_with_ctrl_c(up: subprocess.Popen[str], run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """Ctrl-C `rlmq up`, which exits 130; the number and state of the checkpoint it wrote on stopping."""
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=60)
+    assert up.returncode == 130, out
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
+    return files.latest(), files.load(files.latest())
 
 
 def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
@@ -57,13 +69,8 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     up = start_up(run_dir, "--actors", "2", "--config", str(config), "--total-steps", "1000000")
     store = wait_until_stepping(run_dir, up)
     wait_for(lambda: store.status().pbt_decisions >= 1, 120, "a PBT decision", up)
-    up.send_signal(signal.SIGINT)
-    out, _ = up.communicate(timeout=60)
-    assert up.returncode == 130, out
-    before, decisions = in_redis(run_dir)
-    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
-    stopped_at = files.latest()
-    saved = files.load(stopped_at)
+    stopped_at, saved = stop_with_ctrl_c(up, run_dir)
+    before, decisions, _ = in_redis(run_dir)
     curve_rows = len((run_dir / "metrics.csv").read_text().splitlines())
 
     budget = before.env_steps + 2_000
@@ -94,7 +101,7 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     # env-step and episode counters, policy versions, PBT history and generations go on
     # below before + budget: --total-steps counts from the resumed counter, not afresh on top of it
     # (how far past the budget the actors run while the run stops depends on the host's speed)
-    status, decisions_after = in_redis(run_dir)
+    status, decisions_after, _ = in_redis(run_dir)
     assert budget <= status.env_steps < before.env_steps + budget and status.episodes > before.episodes
     assert all(a >= b for a, b in zip(after["learner"]["versions"], saved["learner"]["versions"], strict=True))
     assert decisions_after[: len(decisions)] == decisions and status.pbt_decisions >= before.pbt_decisions >= 1
@@ -138,33 +145,13 @@ def test_a_cem_run_resumes_with_its_distribution_its_shared_critic_and_the_gener
     were and new ones follow under the next ids, each applied once; the learner goes on from its
     checkpoint (the shared critic's steps, the members' trained mask) rather than afresh."""
     config = tmp_path / "cem.json"
-    config.write_text(
-        json.dumps(
-            {
-                "env_id": "Pendulum-v1",
-                "algo": "td3",
-                "population": 3,
-                "method": "cem",
-                "num_envs": 2,
-                "rollout_length": 16,
-                "td3": {"hidden_sizes": [16, 16], "learning_starts": 200, "batch_size": 64, "shared_critic": True},
-                "cem": {"elites": 2},
-            }
-        )
-    )
+    config.write_text(json.dumps(CEM_PENDULUM | {"method": "cem"}))
     run_dir = tmp_path / "run"
     up = start_up(run_dir, "--actors", "3", "--config", str(config), "--total-steps", "1000000")
     store = wait_until_stepping(run_dir, up)
     wait_for(lambda: store.status().learner_applied_decision >= 2, 180, "two generations applied", up)
-    up.send_signal(signal.SIGINT)
-    out, _ = up.communicate(timeout=60)
-    assert up.returncode == 130, out
-    with RedisServer(run_dir / "redis") as server:
-        before_store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
-        before, generations = before_store.status(), before_store.generations()
-    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
-    stopped_at = files.latest()
-    saved = files.load(stopped_at)
+    stopped_at, saved = stop_with_ctrl_c(up, run_dir)
+    before, _, generations = in_redis(run_dir)
 
     budget = before.env_steps + 4_000  # two generations and more: each takes ~1,500 env steps here
     argv = ["up", "--resume", str(run_dir), "--actors", "3", "--total-steps", str(budget)]
@@ -176,6 +163,7 @@ def test_a_cem_run_resumes_with_its_distribution_its_shared_critic_and_the_gener
     assert [g["id"] for g in logged] == list(range(1, len(logged) + 1)) and len(logged) > len(generations)
     for was, now in zip(generations, logged, strict=False):  # the first session's, as they were logged
         assert (now["id"], now["elites"], now["fitness"]) == (was.id, list(was.elites), was.fitness)
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
     after = files.load(files.latest())
     assert after["learner"]["applied"] > saved["learner"]["applied"] >= 2
     algorithm, then = after["trainer"]["algorithm"], saved["trainer"]["algorithm"]

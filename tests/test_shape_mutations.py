@@ -5,6 +5,7 @@ in one update, and its actors, evaluator and `rlmq eval` play the weights as the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -188,6 +189,21 @@ def test_status_names_a_members_activation() -> None:
 WIDE = 32  # every member's allocation
 
 
+def training(run: RunConfig, members: list[dict[str, float]]) -> tuple[OffPolicyTrainer, Callable[[], None]]:
+    """A trainer of `members`' shapes, and one step of it on fresh random rollouts of each member."""
+    torch.manual_seed(0)
+    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
+    assert isinstance(trainer, OffPolicyTrainer)
+    trainer.set_hyperparams(members)
+    rng = np.random.default_rng(0)
+
+    def train() -> None:
+        rollouts = [[rollout(rng, CONTINUOUS, m) for _ in range(4)] for m in range(len(members))]
+        trainer.train(rollouts, [sum(r.num_steps for r in rs) for rs in rollouts], 4)
+
+    return trainer, train
+
+
 def widths_run(algo: str = "td3", **section: object) -> RunConfig:
     pbt_section = PBTConfig(node_probability=1.0, node_steps=(8,), min_width=8, max_width=WIDE)
     if algo == "ppo":
@@ -240,17 +256,8 @@ def test_training_leaves_a_narrower_members_unused_units_at_zero_and_a_grown_one
     Adam steps. Growth starts the new units' incoming weights and keeps the function; their
     outgoing weights then learn."""
     run = widths_run("td3", learning_starts=1, batch_size=16, buffer_size=256, replay_ratio=0.1)
-    torch.manual_seed(0)
-    trainer = make_trainer(CONTINUOUS, run, (), 0, 1, torch.device("cpu"))
-    assert isinstance(trainer, OffPolicyTrainer)
     members = with_widths(run, (8, 24), (32, 32), (16, 8))
-    trainer.set_hyperparams(members)
-    rng = np.random.default_rng(0)
-
-    def train() -> None:
-        rollouts = [[rollout(rng, CONTINUOUS, m) for _ in range(4)] for m in range(3)]
-        trainer.train(rollouts, [sum(r.num_steps for r in rs) for rs in rollouts], 4)
-
+    trainer, train = training(run, members)
     train()
     actor = trainer.algorithm.policy_network
     assert actor.tensor("policy.0.weight")[1, 24:].abs().sum() > 0  # member 1 uses all 32 units
@@ -322,20 +329,25 @@ def test_weights_published_trimmed_play_as_the_learner_and_load_back_into_the_al
     published = trainer.member_params(0)
     assert published["policy.0.weight"].shape == (8, CONTINUOUS.obs_size)
     assert published["policy.2.weight"].shape == (24, 8) and published["policy.4.weight"].shape[1] == 24
+    check_published(run, trainer, published)
+    lone = make_trainer(CONTINUOUS, dataclasses.replace(run, population=1), (), 0, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="policy.0.weight"):
+        lone.load_member(0, published)  # not allocated wider: a narrower weight is an error
+
+
+def check_published(run: RunConfig, trainer: OffPolicyTrainer, published: dict[str, np.ndarray]) -> None:
+    """Member 0's published weights play in the actors' NumPy policy as the learner's network does,
+    and a restarted world reads them back into its allocation, zeros beyond, as they were."""
     obs = np.random.default_rng(1).standard_normal((16, CONTINUOUS.obs_size)).astype(np.float32)
     actor = trainer.algorithm.policy_network
     with torch.no_grad():
         learner = actor.mlp(actor.linear_names("policy"), torch.from_numpy(obs).expand(3, -1, -1)).numpy()
     np.testing.assert_allclose(make_policy(run, published, CONTINUOUS).forward(obs), learner[0], rtol=1e-4, atol=1e-5)
-    # A restarted world reads the trimmed weights back, padded with zeros, as they were.
     restarted = make_trainer(
         CONTINUOUS, run, (wire.Weights(member=0, version=3, params=published),), 0, 1, torch.device("cpu")
     )
     assert isinstance(restarted, OffPolicyTrainer)
     torch.testing.assert_close(restarted.algorithm.policy_network.flat[0], actor.flat[0])
-    lone = make_trainer(CONTINUOUS, dataclasses.replace(run, population=1), (), 0, 1, torch.device("cpu"))
-    with pytest.raises(ValueError, match="policy.0.weight"):
-        lone.load_member(0, published)  # not allocated wider: a narrower weight is an error
 
 
 def test_width_mutations_are_checked_against_the_hidden_sizes() -> None:
