@@ -1,7 +1,7 @@
 """Population methods beyond PBT on TD3 (issue 44): the critic shared by the members and DvD's
 diversity term held to a loop over members in plain torch, a CEM-RL generation taken by the
 trainer, `method = "cem"` and `"dvd"` checked where they are configured and shown by `rlmq status`,
-and CEM-RL and DvD populations through `rlmq up`."""
+and CEM-RL (stopped with Ctrl-C and resumed) and DvD populations through `rlmq up`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import tb  # tests/helpers: conftest puts them on the path
 import torch
+from procs import in_redis, start_up, stop_with_ctrl_c, wait_for, wait_until_stepping
 
 from rlmq.cli.status import PopulationView, population_lines
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.population import CEMConfig, DvDConfig
-from rlmq.learners import sac, td3
+from rlmq.learners import checkpoint, sac, td3
 from tests.test_td3 import CPU, SPEC, hyperparams, member_modules, no_sync, transitions
 
 # Three TD3 actors around one critic on Pendulum, small enough for a few generations in seconds.
@@ -193,26 +194,44 @@ def test_dvds_weight_is_what_the_learners_were_last_sent() -> None:
 
 
 @pytest.mark.slow
-def test_rlmq_up_trains_a_cem_population_generation_by_generation(tmp_path: Path) -> None:
-    """`--method cem`: three TD3 actors drawn around one critic on Pendulum, through `rlmq up`.
-    Generations follow one another, each judged by its draws' own episodes; the run directory
-    holds them (lineage.json) and the last distribution's mean actor, which `rlmq eval` plays."""
+def test_rlmq_up_trains_a_cem_population_generation_by_generation_across_a_ctrl_c(tmp_path: Path) -> None:
+    """`--method cem`: three TD3 actors drawn around one critic on Pendulum, through `rlmq up`,
+    stopped with Ctrl-C after two generations and resumed. Generations follow one another under
+    consecutive ids, each judged by its draws' own episodes, those logged before the stop as they
+    were; the learner goes on from its checkpoint (the shared critic's steps, the members' trained
+    mask) rather than afresh; the run directory holds the generations (lineage.json) and the last
+    distribution's mean actor, which `rlmq eval` plays."""
     config = tmp_path / "cem.json"
-    config.write_text(json.dumps(CEM_PENDULUM | {"total_steps": 9000}))
+    config.write_text(json.dumps(CEM_PENDULUM))
     run_dir = tmp_path / "run"
-    argv = ["up", "--actors", "3", "--config", str(config), "--method", "cem", "--run-dir", str(run_dir)]
-    up = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
+    up = start_up(run_dir, "--actors", "3", "--config", str(config), "--method", "cem", "--total-steps", "1000000")
+    store = wait_until_stepping(run_dir, up)
+    wait_for(lambda: store.status().learner_applied_decision >= 2, 180, "two generations applied", up)
+    stopped_at, saved = stop_with_ctrl_c(up, run_dir)
+    before, _, generations = in_redis(run_dir)
+
+    budget = max(9_000, before.env_steps + 4_000)  # two generations and more: each takes ~1,500 env steps here
+    argv = ["up", "--resume", str(run_dir), "--actors", "3", "--total-steps", str(budget)]
+    resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from checkpoint {stopped_at}" in (run_dir / "logs" / "learner-0.log").read_text()
+
     summary = json.loads((run_dir / "summary.json").read_text())
-    generations = json.loads((run_dir / "lineage.json").read_text())
-    assert summary["pbt_decisions"] == len(generations) >= 3, generations
-    assert (
-        [g["id"] for g in generations] == [g["generation"] for g in generations] == list(range(1, len(generations) + 1))
-    )
-    for g in generations[1:]:  # every member judged by the returns of its draw, the elites the fittest
+    logged = json.loads((run_dir / "lineage.json").read_text())
+    assert summary["pbt_decisions"] == len(logged) > len(generations) >= 2, logged
+    assert [g["id"] for g in logged] == [g["generation"] for g in logged] == list(range(1, len(logged) + 1))
+    for was, now in zip(generations, logged, strict=False):  # the first session's, as they were logged
+        assert (now["id"], now["elites"], now["fitness"]) == (was.id, list(was.elites), was.fitness)
+    for g in logged[1:]:  # every member judged by the returns of its draw, the elites the fittest
         fitness = {int(m): v for m, v in g["fitness"].items()}
         assert sorted(fitness) == [0, 1, 2] and all(-2000 < v <= 0 for v in fitness.values())
         assert g["elites"] == sorted(fitness, key=lambda m: (-fitness[m], m))[:2] and g["trained"] == [0, 1]
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
+    after = files.load(files.latest())
+    assert after["learner"]["applied"] > saved["learner"]["applied"] >= 2
+    algorithm, then = after["trainer"]["algorithm"], saved["trainer"]["algorithm"]
+    assert algorithm["critic_steps"] > then["critic_steps"] > 0  # the shared critic went on learning
+    assert algorithm["actor_trained"].tolist() == then["actor_trained"].tolist() == [True, True, False]
     played = subprocess.run(
         [sys.executable, "-m", "rlmq.cli", "eval", str(run_dir / "mean.pt"), "--episodes", "2"],
         capture_output=True,

@@ -4,22 +4,16 @@ run's own private Redis brought back from its append-only file)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tb
 import torch
-from procs import start_up, wait_for, wait_until_stepping
+from procs import in_redis, start_up, stop_with_ctrl_c, wait_for, wait_until_stepping
 
-from rlmq.cli.redis_server import RedisServer
-from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, RunStatus
-from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint
-from tests.test_population_methods import CEM_PENDULUM
 
 pytestmark = pytest.mark.slow
 
@@ -43,23 +37,6 @@ low = 1e-4
 high = 1e-2
 log = true
 """
-
-
-def in_redis(run_dir: Path) -> tuple[RunStatus, list[LoggedDecision], list[LoggedGeneration]]:
-    """The run's status, PBT log and CEM-RL generations as its private Redis kept them (its
-    append-only file)."""
-    with RedisServer(run_dir / "redis") as server:
-        store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
-        return store.status(), store.decisions(), store.generations()
-
-
-def stop_with_ctrl_c(up: subprocess.Popen[str], run_dir: Path) -> tuple[int, dict[str, Any]]:
-    """Ctrl-C `rlmq up`, which exits 130; the number and state of the checkpoint it wrote on stopping."""
-    up.send_signal(signal.SIGINT)
-    out, _ = up.communicate(timeout=60)
-    assert up.returncode == 130, out
-    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
-    return files.latest(), files.load(files.latest())
 
 
 def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
@@ -136,37 +113,3 @@ def test_a_run_stopped_with_ctrl_c_resumes_where_it_was(tmp_path: Path) -> None:
     # the resumed run's points: a tag every tick writes (the window's mean has no point while a
     # PBT copy has just cleared the members' returns and no episode has ended since)
     assert run_curves["throughput/env_steps_per_s"][-1][0] > before.env_steps
-
-
-def test_a_cem_run_resumes_with_its_distribution_its_shared_critic_and_the_generations_it_logged(
-    tmp_path: Path,
-) -> None:
-    """CEM-RL stopped with Ctrl-C and resumed: the generations logged before the stop stay as they
-    were and new ones follow under the next ids, each applied once; the learner goes on from its
-    checkpoint (the shared critic's steps, the members' trained mask) rather than afresh."""
-    config = tmp_path / "cem.json"
-    config.write_text(json.dumps(CEM_PENDULUM | {"method": "cem"}))
-    run_dir = tmp_path / "run"
-    up = start_up(run_dir, "--actors", "3", "--config", str(config), "--total-steps", "1000000")
-    store = wait_until_stepping(run_dir, up)
-    wait_for(lambda: store.status().learner_applied_decision >= 2, 180, "two generations applied", up)
-    stopped_at, saved = stop_with_ctrl_c(up, run_dir)
-    before, _, generations = in_redis(run_dir)
-
-    budget = before.env_steps + 4_000  # two generations and more: each takes ~1,500 env steps here
-    argv = ["up", "--resume", str(run_dir), "--actors", "3", "--total-steps", str(budget)]
-    resumed = subprocess.run([sys.executable, "-m", "rlmq.cli", *argv], capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resumed from checkpoint {stopped_at}" in (run_dir / "logs" / "learner-0.log").read_text()
-
-    logged = json.loads((run_dir / "lineage.json").read_text())
-    assert [g["id"] for g in logged] == list(range(1, len(logged) + 1)) and len(logged) > len(generations)
-    for was, now in zip(generations, logged, strict=False):  # the first session's, as they were logged
-        assert (now["id"], now["elites"], now["fitness"]) == (was.id, list(was.elites), was.fitness)
-    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
-    after = files.load(files.latest())
-    assert after["learner"]["applied"] > saved["learner"]["applied"] >= 2
-    algorithm, then = after["trainer"]["algorithm"], saved["trainer"]["algorithm"]
-    assert algorithm["critic_steps"] > then["critic_steps"] > 0  # the shared critic went on learning
-    assert algorithm["actor_trained"].tolist() == then["actor_trained"].tolist() == [True, True, False]
-    assert (run_dir / "mean.pt").exists()

@@ -1,9 +1,11 @@
-"""What the end-to-end tests (and bench_churn.py) share: starting `rlmq up`, waiting on it, and
-finding its processes in /proc. Imported as `procs` (tests/conftest.py puts this folder on the path)."""
+"""What the end-to-end tests (and bench_churn.py) share: starting `rlmq up`, waiting on it, stopping
+it with Ctrl-C and reading what it left, and finding its processes in /proc. Imported as `procs`
+(tests/conftest.py puts this folder on the path)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -13,9 +15,12 @@ from typing import Any
 
 import redis
 
+from rlmq.cli.redis_server import RedisServer
 from rlmq.cli.rundir import run_redis_of
 from rlmq.common.transport import free_port
+from rlmq.coordinator.records import LoggedDecision, LoggedGeneration, RunStatus
 from rlmq.coordinator.store import RunStore
+from rlmq.learners import checkpoint
 
 
 def start_up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
@@ -53,6 +58,23 @@ def wait_until_stepping(run_dir: Path, up: subprocess.Popen[str], timeout: float
             return None
 
     return wait_for(stepping, timeout, "the run's first env step", up)
+
+
+def in_redis(run_dir: Path) -> tuple[RunStatus, list[LoggedDecision], list[LoggedGeneration]]:
+    """The run's status, PBT log and CEM-RL generations as its private Redis kept them (its
+    append-only file)."""
+    with RedisServer(run_dir / "redis") as server:
+        store = RunStore.connect(server.url, json.loads((run_dir / "run.json").read_text())["run"])
+        return store.status(), store.decisions(), store.generations()
+
+
+def stop_with_ctrl_c(up: subprocess.Popen[str], run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """Ctrl-C `rlmq up`, which exits 130; the number and state of the checkpoint it wrote on stopping."""
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=60)
+    assert up.returncode == 130, out
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
+    return files.latest(), files.load(files.latest())
 
 
 def descendants(pid: int) -> dict[int, str]:
