@@ -251,9 +251,8 @@ def _mlp_backward(
     layers = len(weights)
     grads: list[Tensor | None] = [None] * (2 * layers)
     passed: Tensor | None = None  # the gradient a passing layer hands to its input, as it was at its output
-    for i in reversed(
-        range(layers)
-    ):  # `grad`: at layer i's Linear's output, [P, N, out] ([P, out, N] if outputs_first)
+    # `grad`: at layer i's Linear's output, [P, N, out] ([P, out, N] if outputs_first)
+    for i in reversed(range(layers)):
         last_first = outputs_first and i == layers - 1
         if needs[i]:
             grads[i] = bmm(grad, inputs[i]) if last_first else _weight_grad(grad, inputs[i])
