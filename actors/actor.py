@@ -2,8 +2,8 @@
 
     Hello → Assign (member, env, learner endpoints, current weights)
     loop until stopped or `max_steps`:
-        wait for a credit from some learner (flow control: the learners pace the actors), and
-            for the weights it names (they come just ahead of it; a stop directive ends the wait)
+        wait for a credit from some learner (flow control: the learners pace the actors); the
+            weights it names come just ahead of it, unless we hold them (a stop directive ends the wait)
         collect one rollout with them, tagged with their version; send it to that learner
         report env steps and finished episodes every `report_interval_s`
 
@@ -34,8 +34,7 @@ from rlmq.common.security import Credentials
 from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, RejectLog, StopFlag, announce, cores_given
 
 log = logging.getLogger("rlmq.actor")
-WEIGHTS_WAIT_S = 0.5
-WEIGHTS_PULL_S = 1.0  # without any weights this long, ask the coordinator for them
+WEIGHTS_PULL_S = 1.0  # holding a credit but no weights that fit, ask the coordinator for them this often
 # At the end, how long to wait for the last report to be counted: a connection to the coordinator
 # redialled after a partition takes up to transport.CONNECT_TIMEOUT_MS and a handshake.
 FINAL_ACK_WAIT_S = 2.0
@@ -60,7 +59,6 @@ class Actor:
         self.credentials.client(self.broadcast)
         self.rejected = 0
         self.log_reject = RejectLog(log)
-        self.awaited_version = 0
 
     def reject(self, exc: wire.WireError) -> None:
         self.log_reject(exc.reason, str(exc))
@@ -87,7 +85,6 @@ class Actor:
         for sock in self.learners:
             self.poller.register(sock, zmq.POLLIN)
         self.greet_learners()
-        self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
         try:
@@ -120,13 +117,13 @@ class Actor:
         steps_total = 0
         try:
             while not self.stop.is_set():
-                self.read_broadcast(timeout_ms=0 if self.held.policy is not None else 100)
-                if self.held.policy is None:  # no weights yet: the learners are still starting
-                    self.pull_weights(hello, starving)
-                    continue
+                self.read_broadcast()
                 learner = self.wait_for_credit(report, collector)
                 if learner is None:
                     break
+                if self.held.policy is None:  # the weights that came with the credit did not fit
+                    self.pull_weights(hello, starving)
+                    continue
                 started_at = time.time()
                 rollout = collector.collect(
                     self.held.policy, self.member, self.held.version, self.cfg.name, self.held.copied_by
@@ -164,7 +161,8 @@ class Actor:
         """Index of a learner whose credit we hold (waiting as long as it takes), or None on stop.
 
         While waiting: read the broadcast (a stop must get through), keep reporting, and renew our
-        requests for credit.
+        requests for credit. The weights a credit names come just ahead of it, on the same
+        connection, unless that learner sent us them before: so they are ours when it is.
         """
         started = time.perf_counter()
         while not self.stop.is_set():
@@ -181,25 +179,23 @@ class Actor:
                         self.reject(exc)
                         continue
                     self.credits[i] += message.count
-                    self.awaited_version = max(self.awaited_version, message.policy_version)
             best = max(range(len(self.credits)), key=self.credits.__getitem__)
             if self.credits[best] > 0:
-                self.await_weights(self.awaited_version)
                 self.reports.waited_for_credit(time.perf_counter() - started)
                 return best
             self.greet_learners()
             self.poller.poll(50)
-            self.read_broadcast(timeout_ms=0)
+            self.read_broadcast()
             if report.due():
                 self.report(collector)
         return None
 
     def pull_weights(self, hello: wire.Hello, starving: RateTimer) -> None:
-        """Without weights for a while, ask the coordinator again: its Assign carries the latest.
-        The learner's first broadcast can go out before our subscription is connected (PUB drops
-        what no subscriber is there to take), and no second one comes until we send data."""
+        """Holding a credit but no weights (those that came with it were refused, and counted), ask
+        the coordinator now and then: its Assign carries the latest it holds."""
         if starving.due():
             transport.send(self.control, hello)
+        self.control.poll(100, zmq.POLLIN)
         self.read_control()
 
     def read_control(self) -> None:
@@ -216,23 +212,13 @@ class Actor:
             elif isinstance(message, wire.Assign) and message.member == self.member and message.weights is not None:
                 self.take_weights(message.weights, "assign")
 
-    def await_weights(self, version: int) -> None:
-        """Wait (at most WEIGHTS_WAIT_S) for the weights a learner said it holds: collecting with
-        them instead of their predecessor saves a whole update of policy lag."""
-        deadline = time.monotonic() + WEIGHTS_WAIT_S
-        while self.held.version < version and not self.stop.is_set() and time.monotonic() < deadline:
-            self.read_broadcast(timeout_ms=5)
-
-    def read_broadcast(self, timeout_ms: int) -> None:
-        """Apply the newest weights waiting on the broadcast; obey a stop. Every loop of the actor
-        passes here, waiting for credit or weights included: it is where the actor's heartbeat beats
-        and where it notices losing and regaining contact with its peers."""
+    def read_broadcast(self) -> None:
+        """Obey a stop. Every loop of the actor passes here, waiting for credit included: it is
+        where the actor's heartbeat beats and where it notices losing and regaining contact with
+        its peers."""
         self.metrics.heartbeat.beat()
         for contact in self.contacts:
             contact.check()
-        newest: wire.Weights | None = None
-        if timeout_ms:
-            self.broadcast.poll(timeout_ms, zmq.POLLIN)  # waits only while nothing is there
         while transport.readable(self.broadcast):
             try:
                 _topic, frame = self.broadcast.recv_multipart()
@@ -242,11 +228,6 @@ class Actor:
                 continue
             if isinstance(message, wire.Directive) and message.kind == "stop":
                 self.stop.set("directive")
-            elif isinstance(message, wire.Weights) and message.member == self.member:
-                if newest is None or message.version > newest.version:
-                    newest = message
-        if newest is not None:
-            self.take_weights(newest, "broadcast")
 
     def take_weights(self, weights: wire.Weights, source: Source) -> None:
         """Offer weights to the held policy (`HeldPolicy.offer` says which it takes); a refusal

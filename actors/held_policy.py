@@ -1,6 +1,6 @@
-"""Which weights an actor collects with. Three sources bring them: the coordinator's Assign (at
-start, and again when the actor asks after waiting too long), the learners' broadcast, and a
-learner's credit, which its current weights precede. This decides which to adopt; no sockets here.
+"""Which weights an actor collects with. Two sources bring them: the coordinator's Assign (at
+start, and again when the actor asks, holding none that fit), and a learner's credit, which its
+current weights precede. This decides which to adopt; no sockets here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rlmq.common.config import RunConfig
 from rlmq.common.models import NumpyPolicy, make_policy
 from rlmq.common.schema import EnvSpec
 
-Source = Literal["broadcast", "learner", "assign"]
+Source = Literal["learner", "assign"]
 
 
 class HeldPolicy:
@@ -28,20 +28,16 @@ class HeldPolicy:
     def offer(self, weights: wire.Weights, source: Source) -> bool:
         """Adopt these weights if the rules for their source say so; True if adopted.
 
-        broadcast: newer than ours. learner: different from ours, newer or not: a learner sends
-            what it holds now with its credit, and a restarted learner world counts on from the
-            last version its predecessor published, older than one we may have been sent.
-        assign: only while we hold none (once the broadcast reached us, it is at least as new).
+        learner: different from ours, newer or not: a learner sends what it holds now with its
+            credit, and a restarted learner world counts on from the last version its predecessor
+            published, older than one we may have been sent.
+        assign: only while we hold none (the coordinator's copy is never newer than a learner's).
 
         Raises WireError for another member's weights, or weights that do not fit the policy
         (the policy held before stays)."""
         if weights.member != self.member:
             raise wire.WireError("unknown_member", f"weights of member {weights.member}, we collect for {self.member}")
-        wanted = {
-            "broadcast": weights.version > self.version,
-            "learner": weights.version != self.version,
-            "assign": self.policy is None,
-        }[source]
+        wanted = weights.version != self.version if source == "learner" else self.policy is None
         if wanted:
             self.adopt(weights)
         return wanted

@@ -137,7 +137,7 @@ def coordinator(
     ] = 256.0,
     failpoint: Annotated[str, _opt("Tests only: die at this named point.", "FAILPOINT", hidden=True)] = "",
 ) -> None:
-    """Run the coordinator: registration, Redis state, PBT, weight rebroadcast, end of run."""
+    """Run the coordinator: registration, Redis state and weights, PBT, end of run."""
     _require_redis_url(redis_url)
     _require_keys(keys, None, True, "coordinator")
     stop = _start("coordinator")

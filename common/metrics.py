@@ -188,6 +188,11 @@ class LearnerMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(f"{PREFIX}_learner_queue_depth", "Rollouts received and waiting.", registry=r)
+        self.weights_sent = Counter(
+            f"{PREFIX}_learner_weights_sent_bytes",
+            "Bytes of weights sent to actors, each just ahead of a credit naming their version.",
+            registry=r,
+        )
         self.update_seconds = Histogram(
             f"{PREFIX}_learner_update_seconds",
             "Wall time of one update (all epochs).",
@@ -271,11 +276,9 @@ class CoordinatorMetrics:
             ["selection", "kind"],
             registry=r,
         )
-        self.weights_bytes = Counter(f"{PREFIX}_weights_broadcast_bytes", "Bytes of weights rebroadcast.", registry=r)
         self.weights_latency = Histogram(
-            f"{PREFIX}_weights_broadcast_seconds",
-            "From a learner's Weights arriving to their rebroadcast (decoding and checks included; "
-            "the Redis copy is written after).",
+            f"{PREFIX}_weights_store_seconds",
+            "From learner rank 0's Weights arriving to their Redis copy written (decoding and checks included).",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
             registry=r,
         )

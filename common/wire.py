@@ -15,10 +15,11 @@ Topology (who sends what to whom, see docs/architecture.md):
     coordinator     ROUTER → actor, learner       Assign, ReportAck (an actor's reports are counted up to ...)
     actor           DEALER → learner ROUTER       Hello (a request for credit, renewed while waiting),
                                                   Rollout (one per credit)
-    learner         ROUTER → actor                Credit
-    coordinator     PUB    → actors, learner 0    Weights (topic "w{member}."), Directive ("ctl."),
-                                                  Decision, Generation, DiversityWeight
-                                                  ("pbt.", to learner 0)
+    learner         ROUTER → actor                Credit, each preceded by the Weights it names unless
+                                                  this actor was sent them (the actors' only weights
+                                                  but for an Assign's)
+    coordinator     PUB    → actors, learner 0    Directive ("ctl."), Decision, Generation,
+                                                  DiversityWeight ("pbt.", to learner 0)
     coordinator     PAIR  ↔ its evaluator         EvaluationRequest → EvaluationResult (a private
                                                   Unix socket: coordinator/evaluator.py)
 """
@@ -341,7 +342,7 @@ class Credit:
     """Learner → actor: you may send me `count` more rollouts (flow control, learners/credits.py).
 
     `policy_version` is the learner's version now: the actor collects with those weights, which the
-    learner sends just ahead of the credit (once per actor and version) and the broadcast later.
+    learner sends just ahead of the credit (once per actor and version).
     """
 
     count: int = 1
@@ -467,13 +468,9 @@ class EvaluationResult:
         )
 
 
-# PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot: "w1." must not match "w10.".
+# PUB topics. ZeroMQ matches topic prefixes, so each ends in a dot.
 DIRECTIVE_TOPIC = b"ctl."
 DECISION_TOPIC = b"pbt."
-
-
-def weights_topic(member: int) -> bytes:
-    return f"w{member}.".encode()
 
 
 Message = (

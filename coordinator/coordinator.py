@@ -1,4 +1,4 @@
-"""The coordinator: registers processes, assigns work, keeps the run in Redis, rebroadcasts weights.
+"""The coordinator: registers processes, assigns work, keeps the run and its weights in Redis.
 
     loop until stopped:
         receive one control message (poll with a timeout) → its handler
@@ -292,12 +292,11 @@ class Coordinator:
         except (KeyError, ValueError) as exc:
             raise wire.WireError("bad_weights", str(exc)) from exc
         self.latest_weights[weights.member] = weights
-        # The broadcast first: actors that missed these weights with a credit wait for them, and
-        # the Redis copy, for actors and learners that start later, can come after.
-        self.broadcast.send_multipart([wire.weights_topic(weights.member), frame])
-        self.metrics.weights_bytes.inc(len(frame))
-        self.metrics.weights_latency.observe(time.perf_counter() - received)
+        # Not broadcast to the actors: the learners send each actor the weights its credit names
+        # (docs/architecture.md, "weights go only with credits"). The copy serves Assigns, the
+        # evaluator and restarted learners.
         self.store.put_weights_frame(weights.member, frame)
+        self.metrics.weights_latency.observe(time.perf_counter() - received)
         self.store.set_status(policy_version=max(w.version for w in self.latest_weights.values()))
         self.final_weights = self.final_weights or weights.final
 

@@ -1,9 +1,10 @@
 """The frames a learner sends an actor for one credit: the member's weights of the version the
 credit names, once per actor and version, then the credit itself, on the same connection.
 
-The actor collects with those weights at once instead of waiting for the coordinator's
-rebroadcast, a hop longer. Every rank holds the same weights, so every rank sends them. A frame is
-encoded once per version, however many actors it goes to.
+This is how actors get weights (but for the coordinator's Assign): each copy goes to an actor about
+to collect with it, so the traffic follows the rollouts trained on, not the fleet's size
+(docs/architecture.md, "weights go only with credits"). Every rank holds the same weights, so every
+rank sends them. A frame is encoded once per version, however many actors it goes to.
 """
 
 from __future__ import annotations

@@ -137,8 +137,11 @@ class Learner:
 
     def send_credit(self, actor: bytes, member: int) -> None:
         """A credit names our policy version; the weights of that version go just ahead of it."""
-        for frame in self.credit_frames.for_credit(actor, member, self.members.versions[member]):
+        frames = self.credit_frames.for_credit(actor, member, self.members.versions[member])
+        for frame in frames:
             self.experience.send_multipart([actor, frame])
+        if len(frames) > 1:
+            self.metrics.weights_sent.inc(len(frames[0]))
 
     def weights(self, member: int, final: bool = False) -> wire.Weights:
         return wire.Weights(
@@ -433,7 +436,7 @@ class Learner:
         return applied
 
     def publish(self, member: int, final: bool = False) -> None:
-        """Rank 0: the member's weights to the coordinator (Redis, the rebroadcast, checkpoints)."""
+        """Rank 0: the member's weights to the coordinator (Redis: Assigns, the evaluator, restarts)."""
         transport.send_frame(
             self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member)
         )

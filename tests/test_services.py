@@ -272,16 +272,17 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
                 return message
 
     assert next_rollout().policy_version == 1
-    topic = wire.weights_topic(0)
+    topic = wire.DIRECTIVE_TOPIC  # what an actor reads of the broadcast
     for frame in BAD_FRAMES:
         pub.send_multipart([topic, frame])
     pub.send_multipart([topic])  # one frame where two belong
+    wait_for(lambda: next_rollout() and rejected_total(metrics_port) >= len(BAD_FRAMES) + 1, 20, "rejects")
     bad_shapes = {k: np.zeros((3, 3), np.float32) for k in params}  # decodes, but fits no policy
-    pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=9, params=bad_shapes))])
-    wait_for(lambda: next_rollout() and rejected_total(metrics_port) >= len(BAD_FRAMES) + 2, 20, "rejects")
+    next_rollout(wire.Weights(member=0, version=9, params=bad_shapes))
     assert next_rollout().policy_version == 1, "rejected weights must not be adopted"
-    pub.send_multipart([topic, wire.encode(wire.Weights(member=0, version=7, params=params))])
-    wait_for(lambda: next_rollout().policy_version == 7, 20, "the actor to adopt version 7")
+    assert rejected_total(metrics_port) >= len(BAD_FRAMES) + 2
+    next_rollout(wire.Weights(member=0, version=7, params=params))
+    assert next_rollout().policy_version == 7
     rejected = rejected_total(metrics_port)
     next_rollout(wire.Weights(member=1, version=30, params=params), wire.Weights(member=0, version=12, params=params))
     assert next_rollout().policy_version == 12, "weights that come with a credit are used at once"
@@ -291,10 +292,13 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
     assert actor.alive(), actor.log()
 
 
-def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, fake_peers: Any) -> None:
-    """Assigned before any weights exist, the actor can miss the learner's first broadcast (a PUB
-    drops what comes before a subscriber connects); nothing else would be published until it sends
-    data, so it must ask the coordinator again."""
+def test_an_actor_assigned_before_any_weights_takes_those_its_credit_brings_or_asks_again(
+    start_service: Any, fake_peers: Any
+) -> None:
+    """Assigned before any weights exist, the actor asks the learner for credit all the same: the
+    weights a credit names come just ahead of it. When those do not fit its policy (refused), it
+    holds a credit and nothing to collect with, so it asks the coordinator, whose Assign carries
+    the latest weights it holds."""
     control, _pub, sink, (control_port, pub_port, sink_port) = fake_peers
     actor = start_service(
         "actor",
@@ -317,20 +321,25 @@ def test_an_actor_that_missed_the_first_weights_asks_again(start_service: Any, f
         env_spec=CARTPOLE,
         learner_endpoints=(f"tcp://127.0.0.1:{sink_port}",),
     )
-    control.send_multipart([identity, wire.encode(assign)])  # no weights yet, and none broadcast
+    control.send_multipart([identity, wire.encode(assign)])  # no weights yet
+    who, request = wait_for(lambda: sink.poll(100) and sink.recv_multipart(), 10, "a request for credit")
+    assert isinstance(wire.decode(request), wire.Hello)
+    params = to_numpy_params(ActorCritic(CARTPOLE, (16,)))
+    misfit = wire.Weights(member=0, version=3, params={k: np.zeros((3, 3), np.float32) for k in params})
+    sink.send_multipart([who, wire.encode(misfit)])
+    sink.send_multipart([who, wire.encode(wire.Credit(1, policy_version=3))])
     _identity, again = wait_for(lambda: control.poll(100) and control.recv_multipart(), 10, "a second hello")
     assert isinstance(wire.decode(again), wire.Hello)
-    weights = wire.Weights(member=0, version=4, params=to_numpy_params(ActorCritic(CARTPOLE, (16,))))
+    weights = wire.Weights(member=0, version=4, params=params)
     control.send_multipart([identity, wire.encode(dataclasses.replace(assign, weights=weights))])
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # grant credits until a rollout comes, collected with version 4
+    while time.monotonic() < deadline:  # the credit held is spent on a rollout collected with version 4
         who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
         assert who is not None, f"the actor went quiet:\n{actor.log()}"
         message = wire.decode(frame)
         if isinstance(message, wire.Rollout):
             assert message.policy_version == 4
             break
-        sink.send_multipart([who, wire.encode(wire.Credit(1, policy_version=4))])
     else:
         raise AssertionError("no rollout")
 

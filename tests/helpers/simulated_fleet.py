@@ -61,7 +61,7 @@ class Counts:
     ack_delay_s: float = 0.0  # summed over the acks, from the report they answer
     ack_delay_max_s: float = 0.0
     broadcast_weights: int = 0
-    broadcast_bytes: int = 0
+    broadcast_bytes: int = 0  # every message on the broadcast
     learner_weights: int = 0
     learner_weights_bytes: int = 0
     credits: int = 0
@@ -136,12 +136,11 @@ class Identity:
         if len(frames) != 2:
             raise wire.WireError("garbage", f"{len(frames)} frames on the broadcast")
         message = wire.decode(frames[1])
+        self.fleet.counts.broadcast_bytes += len(frames[1])
         if isinstance(message, wire.Directive) and message.kind == "stop":
             self.fleet.stopping = True
-        elif isinstance(message, wire.Weights) and self.held is not None:
+        elif isinstance(message, wire.Weights):  # none since weights go only with credits (issue 45)
             self.fleet.counts.broadcast_weights += 1
-            self.fleet.counts.broadcast_bytes += len(frames[1])
-            self.held.offer(message, "broadcast")
 
     def assigned(self, assign: wire.Assign) -> None:
         fleet = self.fleet
@@ -159,7 +158,6 @@ class Identity:
         self.credits = [0] * len(self.learners)
         self.asked_at = [-float("inf")] * len(self.learners)
         self.broadcast = fleet.socket(zmq.SUB, self, "broadcast")
-        self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.weights_topic(self.member))
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(fleet.broadcast)
         self.reported_at = time.monotonic()
