@@ -35,10 +35,6 @@ from rlmq.common.service import EXIT_FAILED, EXIT_OK, EXIT_USAGE, RateTimer, Rej
 
 log = logging.getLogger("rlmq.actor")
 WEIGHTS_PULL_S = 1.0  # holding a credit but no weights that fit, ask the coordinator for them this often
-# At the end, how long to wait for the last report to be counted: a connection to the coordinator
-# redialled after a partition takes up to transport.CONNECT_TIMEOUT_MS and a handshake.
-FINAL_ACK_WAIT_S = 2.0
-FINAL_RESEND_S = 0.25
 
 
 class Actor:
@@ -71,7 +67,7 @@ class Actor:
         if assign is None:
             return EXIT_OK
         self.member, run_cfg, spec = assign.member, assign.config, assign.env_spec
-        self.reports = Reports(self.cfg.name, self.member, self.metrics)
+        self.reports = Reports(self.cfg.name, self.member, self.metrics, run_cfg.report_interval_s)
         for endpoint in assign.learner_endpoints:
             sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
             self.credentials.client(sock)
@@ -112,13 +108,12 @@ class Actor:
             device or "the CPU",
             ", ".join(assign.learner_endpoints),
         )
-        report = RateTimer(run_cfg.report_interval_s)
         starving = RateTimer(WEIGHTS_PULL_S)
         steps_total = 0
         try:
             while not self.stop.is_set():
                 self.read_broadcast()
-                learner = self.wait_for_credit(report, collector)
+                learner = self.wait_for_credit(collector)
                 if learner is None:
                     break
                 if self.held.policy is None:  # the weights that came with the credit did not fit
@@ -134,12 +129,12 @@ class Actor:
                 steps = int(np.count_nonzero(rollout.valid))
                 self.reports.collected(steps, started_at)
                 steps_total += steps
-                if report.due():
+                if self.reports.due():
                     self.report(collector)
                 if self.cfg.max_steps is not None and steps_total >= self.cfg.max_steps:
                     break
             self.report(collector)
-            self.flush_reports(FINAL_ACK_WAIT_S)
+            self.flush_reports()
         finally:
             collector.close()
         return EXIT_OK
@@ -157,7 +152,7 @@ class Actor:
                     continue
                 self.asked_at[i] = now
 
-    def wait_for_credit(self, report: RateTimer, collector: Collector) -> int | None:
+    def wait_for_credit(self, collector: Collector) -> int | None:
         """Index of a learner whose credit we hold (waiting as long as it takes), or None on stop.
 
         While waiting: read the broadcast (a stop must get through), keep reporting, and renew our
@@ -186,7 +181,7 @@ class Actor:
             self.greet_learners()
             self.poller.poll(50)
             self.read_broadcast()
-            if report.due():
+            if self.reports.due():
                 self.report(collector)
         return None
 
@@ -250,12 +245,13 @@ class Actor:
         transport.send_frame(self.control, encoded)
         self.read_control()
 
-    def flush_reports(self, timeout_s: float) -> None:
-        """Wait (bounded) for the coordinator to acknowledge our last report and count all of it,
-        sending it again now and then: the coordinator may be away, and a secure run counts our
-        last rollouts only once the learners have reported taking them. It counts each step once
-        however often the report comes."""
-        deadline, resend = time.monotonic() + timeout_s, RateTimer(FINAL_RESEND_S)
+    def flush_reports(self) -> None:
+        """Wait (bounded: Reports.last_word) for the coordinator to acknowledge our last report and
+        count all of it, sending it again now and then: the coordinator may be away, and a secure
+        run counts our last rollouts only once the learners have reported taking them. It counts
+        each step once however often the report comes."""
+        wait_s, resend_s = self.reports.last_word()
+        deadline, resend = time.monotonic() + wait_s, RateTimer(resend_s)
         while not self.reports.settled and time.monotonic() < deadline:
             if resend.due():
                 transport.send_frame(self.control, self.reports.last)

@@ -16,13 +16,20 @@ import numpy as np
 from rlmq.actors.unacked import UnackedEpisodes
 from rlmq.common import wire
 from rlmq.common.metrics import ActorMetrics
+from rlmq.common.service import RateTimer
 
 MAX_UNACKED_RETURNS = 4096  # returns kept for a coordinator that is away; beyond, the oldest are given up
+# At the end, how long to wait for the last report to be counted: a connection to the coordinator
+# redialled after a partition takes up to transport.CONNECT_TIMEOUT_MS and a handshake.
+FINAL_ACK_WAIT_S = 2.0
+FINAL_RESEND_S = 0.25
 
 
 class Reports:
-    def __init__(self, name: str, member: int, metrics: ActorMetrics) -> None:
+    def __init__(self, name: str, member: int, metrics: ActorMetrics, interval_s: float) -> None:
         self.name, self.member, self.metrics = name, member, metrics
+        self.run_interval_s = interval_s  # the run's report_interval_s
+        self.timer = RateTimer(interval_s)  # its period: as the coordinator last asked
         self.session = random.SystemRandom().getrandbits(40)  # names this process's totals to the coordinator
         self.totals = (0, 0)  # env steps and episodes so far
         self.acked = (0, 0)  # the totals the coordinator says it has heard
@@ -89,6 +96,19 @@ class Reports:
             self.acked = (ack.steps_total, ack.episodes_total)
             self.uncounted = (ack.steps_uncounted, ack.episodes_uncounted)
         self.unacked.keep_newest(self.totals[1] - ack.episodes_total + ack.episodes_uncounted)
+        self.timer.period = ack.report_interval_s or self.run_interval_s
+
+    def last_word(self) -> tuple[float, float]:
+        """How long an actor that stops waits for its last report to be counted, and how often it
+        sends it again meanwhile: stretched as its reports are, where the coordinator stretched
+        them (a large fleet's resends stay within the coordinator's budget too)."""
+        period = self.timer.period
+        return max(FINAL_ACK_WAIT_S, 2 * period), max(FINAL_RESEND_S, period)
+
+    def due(self) -> bool:
+        """Whether the next report is due: every `report_interval_s`, or as much longer as the
+        coordinator asks (its reports per second are budgeted: coordinator.py)."""
+        return self.timer.due()
 
     @property
     def settled(self) -> bool:

@@ -52,6 +52,7 @@ MAX_LOSS_TERMS = 64  # a learner report's loss terms and statistics (a few dozen
 # not renewed for its TTL (learners/credits.py), so dead and stray identities lose their place.
 CREDIT_REQUEST_RENEW_S = 0.25
 CREDIT_REQUEST_TTL_S = 1.0
+MAX_REPORT_INTERVAL_S = 60.0
 
 
 def _require(condition: bool, detail: str) -> None:
@@ -332,9 +333,13 @@ class ReportAck:
     episodes_total: int
     episodes_uncounted: int = 0
     steps_uncounted: int = 0
+    # When to report next, seconds (0: the run's `report_interval_s`): a coordinator with a large
+    # fleet stretches it, so that its reports per second stay within its budget.
+    report_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         _counts(self, "steps_total", "episodes_total", "episodes_uncounted", "steps_uncounted")
+        _require(0 <= self.report_interval_s <= MAX_REPORT_INTERVAL_S, "ReportAck.report_interval_s out of range")
 
 
 @dataclass(frozen=True)

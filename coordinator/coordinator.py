@@ -47,7 +47,8 @@ TICK_S = 0.5
 RATE_TICKS = 10
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
 # After the end, how long a secure run waits for the actors' last reports to count their last
-# rollouts: each actor sends its last report again for up to actors.actor.FINAL_ACK_WAIT_S.
+# rollouts: each actor sends its last report again for up to actors.reports.FINAL_ACK_WAIT_S, or
+# twice its report interval where a large fleet's is stretched (the wait is 3 of those then).
 ACTORS_LAST_WORD_S = 3.0
 # Memory freed by the sockets' queues (a flood of subscribers that read nothing) goes back to the
 # kernel this often: glibc keeps what other threads' arenas free, so without the trim a flood's
@@ -56,6 +57,11 @@ TRIM_EVERY_S = 10.0
 # How much longer than the grace period a run that ended on its budget waits for the evaluation of
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
+# The share of the coordinator's time its actors' reports may take: a fleet whose reports, at the
+# time one takes here, would take more is asked to report less often (ReportAck.report_interval_s;
+# docs/architecture.md, "Capacity"). Measured, not assumed: on a loaded host a report takes longer.
+REPORT_SHARE = 0.25
+REPORT_COST_WEIGHT = 0.01  # of each report in the running mean of what one takes
 
 
 class Coordinator:
@@ -96,6 +102,8 @@ class Coordinator:
         self.publisher = learners[0].identity.encode() if 0 in learners else None
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
+        self.report_interval_s = 0.0  # what acks ask of the actors (0: the run's report_interval_s)
+        self.report_cost_s = 0.0  # running mean of the wall time one actor report takes here
         self.learner_lag: dict[int, float] = {}
         self.learners_hung: tuple[int, ...] = ()
         self.log_reject = RejectLog(log)
@@ -205,6 +213,7 @@ class Coordinator:
                 episodes_total=report.episodes_total,
                 episodes_uncounted=counted.uncounted,
                 steps_uncounted=counted.steps_uncounted,
+                report_interval_s=self.report_interval_s,
             )
             self.control.send_multipart([identity, wire.encode(ack)])
         if self.curves is not None and counted.episodes:  # the newest claims may wait uncounted
@@ -304,6 +313,7 @@ class Coordinator:
 
     def handle(self, identity: bytes, frame: bytes, sender: zmq.Frame | None = None) -> None:
         """One message; `sender` (a secure run's): the frame as received, whose key says who sent it."""
+        started = time.perf_counter()
         try:
             message = wire.decode(frame)
             handler = self.handlers.get(type(message))
@@ -312,6 +322,9 @@ class Coordinator:
             if self.gatekeeper is not None and sender is not None:  # a secure run: as whom may it speak
                 check_sender(sender, message)
             handler(identity, message, frame)
+            if isinstance(message, wire.ActorReport):  # what the fleet's reports cost: report_interval
+                took = time.perf_counter() - started
+                self.report_cost_s += (REPORT_COST_WEIGHT if self.report_cost_s else 1.0) * (took - self.report_cost_s)
         except wire.WireError as exc:
             self.log_reject(exc.reason, str(exc), len(frame), identity)
             self.metrics.rejected.labels(exc.reason).inc()
@@ -377,6 +390,10 @@ class Coordinator:
         self.recent_steps.append((now, steps))
         actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
+        interval = report_interval(
+            self.run_config.report_interval_s, actors, self.report_cost_s, self.cfg.actor_timeout_s
+        )
+        self.report_interval_s = interval if interval > self.run_config.report_interval_s else 0.0  # 0: the run's
         self.metrics.connected_learners.set(self.learners.live())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         for member, value in member_means.items():
@@ -469,13 +486,14 @@ class Coordinator:
         """The run is over; its status is final but for the last reports' counts. Repeat `stop`
         (a PUB message can miss a slow joiner) until the final weights and every rank's final
         report are in, and on a secure run until the actors' last reports have counted what the
-        learners took (for at most ACTORS_LAST_WORD_S: an actor that died says no more), or until
-        the grace period ends."""
+        learners took (for at most ACTORS_LAST_WORD_S, or 3 report intervals where a large fleet's
+        are stretched: an actor that died says no more), or until the grace period ends."""
         assert self.finished_at is not None
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
         waited = time.monotonic() - self.finished_at
         learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
-        if learners_done and self.gatekeeper is not None and waited < ACTORS_LAST_WORD_S:
+        last_word_s = max(ACTORS_LAST_WORD_S, 3 * self.report_interval_s)
+        if learners_done and self.gatekeeper is not None and waited < last_word_s:
             learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
         evaluating = learners_done and self.final_evaluation_pending()
         limit = self.cfg.shutdown_grace_s + (FINAL_EVALUATION_S if evaluating else 0.0)
@@ -519,6 +537,15 @@ class Coordinator:
         self.broadcast.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
+
+
+def report_interval(run_interval_s: float, actors: int, report_cost_s: float, actor_timeout_s: float) -> float:
+    """How often each of `actors` live actors is to report, each report taking `report_cost_s`
+    here: the run's interval while their reports take at most REPORT_SHARE of the coordinator's
+    time, longer beyond, but never so long that a live actor would look gone (a third of
+    `actor_timeout_s`)."""
+    longest = min(max(run_interval_s, actor_timeout_s / 3), wire.MAX_REPORT_INTERVAL_S)
+    return min(max(run_interval_s, actors * report_cost_s / REPORT_SHARE), longest)
 
 
 def _actor_index(name: str, default: int) -> int:

@@ -45,8 +45,6 @@ ASSIGN_RESEND_S = 2.0  # transport.request_assignment's
 WEIGHTS_PULL_S = 1.0  # actors.actor's: without weights this long, say Hello to the coordinator again
 TICK_S = 0.02  # how often every identity's timers are looked at
 STATS_EVERY_S = 1.0
-FINAL_ACK_WAIT_S = 2.0  # actors.actor's: after the stop, the last reports are sent until counted
-FINAL_RESEND_S = 0.25
 NO_RETURNS = (np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
@@ -91,7 +89,6 @@ class Identity:
         self.asked_at: list[float] = []
         self.hello_frame = b""
         self.said_hello_at = -float("inf")
-        self.reported_at = 0.0
         self.report_sent_at: dict[int, float] = {}  # steps_total → when a report of it went
         self.actor_index = index
         self.stopped = False
@@ -149,7 +146,7 @@ class Identity:
         self.held = HeldPolicy(assign.config, assign.env_spec, assign.member)
         if assign.weights is not None:
             self.held.offer(assign.weights, "assign")
-        self.reports = Reports(self.name, self.member, fleet.metrics)
+        self.reports = Reports(self.name, self.member, fleet.metrics, assign.config.report_interval_s)
         self.hello_frame = wire.encode(dataclasses.replace(self.hello, member=self.member))
         for i, endpoint in enumerate(assign.learner_endpoints):
             sock = fleet.socket(zmq.DEALER, self, f"learner:{i}", hwm=1000)
@@ -160,7 +157,6 @@ class Identity:
         self.broadcast = fleet.socket(zmq.SUB, self, "broadcast")
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(fleet.broadcast)
-        self.reported_at = time.monotonic()
         fleet.counts.assigned += 1
 
     # --- what goes out ----------------------------------------------------------------------------
@@ -179,7 +175,7 @@ class Identity:
                 if transport.send_frame(sock, self.hello_frame):
                     self.asked_at[i] = now
                     self.fleet.counts.credit_requests += 1
-        if now - self.reported_at >= self.run_config.report_interval_s:
+        if self.reports is not None and self.reports.due():
             self.report(now)
 
     def collect(self) -> None:
@@ -215,7 +211,6 @@ class Identity:
             times = self.collector.take_times()
         frame = self.reports.next(returns, lengths, lineages, *times, self.held.version, 0)
         transport.send_frame(self.control, frame)
-        self.reported_at = now
         self.report_sent_at[self.reports.totals[0]] = now
         counts = self.fleet.counts
         counts.reports += 1
@@ -295,12 +290,16 @@ class SimulatedFleet:
         """As an actor that stops: each identity's last report, sent again (bounded) until the
         coordinator counts all of it (a secure run counts the last rollouts once the learners
         say they took them)."""
-        deadline = time.monotonic() + FINAL_ACK_WAIT_S
+        wait_s, resend_s = min(
+            (identity.reports.last_word() for identity in self.identities if identity.reports is not None),
+            default=(0.0, 0.0),
+        )
+        deadline = time.monotonic() + wait_s
         for identity in self.identities:
             if identity.reports is not None:
                 identity.report(time.monotonic())
         while time.monotonic() < deadline and not all(identity.settled for identity in self.identities):
-            self.read(int(FINAL_RESEND_S * 1000))
+            self.read(int(resend_s * 1000))
             for identity in self.identities:
                 if not identity.settled:
                     assert identity.reports is not None
