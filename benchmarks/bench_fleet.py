@@ -35,10 +35,11 @@ import zmq  # noqa: E402
 
 from rlmq.cli.redis_server import RedisServer  # noqa: E402
 from rlmq.common import security, transport, wire  # noqa: E402
-from rlmq.common.config import CoordinatorConfig  # noqa: E402
+from rlmq.common.config import CoordinatorConfig, EvaluationConfig  # noqa: E402
 from rlmq.common.loading import load_run_config  # noqa: E402
 from rlmq.common.service import StopFlag, die_with_parent  # noqa: E402
-from rlmq.coordinator.coordinator import TICK_S, Coordinator, report_interval  # noqa: E402
+from rlmq.coordinator.coordinator import TICK_S, Coordinator  # noqa: E402
+from rlmq.coordinator.report_budget import report_interval  # noqa: E402
 from rlmq.coordinator.store import RunStore  # noqa: E402
 from rlmq.learners.credits import CreditLedger, CreditTimeouts  # noqa: E402
 from rlmq.learners.networks import ActorCritic  # noqa: E402
@@ -47,6 +48,7 @@ from tests.helpers.references import to_numpy_params  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ACTOR_TIMEOUT_S = CoordinatorConfig.actor_timeout_s  # FleetRun's coordinator keeps the default
+EVALUATE_EVERY_S = 2.0
 
 
 def cpu_s(pid: int) -> float:
@@ -261,40 +263,100 @@ def model(
     }
 
 
-def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree: Path) -> dict[str, Any]:
-    """One size, with the services and the simulated fleet of the rlmq checkout `tree`."""
-    if tree == ROOT:  # the installed (editable) rlmq is this tree
-        os.environ.pop("PYTHONPATH", None)
-    else:  # FleetRun's services inherit it
-        os.environ["PYTHONPATH"] = str(package_dir(tree))
-    config = load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {})
-    config = dataclasses.replace(config, total_steps=10**12)
-    run = FleetRun(root, config, actors=0, start_actors=False)
-    stats = root / "fleet-stats.jsonl"
-    run.wait(lambda s: s.state == "running" and s.learners == 1, timeout_s, "the learner")
-    time.sleep(2.0)
-    coordinator_rss_before = rss_mb(run.processes[0].pid)
-    with open(root / "fleet.log", "wb") as log:
-        fleet = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.helpers.simulated_fleet",
-                *("--keys", str(run.keys), "--coordinator", run.control, "--broadcast", run.broadcast),
-                *("--identities", str(identities), "--stats", str(stats)),
-            ],
-            cwd=tree,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )
-    try:
-        pids = {
+class FleetAgainstServices:
+    """FleetRun's services (CartPole, every socket on CURVE) and a simulated fleet of `identities`,
+    all of the rlmq checkout `tree`; the coordinator's memory read before the fleet starts."""
+
+    def __init__(self, root: Path, identities: int, tree: Path, timeout_s: float, **run_fields: Any) -> None:
+        if tree == ROOT:  # the installed (editable) rlmq is this tree
+            os.environ.pop("PYTHONPATH", None)
+        else:  # FleetRun's services inherit it
+            os.environ["PYTHONPATH"] = str(package_dir(tree))
+        config = dataclasses.replace(load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {}), **run_fields)
+        self.run = run = FleetRun(root, config, actors=0, start_actors=False)
+        self.stats = root / "fleet-stats.jsonl"
+        run.wait(lambda s: s.state == "running" and s.learners == 1, timeout_s, "the learner")
+        time.sleep(2.0)
+        self.coordinator_rss_before = rss_mb(run.processes[0].pid)
+        self.started = time.monotonic()
+        with open(root / "fleet.log", "wb") as log:
+            self.fleet = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.helpers.simulated_fleet",
+                    *("--keys", str(run.keys), "--coordinator", run.control, "--broadcast", run.broadcast),
+                    *("--identities", str(identities), "--stats", str(self.stats)),
+                ],
+                cwd=tree,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
+        self.pids = {
             "coordinator": run.processes[0].pid,
             "learner": run.processes[1].pid,
             "redis": run.redis.process.pid,
-            "fleet": fleet.pid,
+            "fleet": self.fleet.pid,
         }
+
+    def close(self) -> None:
+        self.fleet.terminate()
+        try:
+            self.fleet.wait(15)
+        except subprocess.TimeoutExpired:
+            self.fleet.kill()
+        self.run.close()
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def to_target(root: Path, identities: int, timeout_s: float, tree: Path) -> dict[str, Any]:
+    """CartPole trained to 475 (the run's own evaluation decides) by the simulated fleet: the time
+    from the fleet's start to the end, and the coordinator's CPU over it and its peak memory."""
+    # Each identity's episode spans many of the learner's versions (its turns come round once per
+    # fleet), so its returns tell late what the newest weights do: the run evaluates them on a clock.
+    clocked = EvaluationConfig(every_s=EVALUATE_EVERY_S)
+    services = FleetAgainstServices(
+        root, identities, tree, timeout_s, target_return=475.0, total_steps=5_000_000, evaluation=clocked
+    )
+    run = services.run
+    try:
+        cpu = cpu_s(services.pids["coordinator"])
+        end = run.wait(lambda s: s.state in ("stopping", "done"), timeout_s, "the end")
+        span = time.monotonic() - services.started
+        coordinator_cpu = (cpu_s(services.pids["coordinator"]) - cpu) / span
+        peak = peak_rss_mb(services.pids["coordinator"])
+        counts = last_stats(services.stats)
+        return {
+            "tree": str(tree),
+            "identities": identities,
+            "reason": end.reason,
+            "success": end.success,
+            "detail": end.detail,
+            "env_steps": end.env_steps,
+            "seconds": span,
+            "coordinator_cpu": coordinator_cpu,
+            "coordinator_peak_rss_mb": peak,
+            "coordinator_rss_before_mb": services.coordinator_rss_before,
+            "assigned": counts.get("assigned"),
+            "reports": counts.get("reports"),
+        }
+    finally:
+        services.close()
+
+
+def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree: Path) -> dict[str, Any]:
+    """One size, with the services and the simulated fleet of the rlmq checkout `tree`."""
+    services = FleetAgainstServices(root, identities, tree, timeout_s, total_steps=10**12)
+    run, fleet, pids, stats = services.run, services.fleet, services.pids, services.stats
+    coordinator_rss_before = services.coordinator_rss_before
+    try:
         started, deadline = time.monotonic(), time.monotonic() + timeout_s
         while True:
             counts = last_stats(stats)
@@ -336,12 +398,7 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
             "rejected": after.counts["rejected"],
         }
     finally:
-        fleet.terminate()
-        try:
-            fleet.wait(15)
-        except subprocess.TimeoutExpired:
-            fleet.kill()
-        run.close()
+        services.close()
 
 
 def package_dir(tree: Path) -> Path:
@@ -361,11 +418,19 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=180.0)
     parser.add_argument("--baseline", type=Path, help="Another rlmq checkout, measured before this one.")
     parser.add_argument("--json", type=Path, help="Write the measurements here too.")
+    parser.add_argument(
+        "--to-target", action="store_true", help="Instead: train CartPole to 475 with each fleet, timed."
+    )
     args = parser.parse_args()
     trees = [args.baseline.resolve(), ROOT] if args.baseline is not None else [ROOT]
     config = load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {})
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        if args.to_target:
+            for n in args.identities:
+                for i, tree in enumerate(trees):
+                    print(json.dumps(to_target(Path(tmp) / f"target-{n}-{i}", n, args.timeout_s, tree)), flush=True)
+            return
         costs = calibrate(Path(tmp) / "calibrate")
         print(json.dumps({"unit_costs": dataclasses.asdict(costs)}), flush=True)
         for n in args.identities:

@@ -45,11 +45,17 @@ class EvaluationConfig:
     episodes: int = 10  # per evaluation; 0: believe the actors' reported returns (a trusted network only)
     deterministic: bool = True  # the likeliest action (as `rlmq eval`), or the actors' own sampling
     timeout_s: float = 600.0  # an evaluation not back by then is given up (the evaluator restarted)
+    # Also evaluate the best member's newest weights this often, seconds (0: only when the reported
+    # returns reach the target or PBT asks). For fleets with many actors per learner, whose episodes
+    # each span many policy versions: their returns say late what the newest weights do.
+    every_s: float = 0.0
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, "evaluation")
-        if not 0 <= self.episodes <= 1000 or self.timeout_s <= 0:
-            raise ValueError("evaluation.episodes must be in [0, 1000] and evaluation.timeout_s positive")
+        if not 0 <= self.episodes <= 1000 or self.timeout_s <= 0 or self.every_s < 0:
+            raise ValueError(
+                "evaluation.episodes must be in [0, 1000], evaluation.timeout_s positive and evaluation.every_s ≥ 0"
+            )
 
 
 # "max-autotune" replay each part of a gradient step as a CUDA graph on a GPU, and "cuda-graphs" does

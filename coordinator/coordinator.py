@@ -38,6 +38,7 @@ from rlmq.coordinator.judge import Judge, Judged
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
+from rlmq.coordinator.report_budget import ReportBudget
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -57,11 +58,6 @@ TRIM_EVERY_S = 10.0
 # How much longer than the grace period a run that ended on its budget waits for the evaluation of
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
-# The share of the coordinator's time its actors' reports may take: a fleet whose reports, at the
-# time one takes here, would take more is asked to report less often (ReportAck.report_interval_s;
-# docs/architecture.md, "Capacity"). Measured, not assumed: on a loaded host a report takes longer.
-REPORT_SHARE = 0.25
-REPORT_COST_WEIGHT = 0.01  # of each report in the running mean of what one takes
 
 
 class Coordinator:
@@ -102,8 +98,7 @@ class Coordinator:
         self.publisher = learners[0].identity.encode() if 0 in learners else None
         self.waiting_actors: dict[bytes, wire.Hello] = {}  # by identity: a Hello repeats
         self.actor_count = 0
-        self.report_interval_s = 0.0  # what acks ask of the actors (0: the run's report_interval_s)
-        self.report_cost_s = 0.0  # running mean of the wall time one actor report takes here
+        self.report_budget = ReportBudget(self.run_config.report_interval_s, cfg.actor_timeout_s)
         self.learner_lag: dict[int, float] = {}
         self.learners_hung: tuple[int, ...] = ()
         self.log_reject = RejectLog(log)
@@ -120,6 +115,8 @@ class Coordinator:
             Judge(self.run_config, self.spec, ctx, store, self.metrics) if self.run_config.evaluation.episodes else None
         )
         self.passed: Judged | None = None  # the evaluation that reached the target
+        every_s = self.run_config.evaluation.every_s
+        self.evaluate_every = RateTimer(every_s) if every_s and self.run_config.target_return is not None else None
         self.curves = Curves.open(cfg.tensorboard_dir, self.population.size, cfg.tensorboard_max_mb)
         self.handlers: dict[type, Callable[[bytes, Any, bytes], None]] = {
             wire.Hello: self.on_hello,
@@ -213,7 +210,7 @@ class Coordinator:
                 episodes_total=report.episodes_total,
                 episodes_uncounted=counted.uncounted,
                 steps_uncounted=counted.steps_uncounted,
-                report_interval_s=self.report_interval_s,
+                report_interval_s=self.report_budget.asked_s,
             )
             self.control.send_multipart([identity, wire.encode(ack)])
         if self.curves is not None and counted.episodes:  # the newest claims may wait uncounted
@@ -322,9 +319,8 @@ class Coordinator:
             if self.gatekeeper is not None and sender is not None:  # a secure run: as whom may it speak
                 check_sender(sender, message)
             handler(identity, message, frame)
-            if isinstance(message, wire.ActorReport):  # what the fleet's reports cost: report_interval
-                took = time.perf_counter() - started
-                self.report_cost_s += (REPORT_COST_WEIGHT if self.report_cost_s else 1.0) * (took - self.report_cost_s)
+            if isinstance(message, wire.ActorReport):  # what the fleet's reports cost (report_budget.py)
+                self.report_budget.took(time.perf_counter() - started)
         except wire.WireError as exc:
             self.log_reject(exc.reason, str(exc), len(frame), identity)
             self.metrics.rejected.labels(exc.reason).inc()
@@ -390,10 +386,7 @@ class Coordinator:
         self.recent_steps.append((now, steps))
         actors = self.store.live_actors(self.cfg.actor_timeout_s, forget_after_s=10 * self.cfg.actor_timeout_s)
         self.metrics.connected_actors.set(actors)
-        interval = report_interval(
-            self.run_config.report_interval_s, actors, self.report_cost_s, self.cfg.actor_timeout_s
-        )
-        self.report_interval_s = interval if interval > self.run_config.report_interval_s else 0.0  # 0: the run's
+        self.report_budget.follow(actors)
         self.metrics.connected_learners.set(self.learners.live())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         for member, value in member_means.items():
@@ -437,7 +430,8 @@ class Coordinator:
                 {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()},
             )
         if self.judge is not None and self.passed is None:
-            if self.reported_target(mean_return, full_record):
+            due = self.evaluate_every is not None and self.evaluate_every.due()
+            if due or self.reported_target(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
             self.evaluate()
         reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
@@ -492,7 +486,7 @@ class Coordinator:
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
         waited = time.monotonic() - self.finished_at
         learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
-        last_word_s = max(ACTORS_LAST_WORD_S, 3 * self.report_interval_s)
+        last_word_s = max(ACTORS_LAST_WORD_S, 3 * self.report_budget.asked_s)
         if learners_done and self.gatekeeper is not None and waited < last_word_s:
             learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
         evaluating = learners_done and self.final_evaluation_pending()
@@ -537,15 +531,6 @@ class Coordinator:
         self.broadcast.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
-
-
-def report_interval(run_interval_s: float, actors: int, report_cost_s: float, actor_timeout_s: float) -> float:
-    """How often each of `actors` live actors is to report, each report taking `report_cost_s`
-    here: the run's interval while their reports take at most REPORT_SHARE of the coordinator's
-    time, longer beyond, but never so long that a live actor would look gone (a third of
-    `actor_timeout_s`)."""
-    longest = min(max(run_interval_s, actor_timeout_s / 3), wire.MAX_REPORT_INTERVAL_S)
-    return min(max(run_interval_s, actors * report_cost_s / REPORT_SHARE), longest)
 
 
 def _actor_index(name: str, default: int) -> int:

@@ -112,6 +112,34 @@ def test_reports_that_reach_the_target_only_ask_the_runs_own_evaluation_which_de
     assert "500.0 ± 0.0 over 10 deterministic evaluation episodes (member 0, version 2) ≥ 475" in status.detail
 
 
+def test_with_evaluation_every_s_the_newest_weights_are_judged_though_no_actor_reported(
+    judging: Coordinator, redis_url: str
+) -> None:
+    """Many actors per learner report returns of episodes begun many versions ago (issue 45): with
+    `evaluation.every_s` the run evaluates its newest weights on a clock too, and ends on them.
+    Without it, a tick asks for nothing until the reports reach the target."""
+    judging.handle(b"learner-0", weights(0, 1, balances=True))
+    judging.on_tick()
+    assert judging.judge is not None and not judging.judge.evaluator.busy
+    clocked = started(
+        redis_url, judging.cfg.run + "-clocked", hidden_sizes=(4,), evaluation=EvaluationConfig(every_s=0.01)
+    )
+    clocked.publisher = b"learner-0"
+    try:
+        clocked.handle(b"learner-0", weights(0, 1, balances=True))
+        time.sleep(0.02)
+        clocked.on_tick()
+        assert clocked.judge is not None and clocked.judge.evaluator.busy
+        evaluate_until(clocked, lambda: clocked.passed is not None)
+        clocked.on_tick()
+        status = clocked.store.status()
+        assert clocked.finished_at is not None and status.success is True and status.evaluated_version == 1
+        assert status.episodes == 0  # no actor said a word
+    finally:
+        clocked.close()
+        clocked.store.delete_run()
+
+
 def test_pbt_copies_the_member_the_evaluations_rank_first_whatever_its_actors_claim(
     redis_url: str,
     run_id: str,

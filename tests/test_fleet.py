@@ -18,7 +18,7 @@ from rlmq.common import wire
 from rlmq.common.loading import load_run_config
 from rlmq.common.metrics import ActorMetrics
 from rlmq.common.service import die_with_parent
-from rlmq.coordinator.coordinator import REPORT_SHARE, report_interval
+from rlmq.coordinator.report_budget import REPORT_SHARE, report_interval
 from tests.helpers.fleet_run import FleetRun
 
 ROOT = Path(__file__).resolve().parent.parent
