@@ -19,6 +19,7 @@ from rlmq.common.service import (
     configure_logging,
     install_signal_handlers,
     limit_threads,
+    open_files_as_allowed,
 )
 
 app = typer.Typer(
@@ -108,6 +109,7 @@ def _require_keys(keys_dir: str, name: str | None, serves: bool, process: str) -
 
 def _start(name: str, torch_threads: int = 1) -> StopFlag:
     limit_threads(torch_threads)
+    open_files_as_allowed()
     log = configure_logging(name)
     stop = StopFlag()
     install_signal_handlers(stop, log)

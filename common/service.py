@@ -11,6 +11,7 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -100,6 +101,18 @@ def limit_threads(torch_threads: int = 1) -> None:
         os.environ.setdefault(var, str(torch_threads))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(torch_threads)
+
+
+def open_files_as_allowed() -> int:
+    """Raise this process's limit on open files to what the system allows it (the hard limit), and
+    return it. Every connection takes a descriptor: a coordinator holds two per actor, a learner
+    rank one, and a stock soft limit of 1,024 would refuse the fleet's 500th actor
+    (docs/architecture.md, "Capacity")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
 
 
 def cores_given(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -90,3 +91,18 @@ def test_a_simulated_fleet_of_200_identities_is_served_and_counted_exactly_with_
     assert all(t.get("counted_episodes", 0) == t.get("delivered_episodes", 0) for t in tallies.values()), tallies
     assert done.env_steps == sum(t["counted_steps"] for t in tallies.values()) >= 80_000
     assert done.episodes == sum(t.get("counted_episodes", 0) for t in tallies.values())
+
+
+def test_a_service_raises_its_open_files_limit_to_what_the_system_allows() -> None:
+    """A stock soft limit of 1,024 descriptors would refuse a coordinator's 500th actor (two
+    connections each): every service takes the hard limit at start."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    shown = subprocess.run(
+        [sys.executable, "-c", "from rlmq.common.service import open_files_as_allowed as f; print(f())"],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert int(shown) == hard

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import signal
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from rlmq.actors.held_policy import HeldPolicy
 from rlmq.actors.reports import Reports
 from rlmq.common import envs, security, transport, wire
 from rlmq.common.metrics import ActorMetrics
+from rlmq.common.service import open_files_as_allowed
 
 ASSIGN_RESEND_S = 2.0  # transport.request_assignment's
 WEIGHTS_PULL_S = 1.0  # actors.actor's: without weights this long, say Hello to the coordinator again
@@ -325,8 +325,7 @@ def main() -> None:
     parser.add_argument("--identities", type=int, required=True)
     parser.add_argument("--stats", type=Path)
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # ~2 descriptors a socket
+    open_files_as_allowed()  # ~2 descriptors a socket
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     signal.signal(signal.SIGINT, lambda signum, _frame: stopping.append(signum))
