@@ -351,6 +351,80 @@ def to_target(root: Path, identities: int, timeout_s: float, tree: Path) -> dict
         services.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    """What sets a fleet's pace, the capacity model's inputs: a learner world of `ranks` training
+    `rollouts_per_s` rollouts and `updates_per_s` updates a second, weights of `weights_bytes`."""
+
+    name: str
+    weights_bytes: float
+    updates_per_s: float
+    rollouts_per_s: float
+    ranks: int = 1
+    actors_per_host: int = 10
+
+
+# CartPole: this 2-core host's simulated fleet (PPO, one rollout an update). LunarLander: the shipped
+# PPO config on the H100 box with 14 actors (LOG §14: 88 k env steps/s in batches of ~37 k samples of
+# 8 × 1,024-step rollouts). Pong: the Nature CNN (1.69 M parameters) on the H200 box (LOG §15:
+# 10.6 k env steps/s in 32 × 64-step rollouts, batches of up to 4).
+FLEETS = (
+    Fleet("CartPole MLP", 37_050, 25.0, 25.0),
+    Fleet("LunarLander MLP", 40_000, 2.4, 10.7),
+    Fleet("Atari CNN", 6_751_000, 2.6, 5.2),
+)
+NIC_BYTES_PER_S = 1.25e9  # 10 Gbit/s
+
+
+def model_table(costs: UnitCosts, sizes: tuple[int, ...] = (64, 1_000, 10_000)) -> list[dict[str, Any]]:
+    """The model at fleet sizes no machine here holds: each resource's load as a fraction of what it
+    has (one core for the coordinator's thread, half a core for a learner's requests for credit, a
+    10 Gbit/s NIC), and the one that runs out first; with the rebroadcast the blueprint had and now."""
+    rows = []
+    for fleet in FLEETS:
+        for actors in sizes:
+            interval = report_interval(0.25, actors, costs.report_wall_s, ACTOR_TIMEOUT_S)
+            reports = actors / interval
+            broadcast = actors * fleet.updates_per_s * fleet.weights_bytes
+            load = {
+                "coordinator thread": reports * costs.report_wall_s
+                + fleet.updates_per_s * costs.weights_cpu_s
+                + costs.tick_cpu_s / TICK_S * max(1.0, actors / 256),
+                "learner requests for credit": actors / wire.CREDIT_REQUEST_RENEW_S * costs.hello_cpu_s / 0.5,
+                "learner NIC (weights out)": fleet.rollouts_per_s * fleet.weights_bytes / fleet.ranks / NIC_BYTES_PER_S,
+                "actor host NIC (weights in)": fleet.rollouts_per_s
+                * fleet.weights_bytes
+                * min(1.0, fleet.actors_per_host / actors)
+                / NIC_BYTES_PER_S,
+            }
+            before = {
+                "coordinator thread": 4 * actors * costs.report_wall_s
+                + fleet.updates_per_s * costs.weights_cpu_s
+                + costs.tick_cpu_s / TICK_S * max(1.0, actors / 256),
+                "coordinator broadcast (CPU)": broadcast / 1e6 * costs.broadcast_cpu_s_per_mb,
+                "coordinator NIC (broadcast)": broadcast / NIC_BYTES_PER_S,
+            }
+            rows.append(
+                {
+                    "fleet": fleet.name,
+                    "actors": actors,
+                    "report_interval_s": interval,
+                    "coordinator_reports_per_s": reports,
+                    "coordinator_connections": 2 * actors + 3 * fleet.ranks,
+                    "coordinator_rss_mb": 70 + 2 * actors * costs.connection_kb / 1024,
+                    "redis_evals_per_s": reports,
+                    "redis_mb": actors * costs.redis_bytes_per_actor / 1e6,
+                    "learner_hellos_per_s": actors / wire.CREDIT_REQUEST_RENEW_S,
+                    "learner_weights_mb_per_s": fleet.rollouts_per_s * fleet.weights_bytes / fleet.ranks / 1e6,
+                    "broadcast_before_mb_per_s": broadcast / 1e6,
+                    "load": load,
+                    "first": max(load, key=load.__getitem__),
+                    "first_before": max({**load, **before}, key={**load, **before}.__getitem__),
+                }
+            )
+    return rows
+
+
 def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree: Path) -> dict[str, Any]:
     """One size, with the services and the simulated fleet of the rlmq checkout `tree`."""
     services = FleetAgainstServices(root, identities, tree, timeout_s, total_steps=10**12)
@@ -418,6 +492,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=180.0)
     parser.add_argument("--baseline", type=Path, help="Another rlmq checkout, measured before this one.")
     parser.add_argument("--json", type=Path, help="Write the measurements here too.")
+    parser.add_argument("--model-table", action="store_true", help="Instead: the model at 64, 1,000 and 10,000 actors.")
     parser.add_argument(
         "--to-target", action="store_true", help="Instead: train CartPole to 475 with each fleet, timed."
     )
@@ -433,6 +508,10 @@ def main() -> None:
             return
         costs = calibrate(Path(tmp) / "calibrate")
         print(json.dumps({"unit_costs": dataclasses.asdict(costs)}), flush=True)
+        if args.model_table:
+            for row in model_table(costs):
+                print(json.dumps(row), flush=True)
+            return
         for n in args.identities:
             for i, tree in enumerate(trees):
                 result = measure(Path(tmp) / f"fleet-{n}-{i}", n, args.window_s, args.timeout_s, tree)
