@@ -117,13 +117,6 @@ class FleetAgainstServices:
         self.run.close()
 
 
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def to_target(root: Path, identities: int, timeout_s: float, tree: Path) -> dict[str, Any]:
     """CartPole trained to 475 (the run's own evaluation decides) by the simulated fleet: the time
     from the fleet's start to the end, and the coordinator's CPU over it and its peak memory."""
@@ -139,7 +132,7 @@ def to_target(root: Path, identities: int, timeout_s: float, tree: Path) -> dict
         end = run.wait(lambda s: s.state in ("stopping", "done"), timeout_s, "the end")
         span = time.monotonic() - services.started
         coordinator_cpu = (cpu_s(services.pids["coordinator"]) - cpu) / span
-        peak = peak_rss_mb(services.pids["coordinator"])
+        peak = rss_mb(services.pids["coordinator"], "VmHWM")
         counts = last_stats(services.stats)
         return {
             "tree": str(tree),
@@ -249,8 +242,12 @@ def main() -> None:
             return
         for n in args.identities:
             for i, tree in enumerate(trees):
-                result = measure(Path(tmp) / f"fleet-{n}-{i}", n, args.window_s, args.timeout_s, tree)
                 before = tree != ROOT
+                try:
+                    result = measure(Path(tmp) / f"fleet-{n}-{i}", n, args.window_s, args.timeout_s, tree)
+                except (AssertionError, SystemExit) as exc:  # the machine does not hold this fleet
+                    print(f"{n} identities, {'before' if before else 'after'}: not measured: {exc}", flush=True)
+                    continue
                 result["label"] = "before" if before else "after"
                 result["model"] = model(costs, result, config.report_interval_s, ACTOR_TIMEOUT_S, before)
                 results.append(result)
