@@ -107,7 +107,7 @@ class Reports:
 
     def due(self) -> bool:
         """Whether the next report is due: every `report_interval_s`, or as much longer as the
-        coordinator asks (its reports per second are budgeted: coordinator.py)."""
+        coordinator asks (its reports are budgeted: coordinator/report_budget.py)."""
         return self.timer.due()
 
     @property
