@@ -59,6 +59,7 @@ class UnitCosts:
     hello_cpu_s: float  # a learner's CPU for one renewed request for credit: decoded, kept in its ledger
     redis_bytes_per_actor: float  # Redis memory an actor's records take (liveness, counts, tally)
     connection_kb: float  # resident memory of one end of a CURVE connection
+    connection_idle_cpu_s: float  # CPU a second of one end of an idle CURVE connection (ZMTP heartbeats)
     broadcast_cpu_s_per_mb: float  # a PUB's CPU per MB sent to CURVE subscribers (encryption, I/O)
 
 
@@ -127,7 +128,7 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
     finally:
         coordinator.close()
         redis.stop()
-    connection_kb, broadcast_cpu = curve_connections(keys, names)
+    connection_kb, idle_cpu, broadcast_cpu = curve_connections(keys, names)
     ledger = CreditLedger(1, CreditTimeouts())
     hellos = [wire.encode(wire.Hello(role="actor", name=f"sim-{i}", pid=1, member=0)) for i in range(names)]
     cpu = time.process_time()
@@ -146,14 +147,17 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
         hello_cpu,
         (used_after - used_before) / names,
         connection_kb,
+        idle_cpu,
         broadcast_cpu,
     )
 
 
-def curve_connections(keys_dir: Path, clients: int, frame_bytes: int = 37_000, frames: int = 20) -> tuple[float, float]:
-    """(KB of resident memory per end of a CURVE connection, CPU seconds per MB a PUB sends to CURVE
-    subscribers): `clients` SUB sockets connected to a PUB, both ends in this process (so each
-    figure is half of what both ends took)."""
+def curve_connections(
+    keys_dir: Path, clients: int, frame_bytes: int = 37_000, frames: int = 20, idle_s: float = 4.0
+) -> tuple[float, float, float]:
+    """(KB of resident memory per end of a CURVE connection, its CPU seconds a second while idle
+    (heartbeats), CPU seconds per MB a PUB sends to CURVE subscribers): `clients` SUB sockets
+    connected to a PUB, both ends in this process (so each figure is half of what both ends took)."""
     server_keys = security.load_keys(keys_dir, None, serves=True)
     client_keys = security.load_keys(keys_dir, security.FLEET, serves=False)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -179,6 +183,9 @@ def curve_connections(keys_dir: Path, clients: int, frame_bytes: int = 37_000, f
                 sub.recv()
     connection_kb = (rss_mb(os.getpid()) - before) * 1024 / (2 * clients)
     cpu = time.process_time()
+    time.sleep(idle_s)  # nothing sent: what the connections cost while idle
+    idle_cpu = (time.process_time() - cpu) / idle_s / (2 * clients)
+    cpu = time.process_time()
     for _ in range(frames):
         pub.send(frame)
         for sub in subs:
@@ -188,7 +195,7 @@ def curve_connections(keys_dir: Path, clients: int, frame_bytes: int = 37_000, f
     for sock in (pub, *subs):
         sock.close(0)
     ctx.term()
-    return connection_kb, broadcast_cpu
+    return connection_kb, idle_cpu, broadcast_cpu
 
 
 def model(
@@ -209,7 +216,8 @@ def model(
         "reports_per_s": reports,
         "coordinator_cpu": reports * costs.report_cpu_s
         + measured["updates_per_s"] * costs.weights_cpu_s
-        + costs.tick_cpu_s / TICK_S
+        + costs.tick_cpu_s / TICK_S * max(1.0, actors / 256)
+        + 2 * actors * costs.connection_idle_cpu_s
         + broadcast_mb * costs.broadcast_cpu_s_per_mb,
         "redis_cpu": reports * costs.report_redis_cpu_s,
         "coordinator_rss_mb": measured["coordinator_rss_before_mb"] + 2 * actors * costs.connection_kb / 1024,
@@ -259,6 +267,7 @@ def model_table(costs: UnitCosts, sizes: tuple[int, ...] = (64, 1_000, 10_000)) 
                 "coordinator thread": reports * costs.report_wall_s
                 + fleet.updates_per_s * costs.weights_cpu_s
                 + costs.tick_cpu_s / TICK_S * max(1.0, actors / 256),
+                "coordinator I/O thread (heartbeats)": 2 * actors * costs.connection_idle_cpu_s,
                 "learner requests for credit": actors / wire.CREDIT_REQUEST_RENEW_S * costs.hello_cpu_s / 0.5,
                 "learner NIC (weights out)": fleet.rollouts_per_s * fleet.weights_bytes / fleet.ranks / NIC_BYTES_PER_S,
                 "actor host NIC (weights in)": fleet.rollouts_per_s
