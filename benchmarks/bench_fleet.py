@@ -203,13 +203,17 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
 
 
 def package_dir(tree: Path) -> Path:
-    """A directory in which `import rlmq` finds the checkout `tree` (the repository root is the
-    package): ahead of the installed one on PYTHONPATH."""
-    link_dir = tree.parent / f".{tree.name}-as-package"
-    link_dir.mkdir(exist_ok=True)
-    if not (link_dir / "rlmq").exists():
-        (link_dir / "rlmq").symlink_to(tree.resolve())
-    return link_dir
+    """A directory in which `import rlmq` finds the checkout `tree`, ahead of the installed one on
+    PYTHONPATH: the package laid out as pyproject.toml maps it (`rlmq` is api/, `rlmq.common`
+    common/, ...), as the editable install's link tree does."""
+    package = tree.parent / f".{tree.name}-as-package" / "rlmq"
+    if not package.exists():
+        package.mkdir(parents=True)
+        for entry in (tree / "api").iterdir():
+            (package / entry.name).symlink_to(entry.resolve())
+        for sub in ("common", "actors", "learners", "coordinator", "cli", "configs"):
+            (package / sub).symlink_to((tree / sub).resolve())
+    return package.parent
 
 
 def main() -> None:
