@@ -21,6 +21,8 @@ from rlmq.cli.status import PopulationView, population_lines
 from rlmq.common.algorithms import SACConfig, TD3Config
 from rlmq.common.config import RunConfig
 from rlmq.common.population import CEMConfig, DvDConfig
+from rlmq.coordinator.population import Population
+from rlmq.coordinator.store import RunStore
 from rlmq.learners import checkpoint, sac, td3
 from tests.test_td3 import CPU, SPEC, hyperparams, member_modules, no_sync, transitions
 
@@ -242,7 +244,7 @@ def test_rlmq_up_trains_a_cem_population_generation_by_generation_across_a_ctrl_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("adaptive", [True], ids=["adaptive"])  # a fixed weight's run: the unit test below
 def test_rlmq_up_trains_a_dvd_population_side_by_side_and_reports_its_diversity(tmp_path: Path, adaptive: bool) -> None:
     """`--method dvd`: two TD3 members around one critic with DvD's term, through `rlmq up` on
     Pendulum. No member is copied (where PBT would have decided every 500 env steps of a member),
@@ -302,6 +304,18 @@ def test_method_dvd_needs_td3_with_a_shared_critic_and_a_diversity_weight() -> N
     assert "population of 3 by dvd" in shown and "PBT decisions: none (method dvd takes none)" in shown
     adaptive = dataclasses.replace(dvd, dvd=DvDConfig(adaptive=True))
     assert "DvD weights: none chosen yet" in "\n".join(population_lines(adaptive, 0, PopulationView({}, {}, {}, [], 0)))
+
+
+def test_a_dvd_run_with_a_fixed_weight_makes_no_decision_and_pbt_none(redis_url: str, run_id: str) -> None:
+    """Where the end-to-end run above is adaptive: with a fixed weight, a DvD population neither
+    chooses weights nor copies members, however long its members train."""
+    dvd = RunConfig(algo="td3", population=2, method="dvd", td3=TD3Config(shared_critic=True, diversity_weight=0.5))
+    population = Population(RunStore.connect(redis_url, run_id), dvd)
+    returns = {0: [-900.0] * 10, 1: [-100.0] * 10}
+    for steps in (0, 10_000, 100_000):
+        population.next_diversity_weight(returns, steps)
+        population.tick(returns, steps)
+    assert population.weights_log == [] and population.applied == 0
 
 
 def test_method_cem_needs_sac_or_td3_actors_around_a_shared_critic_and_enough_members() -> None:
