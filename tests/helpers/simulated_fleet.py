@@ -89,9 +89,10 @@ class Identity:
         self.asked_at: list[float] = []
         self.hello_frame = b""
         self.said_hello_at = -float("inf")
-        self.report_sent_at: dict[int, float] = {}  # steps_total → when a report of it went
+        # steps_total → when the newest report of it went (an idle identity's reports repeat their
+        # totals, so an ack's delay is counted from the newest: a lower bound)
+        self.report_sent_at: dict[int, float] = {}
         self.actor_index = index
-        self.stopped = False
 
     # --- what comes in --------------------------------------------------------------------------
 
