@@ -4,7 +4,7 @@
         receive one control message (poll with a timeout) → its handler
         an evaluation back from the run's own evaluator → is the target reached? (judge.py)
         every tick: status and progress to Redis; PBT; is the step budget reached?
-    when the run is over: broadcast `stop`, wait (bounded) for the learners' final weights
+    when the run is over: broadcast `stop`, wait (bounded) for the last weights and counts (run_end.py)
 
 Redis is its only state: a restarted coordinator reloads config, weights, learners and counters.
 """
@@ -34,11 +34,12 @@ from rlmq.common.service import (
     release_freed_memory,
 )
 from rlmq.coordinator.curves import WINDOW_TAG, Curves
-from rlmq.coordinator.judge import Judge, Judged
+from rlmq.coordinator.judge import Judge
 from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.population import Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.report_budget import ReportBudget
+from rlmq.coordinator.run_end import RunEnd
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -47,17 +48,10 @@ TICK_S = 0.5
 # apart when a learner trains long between deliveries, and one tick's rate would read 0 between them.
 RATE_TICKS = 10
 MAX_WAITING_ACTORS = 4096  # actors that said Hello before every learner registered
-# After the end, how long a secure run waits for the actors' last reports to count their last
-# rollouts: each actor sends its last report again for up to actors.reports.FINAL_ACK_WAIT_S, or
-# twice its report interval where a large fleet's is stretched (the wait is 3 of those then).
-ACTORS_LAST_WORD_S = 3.0
 # Memory freed by the sockets' queues (a flood of subscribers that read nothing) goes back to the
 # kernel this often: glibc keeps what other threads' arenas free, so without the trim a flood's
 # memory stays held (benchmarks/LOG.md §17).
 TRIM_EVERY_S = 10.0
-# How much longer than the grace period a run that ended on its budget waits for the evaluation of
-# its final weights (the learners and actors are done by then): a slow env's 10 episodes.
-FINAL_EVALUATION_S = 60.0
 
 
 class Coordinator:
@@ -102,9 +96,6 @@ class Coordinator:
         self.learner_lag: dict[int, float] = {}
         self.learners_hung: tuple[int, ...] = ()
         self.log_reject = RejectLog(log)
-        self.finished_at: float | None = None
-        self.final_weights = False
-        self.final_reports: set[int] = set()  # the learner ranks whose last report is in
         self.first_step_at = store.status().first_step_at or float("inf")
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
         self.nonfinite_skipped = store.status().nonfinite_skipped
@@ -114,7 +105,7 @@ class Coordinator:
         self.judge = (
             Judge(self.run_config, self.spec, ctx, store, self.metrics) if self.run_config.evaluation.episodes else None
         )
-        self.passed: Judged | None = None  # the evaluation that reached the target
+        self.end = RunEnd(self.run_config, self.judge is not None, store, self.broadcast, cfg.shutdown_grace_s)
         every_s = self.run_config.evaluation.every_s
         self.evaluate_every = RateTimer(every_s) if every_s and self.run_config.target_return is not None else None
         self.curves = Curves.open(cfg.tensorboard_dir, self.population.size, cfg.tensorboard_max_mb)
@@ -225,13 +216,13 @@ class Coordinator:
         # The end is checked here as well as on the tick: waiting for the tick made every run
         # last ~TICK_S / 2 longer than it had to. Only this member's returns can have changed. If
         # the run is over, the tick comes now: its status and progress sample record the end.
-        if self.finished_at is None:
+        if self.end.finished_at is None:
             recent = {report.member: counted.recent} if counted.recent else {}
             best, mean_return, full_record = self.population.best(recent)
-            if self.judge is not None and self.passed is None and self.reported_target(mean_return, full_record):
+            if self.judge is not None and self.end.passed is None and self.end.reported(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
                 self.evaluate()
-            elif self.end_reason(counted.run_steps, mean_return, full_record) is not None:
+            elif self.end.reason(counted.run_steps, mean_return, full_record) is not None:
                 self.on_tick()
 
     def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
@@ -242,7 +233,7 @@ class Coordinator:
         if idle is not None:  # `rlmq status` warns
             self.store.set_status(idle_credit_requests=idle)
         if report.final:
-            self.final_reports.add(report.rank)
+            self.end.final_reports.add(report.rank)
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
             self.store.add_deliveries(report.session, report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
@@ -304,7 +295,7 @@ class Coordinator:
         self.store.put_weights_frame(weights.member, frame)
         self.metrics.weights_latency.observe(time.perf_counter() - received)
         self.store.set_status(policy_version=max(w.version for w in self.latest_weights.values()))
-        self.final_weights = self.final_weights or weights.final
+        self.end.final_weights = self.end.final_weights or weights.final
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -350,7 +341,7 @@ class Coordinator:
                     self.metrics.rejected.labels("garbage").inc()
             if self.judge is not None and self.judge.socket in ready:
                 self.evaluate()
-            if (tick.due() or (self.passed is not None and self.finished_at is None)) and self.on_tick():
+            if (tick.due() or (self.end.passed is not None and self.end.finished_at is None)) and self.on_tick():
                 break
             if trim.due():
                 release_freed_memory()
@@ -358,7 +349,7 @@ class Coordinator:
 
     def on_tick(self) -> bool:
         """Status, progress and the end of the run; True when the coordinator may exit."""
-        if self.finished_at is not None:
+        if self.end.finished_at is not None:
             return self.finishing()
         self.check_learners()
         self.assign_waiting_actors()
@@ -429,32 +420,21 @@ class Coordinator:
                 {int(m): {WINDOW_TAG: value} for m, value in member_means.items()},
                 {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()},
             )
-        if self.judge is not None and self.passed is None:
+        if self.judge is not None and self.end.passed is None:
             due = self.evaluate_every is not None and self.evaluate_every.due()
-            if due or self.reported_target(mean_return, full_record):
+            if due or self.end.reported(mean_return, full_record):
                 self.judge.want(best, self.version_of(best))
             self.evaluate()
-        reason, target = self.end_reason(steps, mean_return, full_record), self.run_config.target_return
+        reason, target = self.end.reason(steps, mean_return, full_record), self.run_config.target_return
         if reason == "target":
             who = f" (member {best})" if self.population.size > 1 else ""
-            said = self.passed.describe() if self.passed is not None else f"mean return {mean_return:.1f}{who}"
-            self.finish("target", f"{said} ≥ {target:g} at {steps} env steps", True, steps)
+            passed = self.end.passed
+            said = passed.describe() if passed is not None else f"mean return {mean_return:.1f}{who}"
+            self.end.finish("target", f"{said} ≥ {target:g} at {steps} env steps", True, steps)
         elif reason == "budget":
-            self.finish("budget", f"{steps} env steps ≥ budget {self.run_config.total_steps}", target is None, steps)
+            detail = f"{steps} env steps ≥ budget {self.run_config.total_steps}"
+            self.end.finish("budget", detail, target is None, steps)
         return False
-
-    def reported_target(self, mean_return: float | None, full_record: bool) -> bool:
-        """Whether the actors' reports say a member reached the target: the mean of its last
-        `return_window` returns (with that many)."""
-        target = self.run_config.target_return
-        return target is not None and full_record and mean_return is not None and mean_return >= target
-
-    def end_reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
-        """Why the run ends now: "target" (an evaluation reached it, `evaluate`; on a run that
-        believes its actors' returns, `reported_target`), "budget" (the env steps), or None."""
-        if self.passed is not None or (self.judge is None and self.reported_target(mean_return, full_record)):
-            return "target"
-        return "budget" if steps >= self.run_config.total_steps else None
 
     def evidence(self, report: wire.ActorReport) -> list[float | None]:
         """The report's returns, None for each episode begun under weights the member no longer
@@ -473,54 +453,32 @@ class Coordinator:
         """Take an evaluation that came back (the judge records it), and ask the next one."""
         assert self.judge is not None
         judged, target = self.judge.step(self.latest_weights), self.run_config.target_return
-        if judged is not None and self.finished_at is None and target is not None and judged.played.mean >= target:
-            self.passed = judged  # the loop runs the tick at once: it records the end
+        if judged is not None and self.end.finished_at is None and target is not None and judged.played.mean >= target:
+            self.end.passed = judged  # the loop runs the tick at once: it records the end
 
     def finishing(self) -> bool:
-        """The run is over; its status is final but for the last reports' counts. Repeat `stop`
-        (a PUB message can miss a slow joiner) until the final weights and every rank's final
-        report are in, and on a secure run until the actors' last reports have counted what the
-        learners took (for at most ACTORS_LAST_WORD_S, or 3 report intervals where a large fleet's
-        are stretched: an actor that died says no more), or until the grace period ends."""
-        assert self.finished_at is not None
-        self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", "run over"))])
-        waited = time.monotonic() - self.finished_at
-        learners_done = self.final_weights and len(self.final_reports) == self.run_config.num_learners
-        last_word_s = max(ACTORS_LAST_WORD_S, 3 * self.report_budget.asked_s)
-        if learners_done and self.gatekeeper is not None and waited < last_word_s:
-            learners_done = self.store.uncounted_deliveries(list(self.population.actors)) == 0
-        evaluating = learners_done and self.final_evaluation_pending()
-        limit = self.cfg.shutdown_grace_s + (FINAL_EVALUATION_S if evaluating else 0.0)
-        if (learners_done and not evaluating) or waited > limit:
-            self.store.set_status(state="done", finished_at=time.time())
-            if self.curves is not None:  # the final weights' evaluation, which no tick drew
-                self.curves.evaluation(self.store.status())
-            return True
-        return False
+        """After the end, each tick: whether the run is done (run_end.py says what it waits for)."""
+        # A secure run checks the actors' reports against what the learners took: all counted?
+        actors_counted = self.actors_counted if self.gatekeeper is not None else None
+        if not self.end.done(self.report_budget.asked_s, actors_counted, self.final_evaluation_pending):
+            return False
+        if self.curves is not None:  # the final weights' evaluation, which no tick drew
+            self.curves.evaluation(self.store.status())
+        return True
+
+    def actors_counted(self) -> bool:
+        return self.store.uncounted_deliveries(list(self.population.actors)) == 0
 
     def final_evaluation_pending(self) -> bool:
         """A run that did not end on an evaluation (its budget) has the best member's final weights
         evaluated before it is done (within the grace period): the outcome it reports."""
-        if self.judge is None or self.passed is not None or not self.final_weights:
+        if self.judge is None or self.end.passed is not None or not self.end.final_weights:
             return False
         best = self.store.status().best_member
         pending = self.judge.final_pending(best, self.version_of(best))
         if pending:
             self.evaluate()
         return pending
-
-    def finish(self, reason: str, detail: str, success: bool, steps: int) -> None:
-        log.info("run over (%s): %s", reason, detail)
-        self.finished_at = time.monotonic()
-        self.store.set_status(
-            state="stopping",
-            reason=reason,
-            detail=detail,
-            success=success,
-            ended_at=time.time(),
-            env_steps_at_end=steps,
-        )
-        self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
 
     def close(self) -> None:
         if self.judge is not None:

@@ -95,19 +95,19 @@ def test_reports_that_reach_the_target_only_ask_the_runs_own_evaluation_which_de
     balance the pole are evaluated when the reports say so again, and end the run a success."""
     judging.handle(b"learner-0", weights(0, 1, balances=False))
     judging.handle(b"actor-0", report([500.0] * 100))
-    assert judging.finished_at is None and judging.judge is not None and judging.judge.evaluator.busy
+    assert judging.end.finished_at is None and judging.judge is not None and judging.judge.evaluator.busy
     evaluate_until(judging, lambda: judging.store.status().evaluated_return is not None)
     status = judging.store.status()
     assert status.evaluated_return is not None and status.evaluated_return < 20
     assert (status.evaluated_version, status.evaluated_episodes, status.evaluated_deterministic) == (1, 10, True)
     judging.on_tick()
-    assert judging.finished_at is None and judging.store.status().state == "running"
+    assert judging.end.finished_at is None and judging.store.status().state == "running"
     judging.handle(b"learner-0", weights(0, 2, balances=True))
     judging.handle(b"actor-0", report([500.0]))
-    evaluate_until(judging, lambda: judging.passed is not None)
+    evaluate_until(judging, lambda: judging.end.passed is not None)
     judging.on_tick()
     status = judging.store.status()
-    assert judging.finished_at is not None and status.success is True and status.reason == "target"
+    assert judging.end.finished_at is not None and status.success is True and status.reason == "target"
     assert status.evaluated_return == 500.0 and status.evaluated_version == 2
     assert "500.0 ± 0.0 over 10 deterministic evaluation episodes (member 0, version 2) ≥ 475" in status.detail
 
@@ -130,10 +130,10 @@ def test_with_evaluation_every_s_the_newest_weights_are_judged_though_no_actor_r
         time.sleep(0.02)
         clocked.on_tick()
         assert clocked.judge is not None and clocked.judge.evaluator.busy
-        evaluate_until(clocked, lambda: clocked.passed is not None)
+        evaluate_until(clocked, lambda: clocked.end.passed is not None)
         clocked.on_tick()
         status = clocked.store.status()
-        assert clocked.finished_at is not None and status.success is True and status.evaluated_version == 1
+        assert clocked.end.finished_at is not None and status.success is True and status.evaluated_version == 1
         assert status.episodes == 0  # no actor said a word
     finally:
         clocked.close()
@@ -170,11 +170,11 @@ def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_t
     coordinator: Coordinator,
 ) -> None:
     coordinator.handle(b"actor-0", report([470.0] * 99))
-    assert coordinator.finished_at is None  # 99 episodes: the window is not full yet
+    assert coordinator.end.finished_at is None  # 99 episodes: the window is not full yet
     coordinator.handle(b"actor-0", report([470.0]))
-    assert coordinator.finished_at is None  # full, but a mean of 470
+    assert coordinator.end.finished_at is None  # full, but a mean of 470
     coordinator.handle(b"actor-0", report([500.0] * 20))  # the newest 100: 20 × 500 + 80 × 470 = 476 each
-    assert coordinator.finished_at is not None
+    assert coordinator.end.finished_at is not None
     status = coordinator.store.status()
     assert status.state == "stopping" and status.success is True
     assert status.mean_return == 476.0 and status.best_member == 0  # what ended it, for summary.json
@@ -185,10 +185,10 @@ def test_the_report_that_reaches_the_target_ends_the_run_without_waiting_for_a_t
 
 def test_the_step_budget_ends_the_run_on_the_report_that_reaches_it(coordinator: Coordinator) -> None:
     coordinator.handle(b"actor-0", report([], env_steps=999_999))
-    assert coordinator.finished_at is None
+    assert coordinator.end.finished_at is None
     coordinator.handle(b"actor-0", report([], env_steps=1))
     status = coordinator.store.status()
-    assert coordinator.finished_at is not None and status.success is False and status.reason == "budget"
+    assert coordinator.end.finished_at is not None and status.success is False and status.reason == "budget"
 
 
 def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_registered(

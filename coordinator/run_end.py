@@ -1,0 +1,87 @@
+"""The end of a run: why it ends, and when it is done.
+
+A run ends on its target (an evaluation of the best member reached it or, on a run that believes
+its actors, their reported returns did) or on its env-step budget. From then on its status is final
+but for the last counts: `stop` is repeated, since a PUB message can miss a slow joiner, until the
+learners' final weights and every rank's final report are in; on a secure run until the actors'
+last reports have counted what the learners took; on a run that ended on its budget until its final
+weights are evaluated. Each wait is bounded, so that a process that died cannot hold the run open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+
+from rlmq.common import wire
+from rlmq.common.config import RunConfig
+from rlmq.coordinator.judge import Judged
+from rlmq.coordinator.store import RunStore
+
+log = logging.getLogger("rlmq.coordinator")
+# How long a secure run waits for the actors' last reports to count their last rollouts: each actor
+# sends its last report again for up to actors.reports.FINAL_ACK_WAIT_S, or twice its report
+# interval where a large fleet's is stretched (the wait is 3 of those then).
+ACTORS_LAST_WORD_S = 3.0
+# How much longer than the grace period a run that ended on its budget waits for the evaluation of
+# its final weights (the learners and actors are done by then): a slow env's 10 episodes.
+FINAL_EVALUATION_S = 60.0
+
+
+class RunEnd:
+    def __init__(
+        self, run_config: RunConfig, judged: bool, store: RunStore, broadcast: zmq.Socket[bytes], grace_s: float
+    ) -> None:
+        self.target, self.budget = run_config.target_return, run_config.total_steps
+        self.num_learners, self.judged = run_config.num_learners, judged
+        self.store, self.broadcast, self.grace_s = store, broadcast, grace_s
+        self.finished_at: float | None = None
+        self.passed: Judged | None = None  # the evaluation that reached the target
+        self.final_weights = False
+        self.final_reports: set[int] = set()  # the learner ranks whose last report is in
+
+    def reported(self, mean_return: float | None, full_record: bool) -> bool:
+        """Whether the actors' reports say a member reached the target: the mean of its last
+        `return_window` returns (with that many)."""
+        return self.target is not None and full_record and mean_return is not None and mean_return >= self.target
+
+    def reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
+        """Why the run ends now: "target" (an evaluation reached it; on a run that believes its
+        actors' returns, `reported`), "budget" (the env steps), or None."""
+        if self.passed is not None or (not self.judged and self.reported(mean_return, full_record)):
+            return "target"
+        return "budget" if steps >= self.budget else None
+
+    def finish(self, reason: str, detail: str, success: bool, steps: int) -> None:
+        log.info("run over (%s): %s", reason, detail)
+        self.finished_at = time.monotonic()
+        status = {"reason": reason, "detail": detail, "success": success, "env_steps_at_end": steps}
+        self.store.set_status(state="stopping", ended_at=time.time(), **status)
+        self.send_stop(detail)
+
+    def send_stop(self, detail: str) -> None:
+        self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
+
+    def done(
+        self, report_interval_s: float, actors_counted: Callable[[], bool] | None, evaluating: Callable[[], bool]
+    ) -> bool:
+        """After the end, each tick: `stop` again, and whether the run is done. `actors_counted`
+        (a secure run's): whether the actors' reports have counted what the learners took, asked for
+        at most ACTORS_LAST_WORD_S or 3 report intervals (an actor that died says no more);
+        `evaluating`: whether the final weights' evaluation is still to come, asked once the
+        learners are done."""
+        assert self.finished_at is not None
+        self.send_stop("run over")
+        waited = time.monotonic() - self.finished_at
+        learners_done = self.final_weights and len(self.final_reports) == self.num_learners
+        if learners_done and actors_counted is not None and waited < max(ACTORS_LAST_WORD_S, 3 * report_interval_s):
+            learners_done = actors_counted()
+        evaluation_pending = learners_done and evaluating()
+        limit = self.grace_s + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
+        if (learners_done and not evaluation_pending) or waited > limit:
+            self.store.set_status(state="done", finished_at=time.time())
+            return True
+        return False
