@@ -66,8 +66,8 @@ class Actor:
         assign = transport.request_assignment(self.control, hello, self.stop, on_reject=self.reject)
         if assign is None:
             return EXIT_OK
-        self.member, run_cfg, spec = assign.member, assign.config, assign.env_spec
-        self.reports = Reports(self.cfg.name, self.member, self.metrics, run_cfg.report_interval_s)
+        self.member, run_config, spec = assign.member, assign.config, assign.env_spec
+        self.reports = Reports(self.cfg.name, self.member, self.metrics, run_config.report_interval_s)
         for endpoint in assign.learner_endpoints:
             sock = transport.make_socket(self.ctx, zmq.DEALER, hwm=1000)
             self.credentials.client(sock)
@@ -84,26 +84,26 @@ class Actor:
         self.broadcast.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
         self.broadcast.connect(self.cfg.broadcast)
         try:
-            device = acting_device(self.cfg.device, run_cfg.encoder_for(spec), assign.actor_index)
+            device = acting_device(self.cfg.device, run_config.encoder_for(spec), assign.actor_index)
         except ValueError as exc:  # a GPU asked for and not there
             log.error("%s", exc)
             return EXIT_USAGE
-        self.held = HeldPolicy(run_cfg, spec, self.member, device)
+        self.held = HeldPolicy(run_config, spec, self.member, device)
         if assign.weights is not None:
             self.take_weights(assign.weights, "assign")
         threads = self.cfg.env_threads or cores_given()
         # Two lanes where the emulators have a core of their own while the policy acts (a GPU acts,
         # or a second core): on one core they would only take turns with it (benchmarks/LOG.md §15).
         split = device is not None or threads >= 2
-        lanes = envs.make_lanes(run_cfg.env_id, run_cfg.num_envs, threads, split, run_cfg.frame_stack)
-        seed = run_cfg.seed * 100_003 + assign.actor_index * 1_009
-        collector = Collector(lanes, spec, run_cfg.rollout_length, seed)
+        lanes = envs.make_lanes(run_config.env_id, run_config.num_envs, threads, split, run_config.frame_stack)
+        seed = run_config.seed * 100_003 + assign.actor_index * 1_009
+        collector = Collector(lanes, spec, run_config.rollout_length, seed)
         log.info(
             "%s: member %d, %s × %d in %d lane(s), acting on %s, learners %s",
             self.cfg.name,
             self.member,
-            run_cfg.env_id,
-            run_cfg.num_envs,
+            run_config.env_id,
+            run_config.num_envs,
             len(lanes),
             device or "the CPU",
             ", ".join(assign.learner_endpoints),

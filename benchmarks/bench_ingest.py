@@ -140,22 +140,22 @@ def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
         device=args.device,
     )
     learner = Learner(cfg, StopFlag())
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         num_envs=args.slots,
         rollout_length=args.steps,
         rollouts_in_flight=args.actors,
         ppo=PPOConfig(max_rollouts_per_batch=args.actors),
     )
-    learner.run_cfg, learner.spec = run_cfg, SPEC
+    learner.run_config, learner.spec = run_config, SPEC
     learner.members = MemberQueues(1, args.actors, CreditTimeouts(), 1, 2**62, 0.0, 0.0, most_per_batch=args.actors)
     # (what a credit is sent behind, once per actor and version: the version never moves here)
     learner.credit_frames.weights[0] = (
         0,
         wire.encode(wire.Weights(member=0, version=0, params={"w": np.zeros(1, np.float32)})),
     )
-    trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device(args.device)) if train else None
+    trainer = make_trainer(SPEC, run_config, (), 0, 1, torch.device(args.device)) if train else None
     if trainer is not None:
-        trainer.set_hyperparams([run_cfg.base_hyperparams()])
+        trainer.set_hyperparams([run_config.base_hyperparams()])
     actors = start_actors(learner.endpoint, args, args.window_s + 2)
     rollouts, started, deadline, cpu = 0, 0.0, 0.0, 0.0
     while not started or time.monotonic() < deadline:

@@ -234,7 +234,7 @@ def record(
     pbt: dict[str, Any],
     rank: int,
     world_size: int,
-    run_cfg: RunConfig,
+    run_config: RunConfig,
     spec: EnvSpec,
     hyperparams: list[dict[str, float]],
 ) -> dict[str, Any]:
@@ -249,11 +249,11 @@ def record(
         record = PolicyRecord(
             members={
                 m: MemberPolicy(trainer.member_params(m), versions[m], trainer.trained_steps(m), hyperparams[m])
-                for m in range(run_cfg.population)
+                for m in range(run_config.population)
             },
             best_member=0,  # fitness is the coordinator's to judge
             env_spec=spec,
-            run_config=run_cfg,
+            run_config=run_config,
         )
         state |= record.to_state()
     return state

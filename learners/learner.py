@@ -125,7 +125,7 @@ class Learner:
                 self.check_rollout(message)
                 if self.gatekeeper is not None:
                     self.deliveries.add(message)
-                if self.run_cfg.signs_rewards:  # the actors counted the real returns; training takes signs
+                if self.run_config.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
                 self.members.enqueue(message)
                 self.metrics.received.inc(message.num_steps)
@@ -159,9 +159,9 @@ class Learner:
 
     def check_rollout(self, r: wire.Rollout) -> None:
         arrays = {name: getattr(r, name) for name in ROLLOUT_DTYPES}
-        slots = self.run_cfg.num_envs
-        problem = layout_problem(arrays, self.spec, self.run_cfg.rollout_length, slots) or core_state_problem(
-            r.core_state, self.run_cfg.core_state_size, slots
+        slots = self.run_config.num_envs
+        problem = layout_problem(arrays, self.spec, self.run_config.rollout_length, slots) or core_state_problem(
+            r.core_state, self.run_config.core_state_size, slots
         )
         if problem:
             raise wire.WireError(*problem)
@@ -202,28 +202,28 @@ class Learner:
         assign = reach.register(self.control, hello, self.cfg.master_addr, self.stop, self.reject)
         if assign is None:
             return EXIT_OK
-        self.run_cfg: RunConfig = assign.config
+        self.run_config: RunConfig = assign.config
         self.spec = assign.env_spec
-        population = self.run_cfg.population
-        batching = self.run_cfg.batching  # what the registry says of the algorithm
+        population = self.run_config.population
+        batching = self.run_config.batching  # what the registry says of the algorithm
         timeouts = CreditTimeouts(wire.CREDIT_REQUEST_TTL_S, self.cfg.credit_timeout_min_s, self.cfg.credit_timeout_s)
         self.members = MemberQueues(
             population,
-            self.run_cfg.rollouts_in_flight,
+            self.run_config.rollouts_in_flight,
             timeouts,
             batching.rollouts_per_batch,
             2**62 if batching.max_policy_lag is None else batching.max_policy_lag,
-            self.run_cfg.batch_wait_s,
-            self.run_cfg.rank_wait_s,
+            self.run_config.batch_wait_s,
+            self.run_config.rank_wait_s,
             batching.max_rollouts_per_batch,
         )
-        base = self.run_cfg.base_hyperparams()
+        base = self.run_config.base_hyperparams()
         self.pbt = PbtState(
             [dict(h) for h in assign.hyperparams] or [dict(base) for _ in range(population)], assign.applied_decision
         )
         for weights in assign.member_weights:
             self.members.versions[weights.member] = weights.version
-        torch.manual_seed(self.run_cfg.seed)
+        torch.manual_seed(self.run_config.seed)
         self.heartbeat.start()
         self.heartbeat.enter()  # the rendezvous waits for every rank
         master = reach.master_address(self.cfg.master_addr, self.cfg.rank, self.reached_at, assign)
@@ -250,17 +250,17 @@ class Learner:
             self.cfg.rank,
             self.cfg.world_size,
             device,
-            self.run_cfg.algo,
+            self.run_config.algo,
             population,
             self.endpoint,
         )
         try:
             self.trainer: Trainer = make_trainer(
-                self.spec, self.run_cfg, assign.member_weights, self.cfg.rank, self.cfg.world_size, device
+                self.spec, self.run_config, assign.member_weights, self.cfg.rank, self.cfg.world_size, device
             )
             self.trainer.set_hyperparams(self.pbt.hyperparams)
             self.checkpoints = (
-                checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank, self.run_cfg.checkpoints_kept)
+                checkpoint.Checkpoints(Path(self.cfg.checkpoint_dir), self.cfg.rank, self.run_config.checkpoints_kept)
                 if self.cfg.checkpoint_dir
                 else None
             )
@@ -329,7 +329,7 @@ class Learner:
             self.pbt.to_json(),
             self.cfg.rank,
             self.cfg.world_size,
-            self.run_cfg,
+            self.run_config,
             self.spec,
             self.pbt.hyperparams,
         )
@@ -337,12 +337,12 @@ class Learner:
     # --- training -------------------------------------------------------------------------------
 
     def train(self, device: torch.device, max_updates: int | None) -> int:
-        population = self.run_cfg.population
-        checkpoint_due = RateTimer(self.run_cfg.checkpoint_interval_s or float("inf"))
+        population = self.run_config.population
+        checkpoint_due = RateTimer(self.run_config.checkpoint_interval_s or float("inf"))
         if self.cfg.rank == 0:
             for member in range(population):
                 self.publish(member)
-        report = RateTimer(self.run_cfg.report_interval_s)
+        report = RateTimer(self.run_config.report_interval_s)
         updates_done = 0
         while True:
             self.metrics.heartbeat.beat()
@@ -416,7 +416,7 @@ class Learner:
         `publish_every` versions."""
         for member in updated:
             self.members.versions[member] += 1
-            if self.cfg.rank == 0 and self.members.versions[member] % self.run_cfg.algo_config.publish_every == 0:
+            if self.cfg.rank == 0 and self.members.versions[member] % self.run_config.algo_config.publish_every == 0:
                 self.publish(member)
 
     def apply_decision(self, decision: wire.Message) -> decisions.Applied:

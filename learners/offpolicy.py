@@ -154,21 +154,21 @@ class OffPolicyTrainer:
         self,
         algorithm: OffPolicy,
         spec: EnvSpec,
-        run_cfg: RunConfig,
+        run_config: RunConfig,
         weights: tuple[wire.Weights, ...],
         rank: int,
         world_size: int,
         device: torch.device,
     ) -> None:
-        self.algorithm, self.device, self.population = algorithm, device, run_cfg.population
+        self.algorithm, self.device, self.population = algorithm, device, run_config.population
         population = self.population
-        if run_cfg.compile_update != "off":
-            algorithm.capture(run_cfg.compile_update)
-        assert isinstance(run_cfg.algo_config, ReplayConfig)
-        self.cfg, self.spec = run_cfg.algo_config, spec
-        self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
+        if run_config.compile_update != "off":
+            algorithm.capture(run_config.compile_update)
+        assert isinstance(run_config.algo_config, ReplayConfig)
+        self.cfg, self.spec = run_config.algo_config, spec
+        self.obs_norm = ObsNormalizer(population, spec.obs_size, run_config.obs_clip, device, run_config.normalize_obs)
         for network in self.member_networks():  # members of mutated widths publish them trimmed
-            network.allocated_wider = run_cfg.mutates_layers
+            network.allocated_wider = run_config.mutates_layers
         for w in weights:  # a restarted world resumes the policies; the rest starts afresh
             self.load_member(w.member, dict(w.params))
         if world_size > 1:  # replicas start equal
@@ -178,20 +178,20 @@ class OffPolicyTrainer:
         # A recurrent core's replay keeps whole slot sequences with their first state (R2D2).
         self.replay: Replay | SequenceReplay = (
             Replay(population, self.cfg.buffer_size, spec, algorithm.n_step, self.cfg.share_replay)
-            if run_cfg.core == "identity"
+            if run_config.core == "identity"
             else SequenceReplay(
                 population,
-                max(self.cfg.buffer_size // run_cfg.rollout_length, run_cfg.num_envs),
+                max(self.cfg.buffer_size // run_config.rollout_length, run_config.num_envs),
                 spec,
-                run_cfg.rollout_length,
-                run_cfg.core_state_size,
+                run_config.rollout_length,
+                run_config.core_state_size,
                 algorithm.n_step,
             )
         )
         self.stored = [0] * population  # env steps of each member over all ranks: same on every rank
         self.due = 0.0
-        self.rng = np.random.default_rng([run_cfg.seed, rank])
-        self.generator = torch.Generator(device).manual_seed(run_cfg.seed * 1000 + rank)
+        self.rng = np.random.default_rng([run_config.seed, rank])
+        self.generator = torch.Generator(device).manual_seed(run_config.seed * 1000 + rank)
 
     def member_params(self, member: int) -> Params:
         return {**self.algorithm.member_params(member), **self.obs_norm.member_params(member)}

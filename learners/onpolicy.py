@@ -49,28 +49,28 @@ class OnPolicyTrainer:
     def __init__(
         self,
         spec: EnvSpec,
-        run_cfg: RunConfig,
+        run_config: RunConfig,
         weights: tuple[wire.Weights, ...],
         rank: int,
         world_size: int,
         device: torch.device,
     ) -> None:
-        section = run_cfg.algo_config
-        assert isinstance(section, OnPolicyConfig), f"{run_cfg.algo} is not an on-policy algorithm"
-        self.spec, self.run_cfg, self.cfg, self.device = spec, run_cfg, section, device
-        self.world_size, population = world_size, run_cfg.population
+        section = run_config.algo_config
+        assert isinstance(section, OnPolicyConfig), f"{run_config.algo} is not an on-policy algorithm"
+        self.spec, self.run_config, self.cfg, self.device = spec, run_config, section, device
+        self.world_size, population = world_size, run_config.population
         self.core = PopulationActorCritic(
             spec,
-            run_cfg.hidden_sizes,
+            run_config.hidden_sizes,
             population,
             self.cfg.log_std_init,
-            run_cfg.encoder_for(spec),
+            run_config.encoder_for(spec),
             cast(Activation, self.cfg.activation),
-            run_cfg.core,
-            run_cfg.core_size,
+            run_config.core,
+            run_config.core_size,
         ).to(device)
-        self.core.allocated_wider = run_cfg.mutates_layers  # members of mutated widths or depth publish them trimmed
-        self.obs_norm = ObsNormalizer(population, spec.obs_size, run_cfg.obs_clip, device, run_cfg.normalize_obs)
+        self.core.allocated_wider = run_config.mutates_layers  # members of mutated widths or depth publish them trimmed
+        self.obs_norm = ObsNormalizer(population, spec.obs_size, run_config.obs_clip, device, run_config.normalize_obs)
         self.reward_scaler = (
             RewardScaler(population, self.cfg.reward_clip, device) if self.cfg.normalize_reward else None
         )
@@ -82,7 +82,7 @@ class OnPolicyTrainer:
                 self.cfg.sync,
                 world_size,
                 self.steps_per_update(),
-                lambda: replicas.measure(self.core, spec, run_cfg, device),
+                lambda: replicas.measure(self.core, spec, run_config, device),
             )
             == "batch"
         )
@@ -98,7 +98,7 @@ class OnPolicyTrainer:
             self.obs_norm.broadcast()
         self.optimizer = PopulationAdam(self.core.flat)
         # Replicas draw the same minibatches; DDP's ranks each their own.
-        self.generator = torch.Generator().manual_seed(run_cfg.seed * 1000 + (0 if self.replicated else rank))
+        self.generator = torch.Generator().manual_seed(run_config.seed * 1000 + (0 if self.replicated else rank))
         self.resyncs = 0  # times the replicas were found to differ (replicas.gather_checked)
         # Replicas agree on each iteration inside their gather (one collective, not two) where
         # every rank's batch is as wide whatever the agreement (no learner batching) and a batch
@@ -110,7 +110,7 @@ class OnPolicyTrainer:
         )
         self.staged: ppo.Batch | None = None  # every rank's batch, gathered with this iteration's agreement
         self.trained = [0] * population  # env steps each member trained on: drives its annealing
-        self.horizon = max(run_cfg.total_steps // population, 1)
+        self.horizon = max(run_config.total_steps // population, 1)
 
     def member_params(self, member: int) -> Params:
         return {**self.core.member_params(member), **self.obs_norm.member_params(member)}
@@ -165,9 +165,9 @@ class OnPolicyTrainer:
     def agree(self, proposal: torch.Tensor, batch: Callable[[], list[list[wire.Rollout]]]) -> distributed.Agreement:
         if not self.agrees_in_gather:
             return distributed.agreement(proposal)
-        slots = self.cfg.rollouts_per_batch * self.run_cfg.num_envs
+        slots = self.cfg.rollouts_per_batch * self.run_config.num_envs
         joined = ppo.join_rollouts(
-            batch(), self.spec, self.run_cfg.rollout_length, slots, self.device, self.run_cfg.core_state_size
+            batch(), self.spec, self.run_config.rollout_length, slots, self.device, self.run_config.core_state_size
         )
         self.staged, _, rows = self.gather(joined, None, proposal)
         assert rows is not None
@@ -179,9 +179,9 @@ class OnPolicyTrainer:
         if self.staged is not None:  # gathered with the agreement: every rank's, `rollouts` among them
             staged, self.staged = self.staged, None
             return self.train_on(staged, None, member_samples, batch_rollouts)
-        slots = batch_rollouts * self.run_cfg.num_envs
+        slots = batch_rollouts * self.run_config.num_envs
         batch = ppo.join_rollouts(
-            rollouts, self.spec, self.run_cfg.rollout_length, slots, self.device, self.run_cfg.core_state_size
+            rollouts, self.spec, self.run_config.rollout_length, slots, self.device, self.run_config.core_state_size
         )
         returns = (
             None

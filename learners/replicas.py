@@ -75,20 +75,20 @@ def choose(mode: str, world_size: int, gradient_steps: int, costs: Callable[[], 
     return chosen
 
 
-def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, device: torch.device) -> SyncCosts:
+def measure(core: PopulationActorCritic, spec: EnvSpec, run_config: RunConfig, device: torch.device) -> SyncCosts:
     """`SyncCosts` on this world, the slowest rank's of each (every rank then decides alike), the
     best of a few tries: the steps (the loss's forward and backward, as `_targets` runs them) on
     zero observations of a minibatch's size, the collectives on zeros of the real sizes (a gather
     past `GATHER_SAMPLE_BYTES` timed at that size and scaled, as bandwidth then bounds it). Timed,
     not modelled: a small network's step on twice the samples costs far less than twice as much."""
-    cfg, world = run_cfg.ppo, dist.get_world_size()
+    cfg, world = run_config.ppo, dist.get_world_size()
     arrays = {
         name: torch.from_numpy(a).to(device)
         for name, a in allocate(
             spec,
-            run_cfg.rollout_length,
-            run_cfg.num_envs * cfg.rollouts_per_batch * world,
-            lead=(run_cfg.population,),
+            run_config.rollout_length,
+            run_config.num_envs * cfg.rollouts_per_batch * world,
+            lead=(run_config.population,),
             zeros=True,
         ).items()
     }
@@ -106,7 +106,7 @@ def measure(core: PopulationActorCritic, spec: EnvSpec, run_cfg: RunConfig, devi
 
         return run
 
-    total = gathered_bytes(spec, run_cfg)
+    total = gathered_bytes(spec, run_config)
     batch = torch.zeros(min(total, GATHER_SAMPLE_BYTES), dtype=torch.uint8, device=device)
     gathered = [torch.empty_like(batch) for _ in range(world)]
     costs = [
@@ -130,19 +130,22 @@ def best_of(run: Callable[[], object], device: torch.device, tries: int = 3) -> 
     return min(times)
 
 
-def gathered_bytes(spec: EnvSpec, run_cfg: RunConfig) -> int:
+def gathered_bytes(spec: EnvSpec, run_config: RunConfig) -> int:
     """A rank's part of the replicas' gather at its widest (learner batching's most rollouts), as
     the update holds it: every member's joined batch with its observations as float32 features
     (`obs_features`: 4 bytes a pixel, a one-hot row a Discrete observation), and the reward scale's
     running returns (float64) where rewards are normalized."""
-    cfg = run_cfg.ppo
-    steps, slots = run_cfg.rollout_length, run_cfg.num_envs * max(cfg.rollouts_per_batch, cfg.max_rollouts_per_batch)
+    cfg = run_config.ppo
+    steps, slots = (
+        run_config.rollout_length,
+        run_config.num_envs * max(cfg.rollouts_per_batch, cfg.max_rollouts_per_batch),
+    )
     layout = rollout_layout(spec, steps, slots)
     per_member = sum(
         math.prod(shape) * np.dtype(dtype).itemsize for name, (shape, dtype) in layout.items() if name != "obs"
     )
     per_member += (steps + 1) * slots * spec.obs_size * 4 + (steps * slots * 8 if cfg.normalize_reward else 0)
-    return per_member * run_cfg.population
+    return per_member * run_config.population
 
 
 def _bytes(t: Tensor) -> Tensor:

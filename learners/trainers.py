@@ -75,7 +75,7 @@ class PPOTrainer(OnPolicyTrainer):
         return self.cfg.epochs * self.cfg.minibatches
 
     def capture(self, sync: Callable[[torch.Tensor], None]) -> ppo.CapturedSteps | None:
-        return None if self.run_cfg.compile_update == "off" else ppo.capture(self.run_cfg.compile_update, sync)
+        return None if self.run_config.compile_update == "off" else ppo.capture(self.run_config.compile_update, sync)
 
     def update(
         self,
@@ -107,13 +107,15 @@ def from_replay(algorithm: Callable[[EnvSpec, RunConfig, torch.device], OffPolic
 
     def make(
         spec: EnvSpec,
-        run_cfg: RunConfig,
+        run_config: RunConfig,
         weights: tuple[wire.Weights, ...],
         rank: int,
         world_size: int,
         device: torch.device,
     ) -> Trainer:
-        return OffPolicyTrainer(algorithm(spec, run_cfg, device), spec, run_cfg, weights, rank, world_size, device)
+        return OffPolicyTrainer(
+            algorithm(spec, run_config, device), spec, run_config, weights, rank, world_size, device
+        )
 
     return make
 
@@ -122,20 +124,20 @@ def from_replay(algorithm: Callable[[EnvSpec, RunConfig, torch.device], OffPolic
 # weights, rank, world size, device) → trainer.
 TRAINERS: dict[str, MakeTrainer] = {
     "ppo": PPOTrainer,
-    "sac": from_replay(lambda spec, run_cfg, device: SAC(spec, run_cfg.sac, run_cfg.population, device)),
-    "td3": from_replay(lambda spec, run_cfg, device: TD3(spec, run_cfg.td3, run_cfg.population, device)),
+    "sac": from_replay(lambda spec, run_config, device: SAC(spec, run_config.sac, run_config.population, device)),
+    "td3": from_replay(lambda spec, run_config, device: TD3(spec, run_config.td3, run_config.population, device)),
     "dqn": from_replay(
-        lambda spec, run_cfg, device: (
-            DQN(spec, run_cfg.dqn, run_cfg.population, device, run_cfg.encoder_for(spec))
-            if run_cfg.core == "identity"
+        lambda spec, run_config, device: (
+            DQN(spec, run_config.dqn, run_config.population, device, run_config.encoder_for(spec))
+            if run_config.core == "identity"
             else R2D2(
                 spec,
-                run_cfg.dqn,
-                run_cfg.population,
+                run_config.dqn,
+                run_config.population,
                 device,
-                run_cfg.encoder_for(spec),
-                run_cfg.core,
-                run_cfg.core_size,
+                run_config.encoder_for(spec),
+                run_config.core,
+                run_config.core_size,
             )
         )
     ),
@@ -144,11 +146,11 @@ TRAINERS: dict[str, MakeTrainer] = {
 
 def make_trainer(
     spec: EnvSpec,
-    run_cfg: RunConfig,
+    run_config: RunConfig,
     weights: tuple[wire.Weights, ...],
     rank: int,
     world_size: int,
     device: torch.device,
 ) -> Trainer:
     # Where PBT changes widths, every member's networks are allocated the widest (learners/shapes.py).
-    return TRAINERS[run_cfg.algo](spec, run_cfg.allocated(), weights, rank, world_size, device)
+    return TRAINERS[run_config.algo](spec, run_config.allocated(), weights, rank, world_size, device)

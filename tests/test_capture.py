@@ -123,7 +123,7 @@ def test_a_trainer_with_compile_update_trains_as_an_eager_one(algo: str, monkeyp
     trained = []
     for mode in ("off", "default"):
         torch.manual_seed(0)
-        run_cfg = RunConfig(
+        run_config = RunConfig(
             algo=algo,
             compile_update=mode,
             num_envs=SLOTS,
@@ -131,8 +131,8 @@ def test_a_trainer_with_compile_update_trains_as_an_eager_one(algo: str, monkeyp
             hidden_sizes=SMALL,
             dqn=DQNConfig(hidden_sizes=SMALL, learning_starts=0, batch_size=32),
         )
-        trainer = make_trainer(SPEC, run_cfg, (), 0, 1, CPU)
-        trainer.set_hyperparams([run_cfg.base_hyperparams()])
+        trainer = make_trainer(SPEC, run_config, (), 0, 1, CPU)
+        trainer.set_hyperparams([run_config.base_hyperparams()])
         rng = np.random.default_rng(1)
         for _ in range(3):
             rollout = ddp_rollout(rng, 0)

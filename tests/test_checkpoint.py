@@ -82,7 +82,7 @@ def rollout(spec: EnvSpec, rng: np.random.Generator, member: int, sequence: int,
 
 def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
     spec, sections = CONFIGS[algo]
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         algo=algo.split("-")[0],
         num_envs=SLOTS,
         rollout_length=STEPS,
@@ -91,9 +91,9 @@ def trainer_for(algo: str) -> tuple[Trainer, RunConfig, EnvSpec]:
         hidden_sizes=(8,),
         **sections,
     )
-    trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
-    trainer.set_hyperparams([run_cfg.base_hyperparams()] * POPULATION)
-    return trainer, run_cfg, spec
+    trainer = make_trainer(spec, run_config, (), 0, 1, CPU)
+    trainer.set_hyperparams([run_config.base_hyperparams()] * POPULATION)
+    return trainer, run_config, spec
 
 
 def train(trainer: Trainer, spec: EnvSpec, rng: np.random.Generator, sequence: int, state_size: int = 0) -> None:
@@ -106,8 +106,8 @@ def test_a_restored_trainer_carries_on_exactly_as_the_one_that_never_stopped(alg
     """Weights, every optimizer's moments, normalization statistics, the replay and the random
     streams: after a save and a restore into a fresh trainer, the next update is bit for bit the
     one the original makes."""
-    original, run_cfg, spec = trainer_for(algo)
-    rng, size = np.random.default_rng(0), run_cfg.core_state_size
+    original, run_config, spec = trainer_for(algo)
+    rng, size = np.random.default_rng(0), run_config.core_state_size
     for sequence in range(3):
         train(original, spec, rng, sequence, size)
     saved = checkpoint.capture(original)

@@ -114,10 +114,10 @@ def test_minibatches_grown_by_the_square_root_grow_in_number_and_size_alike(roll
 
 def test_the_fleet_candidate_config_loads_and_cuts_14_rollouts_into_4_minibatches() -> None:
     """benchmarks/ppo-cartpole-fleet.toml, which benchmarks/gpu_checks.sh runs: √14 ≈ 3.7."""
-    run_cfg = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-cartpole-fleet.toml", {})
-    assert run_cfg.env_id == "CartPole-v1" and run_cfg.ppo.minibatch_growth == "sqrt"
-    assert minibatching.for_batch(run_cfg.ppo, 1) == run_cfg.ppo
-    assert minibatching.for_batch(run_cfg.ppo, 14).minibatches == 4
+    run_config = load_run_config(Path(__file__).parents[1] / "benchmarks" / "ppo-cartpole-fleet.toml", {})
+    assert run_config.env_id == "CartPole-v1" and run_config.ppo.minibatch_growth == "sqrt"
+    assert minibatching.for_batch(run_config.ppo, 1) == run_config.ppo
+    assert minibatching.for_batch(run_config.ppo, 14).minibatches == 4
 
 
 def test_a_minibatch_growth_that_does_not_exist_is_refused() -> None:
@@ -129,15 +129,15 @@ def test_a_grown_batch_trains_on_every_rollout_in_more_minibatch_steps() -> None
     """The PPO trainer given 3 rollouts of one member and 1 of the other, batches 3 rollouts wide:
     each member's trained steps count every sample, and each took epochs × 3 optimizer steps (one
     rollout a minibatch) where a batch of one takes epochs × 1."""
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         num_envs=SLOTS,
         rollout_length=STEPS,
         population=2,
         rollouts_in_flight=4,
         ppo=PPOConfig(epochs=2, minibatches=1, max_rollouts_per_batch=4),
     )
-    trainer = make_trainer(SPEC, run_cfg, (), 0, 1, torch.device("cpu"))
-    trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
+    trainer = make_trainer(SPEC, run_config, (), 0, 1, torch.device("cpu"))
+    trainer.set_hyperparams([run_config.base_hyperparams()] * 2)
     rng = np.random.default_rng(1)
     per_member = [[rollout(rng, 0) for _ in range(3)], [rollout(rng, 1)]]
     samples = [sum(int(r.valid.sum()) for r in member) for member in per_member]

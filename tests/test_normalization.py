@@ -59,7 +59,7 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     """A trainer publishes its statistics with the weights; a fresh trainer (a restarted world, or
     a checkpoint) takes them back; the actors' NumPy policy normalizes exactly as the learner."""
     spec = norm_rank.SPEC
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         num_envs=norm_rank.SLOTS,
         rollout_length=norm_rank.STEPS,
         population=2,
@@ -67,8 +67,8 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
         obs_clip=3.0,
         hidden_sizes=(8,),
     )
-    trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
-    trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
+    trainer = make_trainer(spec, run_config, (), 0, 1, CPU)
+    trainer.set_hyperparams([run_config.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
     trainer.train([rollouts[0][:1], []], [int(rollouts[0][0].valid.sum()), 0], 1)
     params = trainer.member_params(0)
@@ -81,7 +81,7 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
     np.testing.assert_array_equal(idle["obs_norm.var"], np.ones(spec.obs_size))
     assert float(idle["obs_norm.count"]) == 0 and float(idle["obs_norm.clip"]) == 3.0
 
-    restarted = make_trainer(spec, run_cfg, (), 0, 1, CPU)
+    restarted = make_trainer(spec, run_config, (), 0, 1, CPU)
     restarted.load_member(0, params)
     assert all(np.array_equal(restarted.member_params(0)[k], params[k]) for k in params)
 
@@ -101,8 +101,8 @@ def test_statistics_travel_in_the_weights_and_the_actors_policy_applies_them() -
 
 
 def test_without_normalization_the_weights_carry_no_statistics() -> None:
-    run_cfg = RunConfig(hidden_sizes=(8,))
-    trainer = make_trainer(norm_rank.SPEC, run_cfg, (), 0, 1, CPU)
+    run_config = RunConfig(hidden_sizes=(8,))
+    trainer = make_trainer(norm_rank.SPEC, run_config, (), 0, 1, CPU)
     assert not set(OBS_NORM_KEYS) & set(trainer.member_params(0))
 
 
@@ -129,7 +129,7 @@ def test_off_policy_statistics_move_the_version_before_the_member_trains() -> No
     """Replay keeps raw observations; the statistics still follow every rollout, and a member whose
     statistics moved counts as updated (a new version), though it has not reached learning_starts."""
     spec = norm_rank.SPEC
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         algo="dqn",
         num_envs=norm_rank.SLOTS,
         rollout_length=norm_rank.STEPS,
@@ -137,8 +137,8 @@ def test_off_policy_statistics_move_the_version_before_the_member_trains() -> No
         normalize_obs=True,
         dqn=DQNConfig(hidden_sizes=(8,), learning_starts=10_000),
     )
-    trainer = make_trainer(spec, run_cfg, (), 0, 1, CPU)
-    trainer.set_hyperparams([run_cfg.base_hyperparams()] * 2)
+    trainer = make_trainer(spec, run_config, (), 0, 1, CPU)
+    trainer.set_hyperparams([run_config.base_hyperparams()] * 2)
     rollouts = norm_rank.per_member(0, 0)
     samples = [sum(int(r.valid.sum()) for r in member) for member in rollouts]
     _, updated = trainer.train(rollouts, samples, max(len(member) for member in rollouts))

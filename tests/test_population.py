@@ -329,14 +329,14 @@ def test_off_policy_copies_take_the_decisions_parameter_noise_on_the_policy_alon
         if algo != "dqn"
         else DISCRETE
     )
-    run_cfg = RunConfig(algo=algo, population=2)
+    run_config = RunConfig(algo=algo, population=2)
     decision = wire.Decision(
         id=9, target=1, source=0, hyperparams=dict.fromkeys(ALGORITHMS[algo].tunable, 0.1), param_noise=0.05
     )
     trainers = []
     for _ in range(2):  # two ranks, each applying the decision on its own
         torch.manual_seed(0)
-        trainer = make_trainer(spec, run_cfg, (), 0, 1, torch.device("cpu"))
+        trainer = make_trainer(spec, run_config, (), 0, 1, torch.device("cpu"))
         assert isinstance(trainer, OffPolicyTrainer)
         trainer.copy_member(decision)
         trainers.append(trainer.algorithm)

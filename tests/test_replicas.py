@@ -99,13 +99,13 @@ def test_auto_replicates_where_the_gather_and_whole_minibatch_steps_cost_less_th
 
 
 def test_auto_times_the_gather_of_the_batch_as_the_update_holds_it_at_its_widest() -> None:
-    run_cfg = RunConfig(num_envs=8, rollout_length=32, population=2)
+    run_config = RunConfig(num_envs=8, rollout_length=32, population=2)
     per_step = 8 + 4 + 4 + 1 + 1 + 1  # action (int64), behaviour log-probability, reward, three flags
     one_rollout = 33 * 8 * 3 * 4 + 32 * 8 * per_step  # float32 features with the bootstrap row, then the steps
-    assert replicas.gathered_bytes(replica_rank.SPEC, run_cfg) == 2 * one_rollout
+    assert replicas.gathered_bytes(replica_rank.SPEC, run_config) == 2 * one_rollout
     # Byte images travel as float32 features: four bytes a pixel, not one.
     pixels = EnvSpec(obs_shape=(84, 84, 4), obs_dtype="uint8", action_kind="discrete", action_dim=6)
-    assert replicas.gathered_bytes(pixels, run_cfg) == 2 * (33 * 8 * 84 * 84 * 4 * 4 + 32 * 8 * per_step)
+    assert replicas.gathered_bytes(pixels, run_config) == 2 * (33 * 8 * 84 * 84 * 4 * 4 + 32 * 8 * per_step)
     # Learner batching's widest batch, and the reward scale's float64 running returns.
     wide = RunConfig(
         num_envs=8, rollout_length=32, population=1, ppo=PPOConfig(max_rollouts_per_batch=4, normalize_reward=True)

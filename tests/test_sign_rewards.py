@@ -34,7 +34,7 @@ def learner_given_a_rollout(rewards: np.ndarray, sign_rewards: bool | None, env_
     learner = Learner(cfg, StopFlag())
     actor = zmq.Context.instance().socket(zmq.DEALER)
     try:
-        learner.run_cfg = RunConfig(env_id=env_id, num_envs=SLOTS, rollout_length=STEPS, sign_rewards=sign_rewards)
+        learner.run_config = RunConfig(env_id=env_id, num_envs=SLOTS, rollout_length=STEPS, sign_rewards=sign_rewards)
         learner.spec = SPEC
         learner.members = MemberQueues(1, 1, CreditTimeouts(), 1, 2**62, 0.05, 0.25)
         learner.members.hello(b"actor-0", 0)

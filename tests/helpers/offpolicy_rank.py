@@ -67,7 +67,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
     torch.manual_seed(1234 + rank)  # different initial weights: the trainer must make them equal
     spec = SPECS[algo]
     shared = {"hidden_sizes": (16, 16), "batch_size": 8, "learning_starts": 1, "replay_ratio": 0.25}
-    run_cfg = RunConfig(
+    run_config = RunConfig(
         algo=algo,
         num_envs=SLOTS,
         rollout_length=STEPS,
@@ -78,9 +78,9 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
         pbt=PBTConfig(ranges={"learning_rate": HyperRange(1e-4, 1e-2)}),
     )
     device = distributed.init_world(rank, world, "127.0.0.1", port, "cpu")
-    trainer = make_trainer(spec, run_cfg, (), rank, world, device)
+    trainer = make_trainer(spec, run_config, (), rank, world, device)
     assert isinstance(trainer, OffPolicyTrainer)
-    base = run_cfg.base_hyperparams()
+    base = run_config.base_hyperparams()
     trainer.set_hyperparams([{**base, "learning_rate": 1e-3 * (m + 1)} for m in range(POPULATION)])
     algorithm = trainer.algorithm
     optimizers = list(algorithm.optimizers.values())  # type: ignore[attr-defined]
