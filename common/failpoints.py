@@ -13,7 +13,9 @@ EXIT_FAILPOINT = 86  # a failpoint's exit status, apart from every status a serv
 
 REPORT_BEFORE_ACK = "report-before-ack"  # coordinator: a report counted, not yet acknowledged
 PBT_AFTER_APPEND = "pbt-after-append"  # coordinator: a PBT decision logged, not yet applied
-LEARNER_IN_UPDATE = "exit-in-update-after-checkpoint"  # learner rank: mid-update, a checkpoint written
+# A learner rank exits at the start of the update after its first checkpoint, while the other ranks
+# wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
+LEARNER_IN_UPDATE = "exit-in-update-after-checkpoint"
 
 log = logging.getLogger("rlmq.failpoint")
 

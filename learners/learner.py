@@ -52,8 +52,6 @@ from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
 MAX_MESSAGES_PER_RECEIVE = 256
-# Tests: exit at the start of the update that follows this process's first checkpoint, while the
-# other ranks wait for it in that update's all-reduce (DDP) or the next iteration's gather (replicas).
 
 
 class Learner:
