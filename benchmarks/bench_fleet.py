@@ -6,7 +6,8 @@ CURVE, the keys holding the fleet's key), configs/ppo-cartpole.toml, and a simul
 many actor identities in one process (tests/helpers/simulated_fleet.py: each with its own sockets,
 speaking the actors' protocol). Once every identity is assigned and rollouts flow, each process's
 CPU (user + system, every thread: the ZeroMQ I/O threads' CURVE included) and resident memory are
-read from /proc over `--window-s`, with the fleet's message counts and the run's policy versions.
+read from /proc over `--window-s`, with the fleet's message counts, the run's policy versions and
+the learner's queue (its metrics, read four times a second).
 With `--baseline DIR` (another checkout of rlmq, e.g. `git worktree add DIR REV`), every size runs
 there too, just before this tree's, its services and simulated fleet its own: before and after
 side by side in one run.
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ from rlmq.common.service import die_with_parent  # noqa: E402
 from tests.helpers.fleet_run import FleetRun  # noqa: E402
 
 EVALUATE_EVERY_S = 2.0
+QUEUE_SAMPLE_S = 0.25
 
 
 def last_stats(path: Path) -> dict[str, Any]:
@@ -81,7 +84,7 @@ class FleetAgainstServices:
         else:  # FleetRun's services inherit it
             os.environ["PYTHONPATH"] = str(package_dir(tree))
         config = dataclasses.replace(load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {}), **run_fields)
-        self.run = run = FleetRun(root, config, actors=0, start_actors=False)
+        self.run = run = FleetRun(root, config, actors=0, start_actors=False, learner_metrics=True)
         self.stats = root / "fleet-stats.jsonl"
         run.wait(lambda s: s.state == "running" and s.learners == 1, timeout_s, "the learner")
         time.sleep(2.0)
@@ -169,7 +172,7 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
         joined_s = time.monotonic() - started
         time.sleep(5.0)  # every identity's probation credit is behind it
         before = sample(pids, run, stats)
-        time.sleep(window_s)
+        queued = learner_queue_depths(run.learner_metrics_url, before.at + window_s)
         after = sample(pids, run, stats)
         span = after.at - before.at
 
@@ -197,9 +200,24 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
             "env_steps_per_s": (after.env_steps - before.env_steps) / span,
             "updates_per_s": (after.policy_version - before.policy_version) / span,
             "rejected": after.counts["rejected"],
+            "learner_queue_depth_mean": sum(queued) / max(len(queued), 1),
+            "learner_queue_depth_max": max(queued, default=0),
         }
     finally:
         services.close()
+
+
+def learner_queue_depths(metrics_url: str, until: float) -> list[int]:
+    """The learner's queue (rollouts received, not yet trained on), read from its metrics every
+    QUEUE_SAMPLE_S until `until` (monotonic)."""
+    depths = []
+    while time.monotonic() < until:
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("rlmq_learner_queue_depth "):
+                    depths.append(int(float(line.split()[1])))
+        time.sleep(QUEUE_SAMPLE_S)
+    return depths
 
 
 def package_dir(tree: Path) -> Path:
@@ -310,6 +328,8 @@ def print_row(result: dict[str, Any], label: str) -> None:
         predicted = result["model"][key]
         ratio = value / predicted if predicted else float("nan")
         print(f"  {key:26s} measured {value:10.3f}  model {predicted:10.3f}  ratio {ratio:5.2f}")
+    depth = f"{result['learner_queue_depth_mean']:.1f} rollouts (max {result['learner_queue_depth_max']})"
+    print(f"  the learner's queue: mean {depth}; the coordinator's ack delay {result['ack_delay_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

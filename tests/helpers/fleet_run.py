@@ -32,10 +32,17 @@ RLMQ = [sys.executable, "-m", "rlmq.cli"]
 
 class FleetRun:
     """A private Redis, the coordinator, one learner and `actors` actors (each with a key of its own),
-    every socket on CURVE; the keys directory also holds the fleet's key."""
+    every socket on CURVE; the keys directory also holds the fleet's key. With `learner_metrics`, the
+    learner serves its Prometheus metrics (`learner_metrics_url`)."""
 
     def __init__(
-        self, root: Path, run_config: RunConfig, actors: int, run: str = "flood", start_actors: bool = True
+        self,
+        root: Path,
+        run_config: RunConfig,
+        actors: int,
+        run: str = "flood",
+        start_actors: bool = True,
+        learner_metrics: bool = False,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.keys = root, root / "keys"
@@ -80,8 +87,8 @@ class FleetRun:
             "1",
             "--master-port",
             str(free_port()),
-            "--metrics-port",
-            "-1",
+            *(("--metrics-port", "0", "--announce", str(root / "learner.ports")) if learner_metrics else ()),
+            *(() if learner_metrics else ("--metrics-port", "-1")),
             "--experience-port",
             self.experience.rsplit(":", 1)[1],
             "--checkpoint-dir",
@@ -118,6 +125,12 @@ class FleetRun:
                     [*RLMQ, *args], stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
                 )
             )
+
+    @property
+    def learner_metrics_url(self) -> str:
+        """The learner's metrics endpoint, once it has announced its port (`learner_metrics`)."""
+        port = json.loads((self.root / "learner.ports").read_text())["metrics_port"]
+        return f"http://127.0.0.1:{port}/metrics"
 
     def status(self) -> RunStatus:
         return self.store.status()
