@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_scaling import scrape  # noqa: E402
 from benchmarks.fleet_model import (  # noqa: E402
     ACTOR_TIMEOUT_S,
     calibrate,
@@ -78,13 +78,21 @@ class FleetAgainstServices:
     """FleetRun's services (CartPole, every socket on CURVE) and a simulated fleet of `identities`,
     all of the rlmq checkout `tree`; the coordinator's memory read before the fleet starts."""
 
-    def __init__(self, root: Path, identities: int, tree: Path, timeout_s: float, **run_fields: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        identities: int,
+        tree: Path,
+        timeout_s: float,
+        learner_metrics: bool = False,
+        **run_fields: Any,
+    ) -> None:
         if tree == ROOT:  # the installed (editable) rlmq is this tree
             os.environ.pop("PYTHONPATH", None)
         else:  # FleetRun's services inherit it
             os.environ["PYTHONPATH"] = str(package_dir(tree))
         config = dataclasses.replace(load_run_config(ROOT / "configs" / "ppo-cartpole.toml", {}), **run_fields)
-        self.run = run = FleetRun(root, config, actors=0, start_actors=False, learner_metrics=True)
+        self.run = run = FleetRun(root, config, actors=0, start_actors=False, learner_metrics=learner_metrics)
         self.stats = root / "fleet-stats.jsonl"
         run.wait(lambda s: s.state == "running" and s.learners == 1, timeout_s, "the learner")
         time.sleep(2.0)
@@ -157,7 +165,7 @@ def to_target(root: Path, identities: int, timeout_s: float, tree: Path) -> dict
 
 def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree: Path) -> dict[str, Any]:
     """One size, with the services and the simulated fleet of the rlmq checkout `tree`."""
-    services = FleetAgainstServices(root, identities, tree, timeout_s, total_steps=10**12)
+    services = FleetAgainstServices(root, identities, tree, timeout_s, learner_metrics=True, total_steps=10**12)
     run, fleet, pids, stats = services.run, services.fleet, services.pids, services.stats
     coordinator_rss_before = services.coordinator_rss_before
     try:
@@ -172,7 +180,7 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
         joined_s = time.monotonic() - started
         time.sleep(5.0)  # every identity's probation credit is behind it
         before = sample(pids, run, stats)
-        queued = learner_queue_depths(run.learner_metrics_url, before.at + window_s)
+        queued = learner_queue_depths(run.learner_metrics_target, before.at + window_s)
         after = sample(pids, run, stats)
         span = after.at - before.at
 
@@ -200,22 +208,21 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
             "env_steps_per_s": (after.env_steps - before.env_steps) / span,
             "updates_per_s": (after.policy_version - before.policy_version) / span,
             "rejected": after.counts["rejected"],
-            "learner_queue_depth_mean": sum(queued) / max(len(queued), 1),
-            "learner_queue_depth_max": max(queued, default=0),
+            "learner_queue_depth_mean": sum(queued) / len(queued) if queued else None,
+            "learner_queue_depth_max": max(queued, default=None),
         }
     finally:
         services.close()
 
 
-def learner_queue_depths(metrics_url: str, until: float) -> list[int]:
+def learner_queue_depths(target: str, until: float) -> list[float]:
     """The learner's queue (rollouts received, not yet trained on), read from its metrics every
-    QUEUE_SAMPLE_S until `until` (monotonic)."""
+    QUEUE_SAMPLE_S until `until` (monotonic); a scrape that went unanswered is left out."""
     depths = []
     while time.monotonic() < until:
-        with urllib.request.urlopen(metrics_url, timeout=5) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith("rlmq_learner_queue_depth "):
-                    depths.append(int(float(line.split()[1])))
+        scraped = scrape(target)
+        if scraped is not None and "rlmq_learner_queue_depth" in scraped:
+            depths.append(scraped["rlmq_learner_queue_depth"])
         time.sleep(QUEUE_SAMPLE_S)
     return depths
 
@@ -328,8 +335,9 @@ def print_row(result: dict[str, Any], label: str) -> None:
         predicted = result["model"][key]
         ratio = value / predicted if predicted else float("nan")
         print(f"  {key:26s} measured {value:10.3f}  model {predicted:10.3f}  ratio {ratio:5.2f}")
-    depth = f"{result['learner_queue_depth_mean']:.1f} rollouts (max {result['learner_queue_depth_max']})"
-    print(f"  the learner's queue: mean {depth}; the coordinator's ack delay {result['ack_delay_ms']:.0f} ms")
+    mean, most = result["learner_queue_depth_mean"], result["learner_queue_depth_max"]
+    depth = "not read" if mean is None else f"mean {mean:.1f} rollouts (max {most:.0f})"
+    print(f"  the learner's queue: {depth}; the coordinator's ack delay {result['ack_delay_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The `rlmq` command: one service per subcommand (what a container runs: services.py), `up`,
-`eval`, `export`, `status` and `check` (the container probe).
+"""The `rlmq` command: one service per subcommand (what a container runs: services.py), and the
+user's: `up`, `eval`, `export`, `configs`, `keys`, `redis`, `status` and `check` (the container probe).
 
 Service options can also come from `RLMQ_*` environment variables (shown in `--help`). Modules are
 imported inside each command, so an actor never imports torch.

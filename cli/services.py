@@ -1,7 +1,8 @@
 """The services' commands, what a container runs: `rlmq coordinator`, `rlmq learner`, `rlmq actor`.
 
-Each builds its service's frozen config from its options and runs it. Service modules are imported
-inside each command, so that an actor never imports torch.
+Each builds its service's frozen config from its options and runs it (`learner --restart` runs a
+supervisor of the rank instead). Service modules are imported inside each command, so that an actor
+never imports torch.
 """
 
 from __future__ import annotations

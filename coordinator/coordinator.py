@@ -460,7 +460,7 @@ class Coordinator:
         """After the end, each tick: whether the run is done (run_end.py says what it waits for)."""
         # A secure run checks the actors' reports against what the learners took: all counted?
         actors_counted = self.actors_counted if self.gatekeeper is not None else None
-        if not self.end.done(self.report_budget.asked_s, actors_counted, self.final_evaluation_pending):
+        if not self.end.wind_down(self.report_budget.asked_s, actors_counted, self.final_evaluation_pending):
             return False
         if self.curves is not None:  # the final weights' evaluation, which no tick drew
             self.curves.evaluation(self.store.status())

@@ -32,11 +32,14 @@ FINAL_EVALUATION_S = 60.0
 
 
 class RunEnd:
+    """The coordinator's view of its run's end; `evaluates`: the run judges its target by its own
+    evaluations (judge.py), not by its actors' reported returns."""
+
     def __init__(
-        self, run_config: RunConfig, judged: bool, store: RunStore, broadcast: zmq.Socket[bytes], grace_s: float
+        self, run_config: RunConfig, evaluates: bool, store: RunStore, broadcast: zmq.Socket[bytes], grace_s: float
     ) -> None:
         self.target, self.budget = run_config.target_return, run_config.total_steps
-        self.num_learners, self.judged = run_config.num_learners, judged
+        self.num_learners, self.evaluates = run_config.num_learners, evaluates
         self.store, self.broadcast, self.grace_s = store, broadcast, grace_s
         self.finished_at: float | None = None
         self.passed: Judged | None = None  # the evaluation that reached the target
@@ -51,7 +54,7 @@ class RunEnd:
     def reason(self, steps: int, mean_return: float | None, full_record: bool) -> str | None:
         """Why the run ends now: "target" (an evaluation reached it; on a run that believes its
         actors' returns, `reported`), "budget" (the env steps), or None."""
-        if self.passed is not None or (not self.judged and self.reported(mean_return, full_record)):
+        if self.passed is not None or (not self.evaluates and self.reported(mean_return, full_record)):
             return "target"
         return "budget" if steps >= self.budget else None
 
@@ -60,12 +63,12 @@ class RunEnd:
         self.finished_at = time.monotonic()
         status = {"reason": reason, "detail": detail, "success": success, "env_steps_at_end": steps}
         self.store.set_status(state="stopping", ended_at=time.time(), **status)
-        self.send_stop(detail)
+        self._send_stop(detail)
 
-    def send_stop(self, detail: str) -> None:
+    def _send_stop(self, detail: str) -> None:
         self.broadcast.send_multipart([wire.DIRECTIVE_TOPIC, wire.encode(wire.Directive("stop", detail))])
 
-    def done(
+    def wind_down(
         self, report_interval_s: float, actors_counted: Callable[[], bool] | None, evaluating: Callable[[], bool]
     ) -> bool:
         """After the end, each tick: `stop` again, and whether the run is done. `actors_counted`
@@ -74,7 +77,7 @@ class RunEnd:
         `evaluating`: whether the final weights' evaluation is still to come, asked once the
         learners are done."""
         assert self.finished_at is not None
-        self.send_stop("run over")
+        self._send_stop("run over")
         waited = time.monotonic() - self.finished_at
         learners_done = self.final_weights and len(self.final_reports) == self.num_learners
         if learners_done and actors_counted is not None and waited < max(ACTORS_LAST_WORD_S, 3 * report_interval_s):

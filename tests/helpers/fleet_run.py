@@ -33,7 +33,7 @@ RLMQ = [sys.executable, "-m", "rlmq.cli"]
 class FleetRun:
     """A private Redis, the coordinator, one learner and `actors` actors (each with a key of its own),
     every socket on CURVE; the keys directory also holds the fleet's key. With `learner_metrics`, the
-    learner serves its Prometheus metrics (`learner_metrics_url`)."""
+    learner serves its Prometheus metrics (`learner_metrics_target`)."""
 
     def __init__(
         self,
@@ -127,10 +127,10 @@ class FleetRun:
             )
 
     @property
-    def learner_metrics_url(self) -> str:
-        """The learner's metrics endpoint, once it has announced its port (`learner_metrics`)."""
+    def learner_metrics_target(self) -> str:
+        """The learner's metrics as HOST:PORT, once it has announced its port (`learner_metrics`)."""
         port = json.loads((self.root / "learner.ports").read_text())["metrics_port"]
-        return f"http://127.0.0.1:{port}/metrics"
+        return f"127.0.0.1:{port}"
 
     def status(self) -> RunStatus:
         return self.store.status()
