@@ -297,3 +297,24 @@ class CoordinatorMetrics:
         )
         self.rejected = _rejected(r)
         self.heartbeat = Heartbeat(r)
+
+    def show_population(
+        self,
+        member_means: dict[str, float | None],
+        members: dict[int, tuple[int, dict[str, float]]],
+        cem_spread: float | None,
+        dvd_weight: float | None,
+    ) -> None:
+        """The population's gauges, each tick: fitness (None: no episode yet), each member's
+        (generation, hyperparameters), and CEM-RL's spread or DvD's weight once chosen."""
+        for member, value in member_means.items():
+            if value is not None:
+                self.member_fitness.labels(member).set(value)
+        for m, (generation, hyperparams) in members.items():
+            self.member_generation.labels(str(m)).set(generation)
+            for name, value in hyperparams.items():
+                self.member_hyperparameter.labels(str(m), name).set(value)
+        if cem_spread is not None:
+            self.cem_spread.set(cem_spread)
+        if dvd_weight is not None:
+            self.dvd_weight.set(dvd_weight)

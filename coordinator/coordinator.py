@@ -94,7 +94,6 @@ class Coordinator:
         self.actor_count = 0
         self.report_budget = ReportBudget(self.run_config.report_interval_s, cfg.actor_timeout_s)
         self.learner_lag: dict[int, float] = {}
-        self.learners_hung: tuple[int, ...] = ()
         self.log_reject = RejectLog(log)
         self.first_step_at = store.status().first_step_at or float("inf")
         # Every rank skips the same steps (their gradients are all-reduced): rank 0's count is the run's.
@@ -257,24 +256,11 @@ class Coordinator:
 
     def check_learners(self) -> None:
         """Name the learner ranks that hold the world up (log, metric, status), while the run lasts."""
-        behind, before = self.learners.holding_up()
-        for rank, why in behind.items():
-            if rank not in before:
-                log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)
-        for rank in before.keys() - behind.keys():
-            log.info("learner-%d (rank %d) caught up", rank, rank)
+        changed = self.learners.check()
         for rank in range(self.run_config.num_learners):
-            self.metrics.learner_behind.labels(str(rank)).set(rank in behind)
-        if behind.keys() != before.keys():
-            self.store.set_status(
-                learners_behind="; ".join(
-                    f"learner-{rank} (rank {rank}): {why}" for rank, why in sorted(behind.items())
-                )
-            )
-        hung = tuple(self.learners.hung())
-        if hung != self.learners_hung:  # what `rlmq up` acts on: it restarts the world
-            self.learners_hung = hung
-            self.store.set_status(learners_hung=hung)
+            self.metrics.learner_behind.labels(str(rank)).set(rank in self.learners.behind)
+        if changed:
+            self.store.set_status(**changed)
 
     def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
         received = time.perf_counter()
@@ -380,17 +366,14 @@ class Coordinator:
         self.report_budget.follow(actors)
         self.metrics.connected_learners.set(self.learners.live())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
-        for member, value in member_means.items():
-            if value is not None:
-                self.metrics.member_fitness.labels(member).set(value)
-        if self.population.generation is not None:
-            self.metrics.cem_spread.set(self.population.generation.spread)
-        if self.population.weights_log:
-            self.metrics.dvd_weight.set(self.population.weights_log[-1].weight)
-        for m, record in self.population.records.items():
-            self.metrics.member_generation.labels(str(m)).set(record.generation)
-            for name, value in record.hyperparams.items():
-                self.metrics.member_hyperparameter.labels(str(m), name).set(value)
+        members = {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()}
+        generation, weights_log = self.population.generation, self.population.weights_log
+        self.metrics.show_population(
+            member_means,
+            members,
+            cem_spread=generation.spread if generation is not None else None,
+            dvd_weight=weights_log[-1].weight if weights_log else None,
+        )
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0
         self.store.set_status(
             mean_return=mean_return,
@@ -418,7 +401,7 @@ class Coordinator:
                     "pbt/decisions": self.population.applied,
                 },
                 {int(m): {WINDOW_TAG: value} for m, value in member_means.items()},
-                {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()},
+                members,
             )
         if self.judge is not None and self.end.passed is None:
             due = self.evaluate_every is not None and self.evaluate_every.due()

@@ -32,6 +32,7 @@ class LearnerWorld:
         self.behind: dict[int, str] = {}  # rank → why it holds the world up
         self.checked_at = time.monotonic()  # the last `holding_up`
         self.idle: dict[int, int] = {}  # rank → identities holding credit requests they do not use
+        self.hung_ranks: tuple[int, ...] = ()  # as `check` last found them
 
     def register(self, rank: int, identity: bytes, endpoint: str) -> None:
         if self.identities.get(rank, identity) != identity:
@@ -84,15 +85,32 @@ class LearnerWorld:
             log.info("no identity holds credit requests it does not use any more")
         return now if now != before else None
 
-    def hung(self) -> list[int]:
-        """The ranks the world waits for that are silent (`stragglers.hung`)."""
-        return stragglers.hung(self.pulses, time.monotonic())
+    def check(self) -> dict[str, object]:
+        """Log the ranks that begin or stop holding the world up; the run's status fields that
+        changed since the last check (`learners_behind`, and `learners_hung`: what `rlmq up` acts
+        on, restarting the world)."""
+        before = self.behind
+        behind = self.holding_up()
+        for rank, why in behind.items():
+            if rank not in before:
+                log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)
+        for rank in before.keys() - behind.keys():
+            log.info("learner-%d (rank %d) caught up", rank, rank)
+        changed: dict[str, object] = {}
+        if behind.keys() != before.keys():
+            changed["learners_behind"] = "; ".join(
+                f"learner-{r} (rank {r}): {why}" for r, why in sorted(behind.items())
+            )
+        hung = tuple(stragglers.hung(self.pulses, time.monotonic()))  # the silent ranks the world waits for
+        if hung != self.hung_ranks:
+            self.hung_ranks = changed["learners_hung"] = hung
+        return changed
 
-    def holding_up(self) -> tuple[dict[int, str], dict[int, str]]:
-        """(the ranks that hold the world up now, and why; those that did at the last call)."""
+    def holding_up(self) -> dict[int, str]:
+        """The ranks that hold the world up now, and why."""
         now = time.monotonic()
         away, self.checked_at = now - self.checked_at, now
         if away > stragglers.SILENT_S:  # we were stalled (a Redis outage): their beats wait unread, not missing
             self.pulses = {rank: p._replace(heard=p.heard + away) for rank, p in self.pulses.items()}
-        before, self.behind = self.behind, stragglers.behind(self.pulses, self.size, now) if self.pulses else {}
-        return self.behind, before
+        self.behind = stragglers.behind(self.pulses, self.size, now) if self.pulses else {}
+        return self.behind
