@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from rlmq.coordinator.learner_world import LearnerWorld
 from rlmq.coordinator.stragglers import SILENT_S, WAITED_S, Pulse, behind
 
 
@@ -50,3 +53,18 @@ def test_a_rank_silent_while_a_beating_peer_waits_for_it_is_hung_and_a_world_pau
     # Both stopped for a minute and resumed: rank 0 beats first, already waiting, its peer a heartbeat later.
     resumed = Pulse(heard=now - 0.1, iteration=8, waiting_s=61.0, since=now - 0.1)
     assert hung({0: resumed, 1: stopped}, now) == []
+
+
+def test_the_learner_world_reports_each_change_of_who_holds_it_up_once() -> None:
+    """What the coordinator writes to the run's status: a field when it changes, nothing between."""
+    world = LearnerWorld(2, {})
+    now = time.monotonic()
+    world.pulses = {0: Pulse(now, 7, waiting_s=1.0, since=now - 2 * SILENT_S), 1: Pulse(now, 7, 0.0, since=now)}
+    assert world.check() == {}
+    world.pulses[1] = Pulse(now - SILENT_S - 1, 7, 0.0)  # rank 1 stopped; rank 0 waits for it
+    changed = world.check()
+    assert changed["learners_hung"] == (1,)
+    assert str(changed["learners_behind"]).startswith("learner-1 (rank 1): no heartbeat for 4.")
+    assert world.check() == {} and world.behind.keys() == {1}
+    world.pulses[1] = Pulse(time.monotonic(), 8, 0.0)  # it resumed
+    assert world.check() == {"learners_behind": "", "learners_hung": ()}
