@@ -231,8 +231,7 @@ class Coordinator:
         idle = self.learners.idle_requests(report.rank, report.idle_requests)
         if idle is not None:  # `rlmq status` warns
             self.store.set_status(idle_credit_requests=idle)
-        if report.final:
-            self.end.final_reports.add(report.rank)
+        self.end.learner_reported(report.rank, report.update_s, report.final)
         if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
             self.store.add_deliveries(report.session, report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:

@@ -3,13 +3,15 @@
 A run ends on its target (an evaluation of the best member reached it or, on a run that believes
 its actors, their reported returns did) or on its env-step budget. From then on its status is final
 but for the last counts: `stop` is repeated, since a PUB message can miss a slow joiner, until the
-learners' final weights and every rank's final report are in; on a secure run until the actors'
-last reports have counted what the learners took; on a run that ended on its budget until its final
-weights are evaluated. Each wait is bounded, so that a process that died cannot hold the run open.
+learners' final weights and every rank's final report are in (once the update under way is done);
+on a secure run until the actors' last reports have counted what the learners took; on a run that
+ended on its budget until its final weights are evaluated. Each wait is bounded, so that a process
+that died cannot hold the run open.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +31,10 @@ ACTORS_LAST_WORD_S = 3.0
 # How much longer than the grace period a run that ended on its budget waits for the evaluation of
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
+# The learners' final weights come after the update under way when `stop` arrives: the wait for them
+# is stretched by the longest time a rank reported in updates over this many of its last reports
+# (an off-policy update of a population on a shared core takes tens of seconds: benchmarks/LOG.md §26).
+UPDATES_REMEMBERED = 20
 
 
 class RunEnd:
@@ -45,6 +51,14 @@ class RunEnd:
         self.passed: Judged | None = None  # the evaluation that reached the target
         self.final_weights = False
         self.final_reports: set[int] = set()  # the learner ranks whose last report is in
+        self.update_s: collections.deque[float] = collections.deque(maxlen=UPDATES_REMEMBERED)
+
+    def learner_reported(self, rank: int, update_s: float, final: bool) -> None:
+        """A learner's report: its time in updates since its last one, and whether it is its last."""
+        if update_s > 0:
+            self.update_s.append(update_s)
+        if final:
+            self.final_reports.add(rank)
 
     def reported(self, mean_return: float | None, full_record: bool) -> bool:
         """Whether the actors' reports say a member reached the target: the mean of its last
@@ -83,7 +97,7 @@ class RunEnd:
         if learners_done and actors_counted is not None and waited < max(ACTORS_LAST_WORD_S, 3 * report_interval_s):
             learners_done = actors_counted()
         evaluation_pending = learners_done and evaluating()
-        limit = self.grace_s + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
+        limit = self.grace_s + max(self.update_s, default=0.0) + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
         if (learners_done and not evaluation_pending) or waited > limit:
             self.store.set_status(state="done", finished_at=time.time())
             return True
