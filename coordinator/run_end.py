@@ -32,7 +32,7 @@ ACTORS_LAST_WORD_S = 3.0
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
 # The learners' final weights come after the update under way when `stop` arrives: the wait for them
-# is stretched by the longest time a rank reported in updates over this many of its last reports
+# is stretched by the longest time in updates of the ranks' last this many reports that had one
 # (an off-policy update of a population on a shared core takes tens of seconds: benchmarks/LOG.md §26).
 UPDATES_REMEMBERED = 20
 
