@@ -366,11 +366,11 @@ class Coordinator:
         self.metrics.connected_learners.set(self.learners.live())
         member_means = {str(m): float(np.mean(r)) if r else None for m, r in recent.items()}
         members = {m: (r.generation, r.hyperparams) for m, r in self.population.records.items()}
-        generation, weights_log = self.population.generation, self.population.weights_log
+        cem_generation, weights_log = self.population.generation, self.population.weights_log
         self.metrics.show_population(
             member_means,
             members,
-            cem_spread=generation.spread if generation is not None else None,
+            cem_spread=cem_generation.spread if cem_generation is not None else None,
             dvd_weight=weights_log[-1].weight if weights_log else None,
         )
         lag = float(np.mean(list(self.learner_lag.values()))) if self.learner_lag else 0.0

@@ -30,9 +30,11 @@ class LearnerWorld:
         self.heard: dict[int, float] = {}  # rank → when it last registered or beat (monotonic)
         self.pulses: dict[int, stragglers.Pulse] = {}  # rank → its latest heartbeat
         self.behind: dict[int, str] = {}  # rank → why it holds the world up
-        self.checked_at = time.monotonic()  # the last `holding_up`
+        self.checked_at = time.monotonic()  # the last `check`
         self.idle: dict[int, int] = {}  # rank → identities holding credit requests they do not use
-        self.hung_ranks: tuple[int, ...] = ()  # as `check` last found them
+        # As `check` last found them; None before the first, which writes both fields whatever it
+        # finds: a restarted coordinator clears what the one before it left in the run's status.
+        self.hung_ranks: tuple[int, ...] | None = None
 
     def register(self, rank: int, identity: bytes, endpoint: str) -> None:
         if self.identities.get(rank, identity) != identity:
@@ -90,14 +92,14 @@ class LearnerWorld:
         changed since the last check (`learners_behind`, and `learners_hung`: what `rlmq up` acts
         on, restarting the world)."""
         before = self.behind
-        behind = self.holding_up()
+        behind = self._holding_up()
         for rank, why in behind.items():
             if rank not in before:
                 log.warning("learner-%d (rank %d) holds the learner world up: %s", rank, rank, why)
         for rank in before.keys() - behind.keys():
             log.info("learner-%d (rank %d) caught up", rank, rank)
         changed: dict[str, object] = {}
-        if behind.keys() != before.keys():
+        if behind.keys() != before.keys() or self.hung_ranks is None:
             changed["learners_behind"] = "; ".join(
                 f"learner-{r} (rank {r}): {why}" for r, why in sorted(behind.items())
             )
@@ -106,7 +108,7 @@ class LearnerWorld:
             self.hung_ranks = changed["learners_hung"] = hung
         return changed
 
-    def holding_up(self) -> dict[int, str]:
+    def _holding_up(self) -> dict[int, str]:
         """The ranks that hold the world up now, and why."""
         now = time.monotonic()
         away, self.checked_at = now - self.checked_at, now

@@ -32,9 +32,12 @@ ACTORS_LAST_WORD_S = 3.0
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
 # The learners' final weights come after the update under way when `stop` arrives: the wait for them
-# is stretched by the longest time in updates of the ranks' last this many reports that had one
-# (an off-policy update of a population on a shared core takes tens of seconds: benchmarks/LOG.md §26).
-UPDATES_REMEMBERED = 20
+# is stretched by the longest time in updates one of the ranks' last this many reports covered (an
+# off-policy update of a population on a shared core takes tens of seconds: benchmarks/LOG.md §26)...
+REPORTS_REMEMBERED = 20
+# ...but by no more than this: a rank's update time counts its waits for its peers, so a world that
+# stalled (a rank stopped or hung) reports "updates" as long as the stall.
+UPDATE_STRETCH_MAX_S = 120.0
 
 
 class RunEnd:
@@ -51,12 +54,12 @@ class RunEnd:
         self.passed: Judged | None = None  # the evaluation that reached the target
         self.final_weights = False
         self.final_reports: set[int] = set()  # the learner ranks whose last report is in
-        self.update_s: collections.deque[float] = collections.deque(maxlen=UPDATES_REMEMBERED)
+        self.recent_update_s: collections.deque[float] = collections.deque(maxlen=REPORTS_REMEMBERED)
 
     def learner_reported(self, rank: int, update_s: float, final: bool) -> None:
         """A learner's report: its time in updates since its last one, and whether it is its last."""
         if update_s > 0:
-            self.update_s.append(update_s)
+            self.recent_update_s.append(update_s)
         if final:
             self.final_reports.add(rank)
 
@@ -97,8 +100,24 @@ class RunEnd:
         if learners_done and actors_counted is not None and waited < max(ACTORS_LAST_WORD_S, 3 * report_interval_s):
             learners_done = actors_counted()
         evaluation_pending = learners_done and evaluating()
-        limit = self.grace_s + max(self.update_s, default=0.0) + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
+        stretch = min(max(self.recent_update_s, default=0.0), UPDATE_STRETCH_MAX_S)
+        limit = self.grace_s + stretch + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
         if (learners_done and not evaluation_pending) or waited > limit:
+            if not learners_done or evaluation_pending:
+                log.warning("done %.1f s after the end without %s", waited, self.missing(evaluation_pending))
             self.store.set_status(state="done", finished_at=time.time())
             return True
         return False
+
+    def missing(self, evaluation_pending: bool) -> str:
+        """What a run that gives up waiting is done without."""
+        if evaluation_pending:
+            return "the evaluation of its final weights"
+        absent = sorted(set(range(self.num_learners)) - self.final_reports)
+        return (
+            ", ".join(
+                ([] if self.final_weights else ["the learners' final weights"])
+                + ([f"the final reports of learner ranks {absent}"] if absent else [])
+            )
+            or "every env step the learners took counted by the actors' reports"
+        )

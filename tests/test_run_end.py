@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from rlmq.common.config import RunConfig
-from rlmq.coordinator.run_end import RunEnd
+from rlmq.coordinator.run_end import REPORTS_REMEMBERED, UPDATE_STRETCH_MAX_S, RunEnd
 from rlmq.coordinator.store import RunStore
 
 GRACE_S = 5.0
@@ -24,7 +24,7 @@ def ended(redis_url: str, run_id: str) -> Iterator[RunEnd]:
     broadcast.bind("tcp://127.0.0.1:*")
     end = RunEnd(RunConfig(env_id="CartPole-v1", total_steps=1_000), False, store, broadcast, GRACE_S)
     end.finish("budget", "1000 env steps ≥ budget 1000", True, 1_000)
-    end.finished_at = time.monotonic() - (GRACE_S + 1)
+    waited(end, GRACE_S + 1)
     yield end
     broadcast.close(linger=0)
     store.delete_run()
@@ -40,13 +40,31 @@ def test_without_long_updates_the_coordinator_gives_up_on_the_final_weights_afte
     assert ended.store.status().state == "done"
 
 
+def waited(end: RunEnd, seconds: float) -> None:
+    end.finished_at = time.monotonic() - seconds
+
+
 def test_the_wait_for_the_final_weights_stretches_over_the_longest_update_reported(ended: RunEnd) -> None:
     """The learner reads `stop` only once the update under way is done: 20 s updates, 6 s waited."""
-    for update_s in (18.0, 20.0, 0.0, 19.5):
+    for update_s in (20.0, 18.0, 0.0, 19.5):  # the longest first: the last or the mean would end sooner
         ended.learner_reported(0, update_s, final=False)
     assert not done(ended)
     assert ended.store.status().state == "stopping"
-    ended.finished_at = time.monotonic() - (GRACE_S + 20.0 + 0.5)  # and no word since: a dead learner
+    waited(ended, GRACE_S + 19.75)
+    assert not done(ended)
+    waited(ended, GRACE_S + 20.0 + 0.5)  # and no word since: a dead learner
+    assert done(ended)
+
+
+def test_only_the_recent_reports_stretch_the_wait_and_a_stalled_world_not_without_bound(ended: RunEnd) -> None:
+    ended.learner_reported(0, 20.0, final=False)
+    for _ in range(REPORTS_REMEMBERED):
+        ended.learner_reported(1, 0.5, final=False)
+    assert done(ended)  # 6 s waited, past the grace and the 0.5 s updates
+    ended.learner_reported(0, 10 * UPDATE_STRETCH_MAX_S, final=False)  # its peer stopped for that long
+    waited(ended, GRACE_S + UPDATE_STRETCH_MAX_S - 1)
+    assert not done(ended)
+    waited(ended, GRACE_S + UPDATE_STRETCH_MAX_S + 1)
     assert done(ended)
 
 
@@ -54,5 +72,5 @@ def test_the_learners_last_word_ends_the_wait_at_once(ended: RunEnd) -> None:
     ended.learner_reported(0, 20.0, final=False)
     ended.learner_reported(0, 21.0, final=True)
     ended.final_weights = True
-    ended.finished_at = time.monotonic()
+    waited(ended, 0.0)
     assert done(ended)
