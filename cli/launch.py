@@ -216,7 +216,7 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
             )
     finally:
         supervisor.kill_all(signal.SIGKILL)
-        supervisor.remove_sockets()
+        supervisor.sockets.remove()
         if redis_server is not None:
             redis_server.stop()
     return verdict(outcome, status, cfg.run_config)

@@ -12,30 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlmq.cli import run_redis, rundir
+from rlmq.cli import children, run_redis, rundir
+from rlmq.cli.children import Child, Listener
 from rlmq.cli.redis_server import RedisServer
 from rlmq.cli.upconfig import UpConfig
-from rlmq.common.security import create_keys
-from rlmq.common.service import (
-    EXIT_DISK,
-    EXIT_INTERRUPTED,
-    RateTimer,
-    StopFlag,
-    cores_given,
-    die_with_parent,
-)
-from rlmq.common.transport import free_port
+from rlmq.common.service import EXIT_DISK, EXIT_INTERRUPTED, RateTimer, StopFlag, die_with_parent
 from rlmq.coordinator.records import RunStatus
 from rlmq.coordinator.store import OUTAGE_ERRORS, RunStore
 
@@ -45,35 +33,6 @@ MAX_WORLD_RESTARTS = 10  # learner worlds started again after a rank exited
 MAX_COORDINATOR_RESTARTS = 10
 PROGRESS_EVERY_S = 2.0
 HUNG_CHECK_S = 0.5  # how often the status is read for learner ranks the coordinator names hung
-
-
-@dataclass(frozen=True)
-class Listener:
-    """A listening socket `rlmq up` binds for a child and hands down to it: TCP at `port`, or Unix
-    at `path`."""
-
-    sock: socket.socket
-    port: int = 0
-    path: str = ""
-
-    @property
-    def fd(self) -> int:
-        return self.sock.fileno()
-
-
-@dataclass
-class Child:
-    name: str
-    role: str
-    argv: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    log_path: Path = field(default_factory=Path)
-    metrics_port: int = 0
-    # Handed down at every start, and kept open here meanwhile: a restarted child serves the same
-    # port, and what connects while it is down waits in the listening socket's backlog.
-    listeners: list[Listener] = field(default_factory=list)
-    rank: int = -1  # a learner's
 
 
 class Supervisor:
@@ -88,7 +47,7 @@ class Supervisor:
         self.world_restarts = 0
         self.hung_restarted = False  # the world was restarted for the ranks the coordinator names hung
         self.reach = "127.0.0.1"  # where children reach each other and Prometheus reaches them (plan)
-        self.socket_dir: Path | None = None  # the learners' Unix sockets, with --transport ipc
+        self.sockets = children.Sockets()
         self.stop = StopFlag()
         self.log_dir = cfg.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -98,160 +57,14 @@ class Supervisor:
         self.learner_env = {**self.env, **dict.fromkeys(one, threads)}
 
     def plan(self) -> None:
-        host = self.cfg.bind_host
-        taken: set[int] = set()
-
-        def port() -> int:  # distinct: two children handed one port would fight over it all run long
-            for _ in range(1000):
-                drawn = free_port("0.0.0.0" if host == "*" else host)
-                if drawn not in taken:
-                    taken.add(drawn)
-                    return drawn
-            raise RuntimeError(f"no free port on {host}")
-
-        # The ports every other process must be told of are bound here, and the listening sockets
-        # handed down to the processes that serve them: no other socket can take one in between.
-        control, broadcast = (self.listen(host) for _ in range(2))
-        base = [sys.executable, "-m", "rlmq.cli"]
-        reach = "127.0.0.1" if host == "*" else host  # where the children find each other
-        endpoints = ["--coordinator", f"tcp://{reach}:{control.port}", "--broadcast", f"tcp://{reach}:{broadcast.port}"]
-        self.children.append(
-            Child(
-                "coordinator",
-                "coordinator",
-                [
-                    *base,
-                    "coordinator",
-                    "--run",
-                    self.cfg.run,
-                    "--redis-url",
-                    self.redis_address,
-                    "--redis-password-file",
-                    self.redis_password_file,
-                    "--run-config",
-                    str(self.cfg.run_dir / "config.json"),
-                    "--control-bind",
-                    f"tcp://{host}:{control.port}",
-                    "--control-fd",
-                    str(control.fd),
-                    "--broadcast-bind",
-                    f"tcp://{host}:{broadcast.port}",
-                    "--broadcast-fd",
-                    str(broadcast.fd),
-                    "--tensorboard-dir",
-                    str(self.cfg.run_dir / "tb"),
-                ],
-                listeners=[control, broadcast],
-            )
-        )
-        for rank in range(self.cfg.learners):
-            if self.cfg.transport == "ipc":
-                experience = self.listen_unix(f"learner-{rank}.sock")
-                served = ["--experience-ipc", experience.path]
-            else:
-                experience = self.listen(host)
-                served = ["--experience-port", str(experience.port)]
-            self.children.append(
-                Child(
-                    f"learner-{rank}",
-                    "learner",
-                    [
-                        *base,
-                        "learner",
-                        "--run",
-                        self.cfg.run,
-                        *endpoints,
-                        "--rank",
-                        str(rank),
-                        "--world-size",
-                        str(self.cfg.learners),
-                        "--master-addr",
-                        reach,
-                        "--advertise-host",
-                        reach,
-                        *served,
-                        "--experience-fd",
-                        str(experience.fd),
-                        "--torch-threads",
-                        str(self.cfg.torch_threads),
-                        "--device",
-                        self.cfg.device,
-                        "--collective-timeout",
-                        str(self.cfg.collective_timeout_s),
-                        "--checkpoint-dir",
-                        str(self.cfg.run_dir / "checkpoints"),
-                    ],
-                    listeners=[experience],
-                    rank=rank,
-                )
-            )
-        env_threads = str(max(1, cores_given() // self.cfg.actors))  # the cores shared out among the actors
-        for index in range(self.cfg.actors):
-            self.children.append(
-                Child(
-                    f"actor-{index}",
-                    "actor",
-                    [
-                        *base,
-                        "actor",
-                        "--name",
-                        f"actor-{index}",
-                        *endpoints,
-                        "--device",
-                        self.cfg.actor_device,
-                        "--env-threads",
-                        env_threads,
-                    ],
-                )
-            )
-        if self.cfg.secure:  # the keys' directory, never a key, on the command lines
-            keys = self.cfg.run_dir / "keys"
-            if not (keys / "server.key_secret").exists():  # a resumed run keeps its keys
-                shutil.rmtree(keys, ignore_errors=True)
-                create_keys(keys, self.cfg.learners, self.cfg.actors)
-            for child in self.children:
-                child.argv += ["--keys", str(keys)]
-        (self.cfg.run_dir / "ports").mkdir(exist_ok=True)
-        for child in self.children:
-            # A planned port, for Prometheus to be told where to scrape; a child that finds it taken
-            # binds another and announces it (refresh_scrape_targets).
-            child.metrics_port = port()
-            child.argv += [
-                "--metrics-port",
-                str(child.metrics_port),
-                "--bind-host",
-                host,
-                "--announce",
-                str(self.announce_path(child)),
-            ]
-        self.reach = reach
+        self.children, self.reach = children.plan(self.cfg, self.redis_address, self.redis_password_file, self.sockets)
         self.write_scrape_targets()
-
-    def listen(self, host: str) -> Listener:
-        sock = socket.create_server(("" if host == "*" else host, 0), backlog=128)
-        return Listener(sock, port=int(sock.getsockname()[1]))
-
-    def listen_unix(self, name: str) -> Listener:
-        """A Unix socket in a directory of this run's own under the system's temporary one (mode
-        0700; a run directory's path may pass the 107 bytes a socket's path may have), removed by
-        `remove_sockets`."""
-        if self.socket_dir is None:
-            self.socket_dir = Path(tempfile.mkdtemp(prefix="rlmq-"))
-        path = str(self.socket_dir / name)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(path)
-        sock.listen(128)
-        return Listener(sock, path=path)
-
-    def remove_sockets(self) -> None:
-        if self.socket_dir is not None:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def write_scrape_targets(self) -> None:
         write_scrape_targets(self.cfg.run_dir / "prometheus_targets.json", self.cfg.run, self.children, self.reach)
 
     def announce_path(self, child: Child) -> Path:
-        return self.cfg.run_dir / "ports" / f"{child.name}.json"
+        return children.announce_path(self.cfg.run_dir, child)
 
     def refresh_scrape_targets(self) -> None:
         """Follow the metrics ports the children announce they bound (a restarted child may have
@@ -280,7 +93,7 @@ class Supervisor:
     def start_learner_world(self) -> None:
         """Every learner rank, with a rendezvous of their own that rank 0 serves on a socket bound
         here (a world started again gets a new one: the old one's state went with its rank 0)."""
-        master = self.listen(self.cfg.bind_host)
+        master = self.sockets.tcp(self.cfg.bind_host)
         for child in self.children:
             if child.role == "learner":
                 first = child.rank == 0
