@@ -1,9 +1,10 @@
 """What `rlmq up` starts: each child's command line, and the listening sockets bound for it.
 
-The ports every other process must be told of are bound here, and the listening sockets handed
-down to the processes that serve them: no other socket can take one in between. Each child's
-metrics port is planned here too, for Prometheus to be told where to scrape; a child that finds it
-taken binds another and announces it (the supervisor follows the announcements).
+The ports every other process must be told of are bound here (the learner world's rendezvous when
+the world starts, `Supervisor.start_learner_world`), and the listening sockets handed down to the
+processes that serve them: no other socket can take one in between. Each child's metrics port is
+planned here too, for Prometheus to be told where to scrape; a child that finds it taken binds
+another and announces it (the supervisor follows the announcements).
 """
 
 from __future__ import annotations

@@ -287,12 +287,12 @@ def last_line_with(path: Path, needle: str) -> str:
     return found.split(" ERROR ", 1)[-1].strip()
 
 
-def write_scrape_targets(path: Path, run: str, children: list[Child], host: str = "127.0.0.1") -> None:
+def write_scrape_targets(path: Path, run: str, planned: list[Child], host: str = "127.0.0.1") -> None:
     """Prometheus file_sd targets, one group per role: point a `file_sd_configs` job at this file
     (Prometheus re-reads it when it changes) to scrape every process of the run."""
     groups = []
     for role in ("coordinator", "learner", "actor"):
-        targets = [f"{host}:{c.metrics_port}" for c in children if c.role == role]
+        targets = [f"{host}:{c.metrics_port}" for c in planned if c.role == role]
         if targets:
             groups.append({"targets": targets, "labels": {"job": "rlmq", "role": role, "run": run}})
     with rundir.atomic(path) as tmp:

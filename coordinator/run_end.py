@@ -32,8 +32,8 @@ ACTORS_LAST_WORD_S = 3.0
 # its final weights (the learners and actors are done by then): a slow env's 10 episodes.
 FINAL_EVALUATION_S = 60.0
 # The learners' final weights come after the update under way when `stop` arrives: the wait for them
-# is stretched by the longest time in updates one of the ranks' last this many reports covered (an
-# off-policy update of a population on a shared core takes tens of seconds: benchmarks/LOG.md §26)...
+# is stretched by the longest time in updates one of the ranks' last this many reports that had one
+# covered (an off-policy update of a population on a shared core takes tens of seconds: LOG.md §26)...
 REPORTS_REMEMBERED = 20
 # ...but by no more than this: a rank's update time counts its waits for its peers, so a world that
 # stalled (a rank stopped or hung) reports "updates" as long as the stall.

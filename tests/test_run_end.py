@@ -3,8 +3,10 @@ word, against a real Redis server and a real PUB socket."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -56,16 +58,34 @@ def test_the_wait_for_the_final_weights_stretches_over_the_longest_update_report
     assert done(ended)
 
 
-def test_only_the_recent_reports_stretch_the_wait_and_a_stalled_world_not_without_bound(ended: RunEnd) -> None:
+def test_only_the_recent_reports_stretch_the_wait(ended: RunEnd) -> None:
     ended.learner_reported(0, 20.0, final=False)
     for _ in range(REPORTS_REMEMBERED):
-        ended.learner_reported(1, 0.5, final=False)
+        ended.learner_reported(0, 0.5, final=False)
     assert done(ended)  # 6 s waited, past the grace and the 0.5 s updates
+
+
+def test_a_stalled_world_does_not_stretch_the_wait_without_bound(ended: RunEnd) -> None:
     ended.learner_reported(0, 10 * UPDATE_STRETCH_MAX_S, final=False)  # its peer stopped for that long
     waited(ended, GRACE_S + UPDATE_STRETCH_MAX_S - 1)
     assert not done(ended)
     waited(ended, GRACE_S + UPDATE_STRETCH_MAX_S + 1)
     assert done(ended)
+
+
+def test_a_run_that_gives_up_says_what_it_is_done_without(redis_url: str, run_id: str, caplog: Any) -> None:
+    store = RunStore.connect(redis_url, run_id)
+    broadcast = zmq.Context.instance().socket(zmq.PUB)
+    broadcast.bind("tcp://127.0.0.1:*")
+    end = RunEnd(RunConfig(env_id="CartPole-v1", total_steps=1_000, num_learners=2), False, store, broadcast, GRACE_S)
+    end.finish("budget", "1000 env steps ≥ budget 1000", True, 1_000)
+    end.learner_reported(0, 0.3, final=True)
+    waited(end, GRACE_S + 1)
+    with caplog.at_level(logging.WARNING, logger="rlmq.coordinator"):
+        assert done(end)
+    assert "without the learners' final weights, the final reports of learner ranks [1]" in caplog.text
+    broadcast.close(linger=0)
+    store.delete_run()
 
 
 def test_the_learners_last_word_ends_the_wait_at_once(ended: RunEnd) -> None:
