@@ -1,7 +1,8 @@
 """What every rlmq process shares: the stop flag, signal handling, exit codes, logging, threads.
 
 The first SIGTERM/SIGINT sets the stop flag: loops notice it at their next poll timeout and finish
-warmly (flush, say goodbye, close sockets). The second exits at once.
+warmly (flush, say goodbye, close sockets). The second exits at once. A stop the service set itself
+(the coordinator's `stop` directive) is no signal: the first signal after it still stops warmly.
 """
 
 from __future__ import annotations
@@ -51,13 +52,19 @@ class StopFlag:
 
 
 def install_signal_handlers(stop: StopFlag, log: logging.Logger) -> None:
-    """First SIGTERM/SIGINT: warm stop. Second: leave now."""
+    """First SIGTERM/SIGINT: warm stop. Second: leave now.
+
+    The signals are counted apart from the flag: `rlmq up` sends its SIGTERM after the coordinator's
+    `stop` directive has set the flag, and a learner still writing its final checkpoint then must
+    finish it, not die as on a second signal."""
+    signalled = threading.Event()
 
     def handle(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if stop.is_set():
+        if signalled.is_set():
             log.warning("second %s: stopping at once", name)
             os._exit(EXIT_INTERRUPTED)
+        signalled.set()
         log.info("%s: stopping warmly (again to stop at once)", name)
         stop.set(name)
 

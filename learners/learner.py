@@ -27,7 +27,7 @@ from rlmq.common.architecture import member_activation
 from rlmq.common.config import LearnerConfig, RunConfig
 from rlmq.common.metrics import LearnerMetrics, serve
 from rlmq.common.schema import ROLLOUT_DTYPES, core_state_problem, layout_problem
-from rlmq.common.security import Credentials, check_sender, counting_refusals, peer_of
+from rlmq.common.security import check_sender, counting_refusals, peer_of
 from rlmq.common.service import (
     EXIT_DISK,
     EXIT_FAILED,
@@ -48,6 +48,7 @@ from rlmq.learners.heartbeat import HeartbeatThread
 from rlmq.learners.members import MemberQueues
 from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.progress import Progress
+from rlmq.learners.sockets import LearnerSockets
 from rlmq.learners.trainers import Trainer, make_trainer
 
 log = logging.getLogger("rlmq.learner")
@@ -61,33 +62,14 @@ class Learner:
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
         self.name = f"learner-{cfg.rank}"
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        credentials = Credentials.load(cfg.keys_dir, self.name, serves=True)
-        self.gatekeeper = credentials.gatekeeper(self.ctx, counting_refusals(self.metrics.rejected.labels("auth").inc))
-        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{self.name}-{os.getpid()}".encode())
-        credentials.client(self.control)
-        self.control.connect(cfg.coordinator)
-        self.reached_at = reach.advertised_address(cfg.advertise_host, cfg.coordinator)
-        self.experience = transport.make_socket(self.ctx, zmq.ROUTER, hwm=1000)
-        credentials.server(self.experience)
-        if self.gatekeeper is not None:
-            self.gatekeeper.watch(self.experience)
-        if cfg.experience_ipc:  # actors on this host only
-            self.endpoint = transport.bind(self.experience, f"ipc://{cfg.experience_ipc}", cfg.experience_fd)
-        else:
-            port = transport.bind(
-                self.experience, f"tcp://{cfg.bind_host}:{cfg.experience_port}", cfg.experience_fd
-            ).rsplit(":", 1)[1]
-            host = f"[{self.reached_at}]" if ":" in self.reached_at else self.reached_at  # IPv6
-            self.endpoint = f"tcp://{host}:{port}"
-        self.directives = transport.make_socket(self.ctx, zmq.SUB)
-        credentials.client(self.directives)
-        if cfg.rank == 0:
-            self.directives.setsockopt(zmq.SUBSCRIBE, wire.DIRECTIVE_TOPIC)
-            self.directives.setsockopt(zmq.SUBSCRIBE, wire.DECISION_TOPIC)
-            self.directives.connect(cfg.broadcast)
+        self.sockets = LearnerSockets(cfg, self.name, counting_refusals(self.metrics.rejected.labels("auth").inc))
         self.heartbeat = HeartbeatThread(
-            self.ctx, cfg.coordinator, f"{self.name}-{os.getpid()}-beat".encode(), self.name, cfg.rank, credentials
+            self.sockets.ctx,
+            cfg.coordinator,
+            f"{self.name}-{os.getpid()}-beat".encode(),
+            self.name,
+            cfg.rank,
+            self.sockets.credentials,
         )
         self.progress = Progress(self.name, cfg.rank, self.metrics)
         self.log_reject = RejectLog(log)
@@ -102,26 +84,26 @@ class Learner:
         the wait is for data nobody may send) and again after."""
         self.members.grant(self.send_credit)
         if timeout_ms:
-            self.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
+            self.sockets.experience.poll(timeout_ms, zmq.POLLIN)  # the one wait: then only what is there
         for _ in range(MAX_MESSAGES_PER_RECEIVE):  # bounded: a flood cannot starve the agreement
-            parts = transport.receive(self.experience)
+            parts = transport.receive(self.sockets.experience)
             if parts is None:
                 break
             try:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts) - 1} frames after the identity")
                 actor, message = parts[0].bytes, wire.decode(parts[1].buffer)
-                if self.gatekeeper is not None:  # a secure run: only actors, each as itself
+                if self.sockets.secure:  # a secure run: only actors, each as itself
                     check_sender(parts[1], message)
                 if isinstance(message, wire.Hello):
-                    peer = peer_of(parts[1]) if self.gatekeeper is not None else None
+                    peer = peer_of(parts[1]) if self.sockets.secure else None
                     self.members.hello(actor, message.member, message.name, "" if peer is None else peer.user_id)
                     continue
                 if not isinstance(message, wire.Rollout):
                     raise wire.WireError("unexpected_kind", type(message).__name__)
                 self.members.spend(actor, message.member)
                 self.check_rollout(message)
-                if self.gatekeeper is not None:
+                if self.sockets.secure:
                     self.deliveries.add(message)
                 if self.run_config.signs_rewards:  # the actors counted the real returns; training takes signs
                     message = dataclasses.replace(message, rewards=np.sign(message.rewards))
@@ -137,7 +119,7 @@ class Learner:
         """A credit names our policy version; the weights of that version go just ahead of it."""
         frames = self.credit_frames.for_credit(actor, member, self.members.versions[member])
         for frame in frames:
-            self.experience.send_multipart([actor, frame])
+            self.sockets.experience.send_multipart([actor, frame])
         if len(frames) > 1:
             self.metrics.weights_sent.inc(len(frames[0]))
 
@@ -171,8 +153,8 @@ class Learner:
 
     def read_broadcast(self) -> None:
         """Rank 0: obey a stop; keep PBT decisions until they can be applied, in id order."""
-        while self.cfg.rank == 0 and self.directives.poll(0, zmq.POLLIN):
-            parts = self.directives.recv_multipart()
+        while self.cfg.rank == 0 and self.sockets.directives.poll(0, zmq.POLLIN):
+            parts = self.sockets.directives.recv_multipart()
             try:
                 if len(parts) != 2:
                     raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
@@ -194,10 +176,10 @@ class Learner:
             name=self.name,
             pid=os.getpid(),
             rank=self.cfg.rank,
-            experience_endpoint=self.endpoint,
+            experience_endpoint=self.sockets.endpoint,
             metrics_port=self.metrics_port,
         )
-        assign = reach.register(self.control, hello, self.cfg.master_addr, self.stop, self.reject)
+        assign = reach.register(self.sockets.control, hello, self.cfg.master_addr, self.stop, self.reject)
         if assign is None:
             return EXIT_OK
         self.run_config: RunConfig = assign.config
@@ -224,7 +206,7 @@ class Learner:
         torch.manual_seed(self.run_config.seed)
         self.heartbeat.start()
         self.heartbeat.enter()  # the rendezvous waits for every rank
-        master = reach.master_address(self.cfg.master_addr, self.cfg.rank, self.reached_at, assign)
+        master = reach.master_address(self.cfg.master_addr, self.cfg.rank, self.sockets.reached_at, assign)
         reached = self.cfg.rank == 0 or reach.await_master(master, self.cfg.master_port, self.stop)
         if not reached or self.stop.is_set():
             return EXIT_OK
@@ -240,7 +222,7 @@ class Learner:
                 self.cfg.bind_host,
                 self.cfg.collective_timeout_s,
                 self.cfg.master_fd,
-                self.reached_at,
+                self.sockets.reached_at,
             )
         self.adopt_rank0_state(device)
         log.info(
@@ -250,7 +232,7 @@ class Learner:
             device,
             self.run_config.algo,
             population,
-            self.endpoint,
+            self.sockets.endpoint,
         )
         try:
             self.trainer: Trainer = make_trainer(
@@ -355,7 +337,6 @@ class Learner:
                 self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
             )
             if agreed.stop:
-                self.save_checkpoint(device)  # the state a resumed run carries on from
                 self.heartbeat.leave()
                 break
             if agreed.checkpoint:
@@ -373,6 +354,11 @@ class Learner:
         if self.cfg.rank == 0:
             for member in range(population):  # the last one says final: the coordinator has them all
                 self.publish(member, final=member == population - 1)
+        # The state a resumed run carries on from, after the final weights: the coordinator waits for
+        # those, and a large replay's write would hold up the run's end (its final evaluation) for nothing.
+        self.heartbeat.enter()
+        self.save_checkpoint(device)
+        self.heartbeat.leave()
         return EXIT_OK
 
     def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
@@ -436,21 +422,18 @@ class Learner:
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis: Assigns, the evaluator, restarts)."""
         transport.send_frame(
-            self.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member)
+            self.sockets.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member)
         )
 
     def report(self, final: bool = False) -> None:
         # The skipped steps are read here, not per update: on a GPU reading the count waits for the device.
         self.progress.nonfinite(self.trainer.nonfinite_skipped())
         report = self.progress.report(self.members, self.deliveries, self.pbt.applied, final)
-        transport.send(self.control, report)
+        transport.send(self.sockets.control, report)
 
     def close(self) -> None:
         self.heartbeat.close()
-        for sock in (self.control, self.experience, self.directives):
-            sock.close()
-        if self.gatekeeper is not None:
-            self.gatekeeper.stop()
+        self.sockets.close()
 
 
 def main(cfg: LearnerConfig, stop: StopFlag, max_updates: int | None = None) -> int:

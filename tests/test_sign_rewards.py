@@ -40,7 +40,7 @@ def learner_given_a_rollout(rewards: np.ndarray, sign_rewards: bool | None, env_
         learner.members.hello(b"actor-0", 0)
         learner.members.grant(lambda actor, member: None)  # the credit is out: the rollout is due
         actor.setsockopt(zmq.IDENTITY, b"actor-0")
-        actor.connect(learner.endpoint)
+        actor.connect(learner.sockets.endpoint)
         arrays = allocate(SPEC, STEPS, SLOTS, zeros=True)
         arrays["valid"][:] = True
         actor.send(

@@ -1,0 +1,48 @@
+"""A service's signals (common/service.py), in a real process: the first SIGTERM stops it warmly,
+the second at once, and a stop the service set itself is not counted as a signal."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlmq.common.service import EXIT_INTERRUPTED
+
+# Sets the flag as the coordinator's directive does (or not), then works until told twice.
+SERVICE = (
+    "import logging, sys, time\n"
+    "from rlmq.common.service import StopFlag, install_signal_handlers\n"
+    "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
+    "stop = StopFlag()\n"
+    "install_signal_handlers(stop, logging.getLogger())\n"
+    "if sys.argv[1] == 'directive':\n"
+    "    stop.set('directive')\n"
+    "print('working', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.02)  # the final checkpoint's write, say\n"
+)
+
+
+@pytest.mark.parametrize("stopped_by", ["directive", "nothing"])
+def test_the_first_signal_stops_warmly_and_the_second_at_once_whatever_set_the_flag_before(stopped_by: str) -> None:
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, stopped_by], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert service.stdout is not None and service.stdout.readline() == "working\n"
+        service.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert service.poll() is None, "the first signal killed the service"
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(5) == EXIT_INTERRUPTED
+        _, said = service.communicate(timeout=5)
+        assert said.splitlines() == [
+            "SIGTERM: stopping warmly (again to stop at once)",
+            "second SIGTERM: stopping at once",
+        ]
+    finally:
+        service.kill()
