@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from rlmq.common import envs, failpoints, transport, wire
+from rlmq.common import envs, failpoints, wire
 from rlmq.common.config import CoordinatorConfig
 from rlmq.common.metrics import CoordinatorMetrics, serve
 from rlmq.common.models import make_policy
-from rlmq.common.security import Credentials, check_sender, counting_refusals
+from rlmq.common.security import check_sender, counting_refusals
 from rlmq.common.service import (
     EXIT_OK,
     RateTimer,
@@ -40,6 +40,7 @@ from rlmq.coordinator.population import Population
 from rlmq.coordinator.records import LearnerRecord, ProgressSample
 from rlmq.coordinator.report_budget import ReportBudget
 from rlmq.coordinator.run_end import RunEnd
+from rlmq.coordinator.sockets import CoordinatorSockets
 from rlmq.coordinator.store import RunStore
 
 log = logging.getLogger("rlmq.coordinator")
@@ -60,17 +61,7 @@ class Coordinator:
         self.metrics = CoordinatorMetrics()
         self.metrics_port = serve(self.metrics.registry, cfg.metrics_port, cfg.bind_host)
         announce(cfg.announce_file, metrics_port=self.metrics_port)
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        credentials = Credentials.load(cfg.keys_dir, None, serves=True)
-        self.gatekeeper = credentials.gatekeeper(ctx, counting_refusals(self.metrics.rejected.labels("auth").inc))
-        self.control = transport.make_socket(ctx, zmq.ROUTER, hwm=1000)
-        credentials.server(self.control)
-        self.control_endpoint = transport.bind(self.control, cfg.control_bind, cfg.control_fd)
-        self.broadcast = transport.make_socket(ctx, zmq.PUB, hwm=100)
-        credentials.server(self.broadcast)
-        if self.gatekeeper is not None:
-            self.gatekeeper.watch(self.control, self.broadcast)
-        self.broadcast_endpoint = transport.bind(self.broadcast, cfg.broadcast_bind, cfg.broadcast_fd)
+        self.sockets = CoordinatorSockets(cfg, counting_refusals(self.metrics.rejected.labels("auth").inc))
 
         saved, run = store.load_config(), cfg.run_config
         if saved is None:
@@ -102,9 +93,11 @@ class Coordinator:
         # The verdict on the target and PBT's fitness: the run's own evaluations, unless the run
         # believes its actors (evaluation.episodes = 0).
         self.judge = (
-            Judge(self.run_config, self.spec, ctx, store, self.metrics) if self.run_config.evaluation.episodes else None
+            Judge(self.run_config, self.spec, self.sockets.ctx, store, self.metrics)
+            if self.run_config.evaluation.episodes
+            else None
         )
-        self.end = RunEnd(self.run_config, self.judge is not None, store, self.broadcast, cfg.shutdown_grace_s)
+        self.end = RunEnd(self.run_config, self.judge is not None, store, self.sockets.broadcast, cfg.shutdown_grace_s)
         every_s = self.run_config.evaluation.every_s
         self.evaluate_every = RateTimer(every_s) if every_s and self.run_config.target_return is not None else None
         self.curves = Curves.open(cfg.tensorboard_dir, self.population.size, cfg.tensorboard_max_mb)
@@ -174,7 +167,7 @@ class Coordinator:
             applied_decision=self.population.learner_applied if learner else 0,
             master_host=self.learners.master_host() if learner else "",
         )
-        self.control.send_multipart([identity, wire.encode(assign)])
+        self.sockets.control.send_multipart([identity, wire.encode(assign)])
 
     def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
         self.population.check(report.member)
@@ -191,7 +184,7 @@ class Coordinator:
             report.session,
             report.steps_total,
             report.episodes_total,
-            checked=self.gatekeeper is not None,
+            checked=self.sockets.secure,
         )
         failpoints.reach(self.cfg.failpoint, failpoints.REPORT_BEFORE_ACK, "between counting a report and acking it")
         if report.session:
@@ -202,7 +195,7 @@ class Coordinator:
                 steps_uncounted=counted.steps_uncounted,
                 report_interval_s=self.report_budget.asked_s,
             )
-            self.control.send_multipart([identity, wire.encode(ack)])
+            self.sockets.control.send_multipart([identity, wire.encode(ack)])
         if self.curves is not None and counted.episodes:  # the newest claims may wait uncounted
             end = len(returns) - min(counted.uncounted, len(returns))
             start = max(end - counted.episodes, 0)
@@ -232,7 +225,7 @@ class Coordinator:
         if idle is not None:  # `rlmq status` warns
             self.store.set_status(idle_credit_requests=idle)
         self.end.learner_reported(report.rank, report.update_s, report.final)
-        if self.gatekeeper is not None and report.delivered_steps:  # what actors' reports are checked against
+        if self.sockets.secure and report.delivered_steps:  # what actors' reports are checked against
             self.store.add_deliveries(report.session, report.delivered_steps, report.delivered_episodes)
         if report.rank == 0 and identity == self.publisher and report.nonfinite_skipped:
             self.nonfinite_skipped += report.nonfinite_skipped
@@ -292,7 +285,7 @@ class Coordinator:
             handler = self.handlers.get(type(message))
             if handler is None:
                 raise wire.WireError("unexpected_kind", type(message).__name__)
-            if self.gatekeeper is not None and sender is not None:  # a secure run: as whom may it speak
+            if self.sockets.secure and sender is not None:  # a secure run: as whom may it speak
                 check_sender(sender, message)
             handler(identity, message, frame)
             if isinstance(message, wire.ActorReport):  # what the fleet's reports cost (report_budget.py)
@@ -308,18 +301,18 @@ class Coordinator:
             self.cfg.run,
             self.run_config.env_id,
             self.run_config.num_learners,
-            self.control_endpoint,
-            self.broadcast_endpoint,
+            self.sockets.control_endpoint,
+            self.sockets.broadcast_endpoint,
         )
         poller = zmq.Poller()
-        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.sockets.control, zmq.POLLIN)
         if self.judge is not None:
             poller.register(self.judge.socket, zmq.POLLIN)
         while not self.stop.is_set() and (until is None or time.monotonic() < until):
             self.metrics.heartbeat.beat()
             ready = dict(poller.poll(int(TICK_S * 1000)))
-            if self.control in ready:
-                parts = self.control.recv_multipart(copy=False)
+            if self.sockets.control in ready:
+                parts = self.sockets.control.recv_multipart(copy=False)
                 if len(parts) == 2:
                     self.handle(parts[0].bytes, parts[1].bytes, parts[1])
                 else:
@@ -354,7 +347,7 @@ class Coordinator:
                 self.judge.fitness_ready(self.population.due(), range(self.population.size), self.version_of),
             )
         for decision in self.population.for_learners(self.latest_weights):  # again every tick until applied
-            self.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
+            self.sockets.broadcast.send_multipart([wire.DECISION_TOPIC, wire.encode(decision)])
         best, mean_return, full_record = self.population.best(recent)
         now = time.monotonic()
         then, steps_then = self.recent_steps[0]
@@ -441,7 +434,7 @@ class Coordinator:
     def finishing(self) -> bool:
         """After the end, each tick: whether the run is done (run_end.py says what it waits for)."""
         # A secure run checks the actors' reports against what the learners took: all counted?
-        actors_counted = self.actors_counted if self.gatekeeper is not None else None
+        actors_counted = self.actors_counted if self.sockets.secure else None
         if not self.end.wind_down(self.report_budget.asked_s, actors_counted, self.final_evaluation_pending):
             return False
         if self.curves is not None:  # the final weights' evaluation, which no tick drew
@@ -467,10 +460,7 @@ class Coordinator:
             self.judge.close()
         if self.curves is not None:
             self.curves.close()
-        self.control.close()
-        self.broadcast.close()
-        if self.gatekeeper is not None:
-            self.gatekeeper.stop()
+        self.sockets.close()
 
 
 def _actor_index(name: str, default: int) -> int:

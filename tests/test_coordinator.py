@@ -213,11 +213,11 @@ def test_actors_get_learner_endpoints_only_once_every_rank_of_a_restarted_world_
     def say(identity: bytes, message: wire.Message) -> zmq.Socket:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, identity)
-        sock.connect(coordinator.control_endpoint)
+        sock.connect(coordinator.sockets.control_endpoint)
         sock.send(wire.encode(message))
         sockets.append(sock)
-        assert coordinator.control.poll(5_000, zmq.POLLIN)
-        coordinator.handle(*coordinator.control.recv_multipart())
+        assert coordinator.sockets.control.poll(5_000, zmq.POLLIN)
+        coordinator.handle(*coordinator.sockets.control.recv_multipart())
         return sock
 
     def learner(rank: int, world: str) -> None:
