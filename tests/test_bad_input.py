@@ -191,6 +191,12 @@ def test_status_of_a_run_whose_password_file_is_gone_says_so_in_one_line(tmp_pat
     assert "run.json" in line and "elsewhere/redis/password" in line and "--redis-password-file" in line
 
 
+def test_status_given_two_run_directories_says_to_give_one(tmp_path: Path) -> None:
+    line = the_one_line(rlmq("status", str(tmp_path / "a"), "--run-dir", str(tmp_path / "b")))
+    assert f"two run directories, {tmp_path / 'a'} and --run-dir {tmp_path / 'b'}" in line
+    assert "rlmq status RUN_DIR" in line
+
+
 def test_a_run_dir_under_proc_is_refused(tmp_path: Path) -> None:
     line = the_one_line(rlmq("up", "--run-dir", "/proc/rlmq-run"))
     assert "cannot use /proc/rlmq-run as the run directory" in line and "pass a --run-dir" in line

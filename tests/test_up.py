@@ -63,7 +63,7 @@ def test_up_learns_cartpole_and_restarts_a_killed_actor(tmp_path: Path) -> None:
     )
     wait_until_stepping(run_dir, up)
     status = subprocess.run(
-        [sys.executable, "-m", "rlmq.cli", "status", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "rlmq.cli", "status", str(run_dir)],  # as `rlmq eval RUN_DIR`
         capture_output=True,
         text=True,
         timeout=30,
