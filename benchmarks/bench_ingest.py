@@ -156,7 +156,7 @@ def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     trainer = make_trainer(SPEC, run_config, (), 0, 1, torch.device(args.device)) if train else None
     if trainer is not None:
         trainer.set_hyperparams([run_config.base_hyperparams()])
-    actors = start_actors(learner.endpoint, args, args.window_s + 2)
+    actors = start_actors(learner.sockets.endpoint, args, args.window_s + 2)
     rollouts, started, deadline, cpu = 0, 0.0, 0.0, 0.0
     while not started or time.monotonic() < deadline:
         learner.receive(timeout_ms=10)

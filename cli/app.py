@@ -244,13 +244,10 @@ def redis_server(
 @app.command()
 def status(
     # Positional as `rlmq eval`'s and `rlmq export`'s; --run-dir as `rlmq up`'s.
-    source: Annotated[
-        Path | None,
-        typer.Argument(
-            help="Run directory of an `rlmq up` run (or --run-dir).", metavar="RUN_DIR", show_default="runs/latest"
-        ),
-    ] = None,
-    run_dir: Annotated[Path | None, opt("Run directory of an `rlmq up` run.", show_default="runs/latest")] = None,
+    directory: Annotated[
+        Path, typer.Argument(help="Run directory of an `rlmq up` run (or --run-dir).", metavar="RUN_DIR")
+    ] = Path("runs/latest"),
+    run_dir: Annotated[Path | None, opt("Run directory of an `rlmq up` run.", show_default=False)] = None,
     redis_url: Annotated[str | None, opt("Redis URL (default: from the run directory).", "REDIS_URL")] = None,
     run: Annotated[str | None, opt("Run id (default: from the run directory).", "RUN")] = None,
     redis_password_file: RedisPasswordFile = "",
@@ -258,13 +255,14 @@ def status(
     """Print a run's live status from Redis."""
     from rlmq.cli.status import show_status
 
-    if source is not None and run_dir is not None and source != run_dir:
+    if run_dir is not None and directory != Path("runs/latest") and directory.resolve() != run_dir.resolve():
         typer.echo(
-            f"error: two run directories, {source} and --run-dir {run_dir}: give one (rlmq status RUN_DIR)", err=True
+            f"error: two run directories, {directory} and --run-dir {run_dir}: give one (rlmq status RUN_DIR)",
+            err=True,
         )
         raise typer.Exit(EXIT_USAGE)
     require_redis_url(redis_url)
-    raise typer.Exit(show_status(source or run_dir or Path("runs/latest"), redis_url, run, redis_password_file))
+    raise typer.Exit(show_status(run_dir or directory, redis_url, run, redis_password_file))
 
 
 @app.command()

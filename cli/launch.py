@@ -204,6 +204,8 @@ def run_up(cfg: UpConfig, redis_outage_s: float = 30.0) -> int:
         supervisor.start()
         outcome = supervisor.watch(supervisor.redis.watching_store())
         supervisor.shut_down()
+        if outcome == "over":
+            outcome = supervisor.final_checkpoint_refused() or outcome
         try:
             status = supervisor.redis.save_results(spec, launched, outcome)
         except OSError as exc:  # the disk that ended the run, or full now: what is written stays

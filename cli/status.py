@@ -48,8 +48,8 @@ def show_status(run_dir: Path, redis_url: str | None, run: str | None, password_
         info_path = run_dir / "run.json"
         if not info_path.exists():
             print(
-                f"error: no run at {run_dir} (no run.json); pass --run-dir of an `rlmq up` run, "
-                "or --redis-url and --run",
+                f"error: no run at {run_dir} (no run.json); give the run directory of an `rlmq up` run "
+                "(rlmq status RUN_DIR), or --redis-url and --run",
                 file=sys.stderr,
             )
             return EXIT_USAGE

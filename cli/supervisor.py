@@ -241,6 +241,15 @@ class Supervisor:
             f"`rlmq up --resume {self.cfg.run_dir}`"
         )
 
+    def final_checkpoint_refused(self) -> str | None:
+        """After a run that ended ("over") and its children stopped: "failed: why" if a learner's
+        disk refused its final checkpoint. The learner writes it after the final weights, so the
+        coordinator may have finished before the learner said so."""
+        for child in self.children:
+            if child.role == "learner" and child.process is not None and child.process.returncode == EXIT_DISK:
+                return f"failed: {self.disk_refused(child)}"
+        return None
+
     def act_on_hung(self, store: RunStore) -> str | None:
         """The coordinator names ranks that are silent while a peer waits for them in a collective
         (stopped, or hung: `stragglers.hung`): restart the world now, not at the collective timeout.

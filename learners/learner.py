@@ -66,7 +66,7 @@ class Learner:
         self.heartbeat = HeartbeatThread(
             self.sockets.ctx,
             cfg.coordinator,
-            f"{self.name}-{os.getpid()}-beat".encode(),
+            self.sockets.identity + b"-beat",
             self.name,
             cfg.rank,
             self.sockets.credentials,

@@ -25,7 +25,8 @@ class LearnerSockets:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.credentials = Credentials.load(cfg.keys_dir, name, serves=True)
         self.gatekeeper = self.credentials.gatekeeper(self.ctx, on_refusal)
-        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=f"{name}-{os.getpid()}".encode())
+        self.identity = f"{name}-{os.getpid()}".encode()  # the heartbeat's socket takes it with a suffix
+        self.control = transport.make_socket(self.ctx, zmq.DEALER, identity=self.identity)
         self.credentials.client(self.control)
         self.control.connect(cfg.coordinator)
         self.reached_at = reach.advertised_address(cfg.advertise_host, cfg.coordinator)
