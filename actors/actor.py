@@ -75,7 +75,7 @@ class Actor:
             sock.connect(endpoint)
             self.learners.append(sock)
             self.credits.append(0)
-        self.hello_frame = wire.encode(dataclasses.replace(hello, member=self.member))  # to learners
+        self.encoded_hello = wire.encode(dataclasses.replace(hello, member=self.member))  # to learners
         self.asked_at = [0.0] * len(self.learners)  # when we last asked each learner for credit
         self.poller = zmq.Poller()
         for sock in self.learners:
@@ -147,7 +147,7 @@ class Actor:
         for i, sock in enumerate(self.learners):
             if self.credits[i] == 0 and now - self.asked_at[i] >= wire.CREDIT_REQUEST_RENEW_S:
                 try:
-                    sock.send(self.hello_frame, flags=zmq.NOBLOCK)
+                    sock.send(self.encoded_hello, flags=zmq.NOBLOCK)
                 except zmq.Again:  # not connected yet: the next renewal tries again
                     continue
                 self.asked_at[i] = now
@@ -216,9 +216,9 @@ class Actor:
             contact.check()
         while transport.readable(self.broadcast):
             try:
-                _topic, frame = self.broadcast.recv_multipart()
-                message = wire.decode(frame)
-            except (ValueError, wire.WireError) as exc:  # ValueError: not two frames
+                _topic, encoded = self.broadcast.recv_multipart()
+                message = wire.decode(encoded)
+            except (ValueError, wire.WireError) as exc:  # ValueError: not two parts
                 self.reject(exc if isinstance(exc, wire.WireError) else wire.WireError("garbage", str(exc)))
                 continue
             if isinstance(message, wire.Directive) and message.kind == "stop":
@@ -242,7 +242,7 @@ class Actor:
             returns, lengths, lineages, *collector.take_times(), self.held.version, self.rejected
         )
         self.rejected = 0
-        transport.send_frame(self.control, encoded)
+        transport.send_encoded(self.control, encoded)
         self.read_control()
 
     def flush_reports(self) -> None:
@@ -254,7 +254,7 @@ class Actor:
         deadline, resend = time.monotonic() + wait_s, RateTimer(resend_s)
         while not self.reports.settled and time.monotonic() < deadline:
             if resend.due():
-                transport.send_frame(self.control, self.reports.last)
+                transport.send_encoded(self.control, self.reports.last)
             self.control.poll(50, zmq.POLLIN)
             self.read_control()
 

@@ -4,7 +4,7 @@ Each report holds the actor's totals so far and every finished episode the coord
 acknowledged; the coordinator counts what the totals add, once, however often a report comes. So
 while the coordinator is away nothing is lost: reports go on, and the first one it reads after
 counts everything since. Metrics are updated here, once per report, off the actor's hot path.
-No sockets here: the actor sends the frames and hands back the acknowledgements.
+No sockets here: the actor sends the reports and hands back the acknowledgements.
 """
 
 from __future__ import annotations

@@ -176,9 +176,9 @@ class Peers:
 
     def on_control(self) -> None:
         while self.control.poll(0, zmq.POLLIN):
-            identity, frame = self.control.recv_multipart()
+            identity, encoded = self.control.recv_multipart()
             try:
-                if isinstance(wire.decode(frame), wire.Hello):  # ActorReports are ignored
+                if isinstance(wire.decode(encoded), wire.Hello):  # ActorReports are ignored
                     self.control.send_multipart([identity, self.assign_frame])
             except wire.WireError:
                 self.rejected += 1
@@ -186,9 +186,9 @@ class Peers:
     def on_sink(self) -> None:
         """What `Learner.receive` does, less the queue: decode, check, count, grant credits."""
         while self.sink.poll(0, zmq.POLLIN):
-            identity, frame = self.sink.recv_multipart(copy=False)
+            identity, encoded = self.sink.recv_multipart(copy=False)
             try:
-                message = wire.decode(frame.buffer)
+                message = wire.decode(encoded.buffer)
             except wire.WireError:
                 self.rejected += 1
                 continue

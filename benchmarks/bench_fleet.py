@@ -195,7 +195,7 @@ def measure(root: Path, identities: int, window_s: float, timeout_s: float, tree
             "cpu": {name: (after.cpu[name] - before.cpu[name]) / span for name in pids},
             "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
             "coordinator_rss_before_mb": coordinator_rss_before,
-            "weights_frame_bytes": after.counts["learner_weights_bytes"] / max(after.counts["learner_weights"], 1),
+            "encoded_weights_bytes": after.counts["learner_weights_bytes"] / max(after.counts["learner_weights"], 1),
             "reports_per_s": rate("reports"),
             "acks_per_s": rate("acks"),
             "ack_delay_ms": 1000 * (after.counts["ack_delay_s"] - before.counts["ack_delay_s"]) / max(acks, 1),

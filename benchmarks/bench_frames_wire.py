@@ -59,13 +59,13 @@ def collect(steps: int, slots: int) -> tuple[wire.Rollout, float]:
 def timed(rollout: wire.Rollout, push: zmq.Socket, pull: zmq.Socket) -> tuple[int, float, float, float]:
     """(bytes, encode s, hop s, decode s) of one rollout."""
     start = time.perf_counter()
-    frame = wire.encode(rollout)
+    message = wire.encode(rollout)
     encoded = time.perf_counter()
-    push.send(frame, copy=False)
+    push.send(message, copy=False)
     received = pull.recv(copy=False)
     hopped = time.perf_counter()
     wire.decode(received.buffer)
-    return len(frame), encoded - start, hopped - encoded, time.perf_counter() - hopped
+    return len(message), encoded - start, hopped - encoded, time.perf_counter() - hopped
 
 
 def main() -> None:

@@ -1,14 +1,14 @@
 """Learner ingest: the rollouts per second a learner accepts (and trains on) from synthetic actors
-at full speed, against what ZeroMQ and msgpack alone carry of the same frames.
+at full speed, against what ZeroMQ and msgpack alone carry of the same messages.
 
 `--actors` synthetic actor processes (this script with `--actor`) speak the real protocol to one
 experience socket: a `Hello`, then one pre-encoded `Rollout` for every `Credit` that arrives
-(`Weights` frames are read and dropped), with no env and no policy, so they send as fast as
+(`Weights` messages are read and dropped), with no env and no policy, so they send as fast as
 they are let. Three receivers take turns, `--rounds` rounds of `--window-s` each:
 
-    raw      a ROUTER that msgpack-unpacks each frame (no validation) and answers each with a
-             pre-encoded `Credit`: the transport's and the codec's rate for these frames;
-    ingest   a real `Learner` (learners/learner.py): `receive` (decode and validate every frame,
+    raw      a ROUTER that msgpack-unpacks each message (no validation) and answers each with a
+             pre-encoded `Credit`: the transport's and the codec's rate for these messages;
+    ingest   a real `Learner` (learners/learner.py): `receive` (decode and validate every message,
              credits by its ledger, the queue), then every queued rollout taken and dropped;
     train    the same, with the PPO trainer's update on what was taken (`--device`).
 
@@ -48,7 +48,7 @@ from rlmq.learners.trainers import make_trainer
 SPEC = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)  # CartPole's
 
 
-def rollout_frame(slots: int, steps: int) -> bytes:
+def encoded_rollout(slots: int, steps: int) -> bytes:
     arrays = allocate(SPEC, steps, slots, zeros=True)
     rng = np.random.default_rng(0)
     arrays["obs"][:] = rng.standard_normal(arrays["obs"].shape)
@@ -61,7 +61,7 @@ def rollout_frame(slots: int, steps: int) -> bytes:
 
 def synthetic_actor(endpoint: str, name: str, slots: int, steps: int, seconds: float) -> None:
     """One rollout for every credit, for `seconds`; a `Hello` first and again while it holds none."""
-    frame = rollout_frame(slots, steps)
+    encoded = encoded_rollout(slots, steps)
     hello = wire.encode(wire.Hello(role="actor", name=name, pid=os.getpid(), member=0))
     ctx = zmq.Context()
     sock = transport.make_socket(ctx, zmq.DEALER, identity=name.encode())
@@ -73,7 +73,7 @@ def synthetic_actor(endpoint: str, name: str, slots: int, steps: int, seconds: f
             asked = time.monotonic()
         if sock.poll(50):
             if isinstance(wire.decode(sock.recv()), wire.Credit):
-                sock.send(frame, copy=False)
+                sock.send(encoded, copy=False)
                 asked = time.monotonic()  # holding none again, it asks by sending: the next Hello waits
     sock.close(0)
     ctx.term()
@@ -111,8 +111,8 @@ def raw_rate(args: argparse.Namespace) -> Rate:
     while not started or time.monotonic() < deadline:
         if not router.poll(100):
             continue
-        actor, frame = router.recv_multipart(copy=False)
-        top = msgpack.unpackb(frame.buffer, raw=False)
+        actor, encoded = router.recv_multipart(copy=False)
+        top = msgpack.unpackb(encoded.buffer, raw=False)
         if top[1] == "Rollout":
             if not started:  # the window opens with the first rollout: the actors' start-up stays out
                 started, deadline, cpu = time.monotonic(), time.monotonic() + args.window_s, time.process_time()
@@ -149,7 +149,7 @@ def learner_rate(args: argparse.Namespace, train: bool) -> Rate:
     learner.run_config, learner.spec = run_config, SPEC
     learner.members = MemberQueues(1, args.actors, CreditTimeouts(), 1, 2**62, 0.0, 0.0, most_per_batch=args.actors)
     # (what a credit is sent behind, once per actor and version: the version never moves here)
-    learner.credit_frames.weights[0] = (
+    learner.credit_messages.weights[0] = (
         0,
         wire.encode(wire.Weights(member=0, version=0, params={"w": np.zeros(1, np.float32)})),
     )
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    frame_bytes = len(rollout_frame(args.slots, args.steps))
+    message_bytes = len(encoded_rollout(args.slots, args.steps))
     rates: dict[str, list[Rate]] = {"raw": [], "ingest": [], "train": []}
     for _ in range(args.rounds):
         rates["raw"].append(raw_rate(args))
@@ -201,7 +201,7 @@ def main() -> None:
     per_rollout = args.slots * args.steps
     print(
         f"{args.actors} synthetic actors, rollouts of {args.slots} × {args.steps} CartPole steps "
-        f"({frame_bytes:,} bytes), learner on {args.device}, {args.rounds} rounds of {args.window_s} s\n"
+        f"({message_bytes:,} bytes), learner on {args.device}, {args.rounds} rounds of {args.window_s} s\n"
     )
     print("| receiver | rollouts/s | env steps/s | / raw | rollouts per CPU s | / raw |\n|:--|--:|--:|--:|--:|--:|")
     for name, values in rates.items():

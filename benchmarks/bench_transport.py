@@ -9,7 +9,7 @@ process receives (copy=False, as a learner does). Prints each way's median messa
 and the medians of the rounds' ratios to plain TCP (ipc > 1: the Unix socket is faster; curve < 1:
 what encryption costs). Sizes: a CartPole rollout of 8 slots × 32 steps is
 ~4 KB on the wire, a 64 × 64 one ~100 KB, a Pong rollout of frames 8 × 128 steps ~7 MB
-(benchmarks/LOG.md §10); a CartPole policy's weights frame is 37 KB.
+(benchmarks/LOG.md §10); a CartPole policy's encoded Weights are 37 KB.
 
     python benchmarks/bench_transport.py --rounds 5 --sizes 4000 37000 100000 1000000 7000000
 """

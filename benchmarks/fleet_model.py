@@ -103,14 +103,14 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
                 for i in range(names)
             ]
 
-        for frame in reports(1):  # every name's records made
-            coordinator.handle(b"calibrate", frame)
+        for encoded in reports(1):  # every name's records made
+            coordinator.handle(b"calibrate", encoded)
         used_after = int(coordinator.store.redis.info("memory")["used_memory"])
-        frames = [frame for k in range(2, rounds + 2) for frame in reports(k)]
+        messages = [encoded for k in range(2, rounds + 2) for encoded in reports(k)]
         cpu, wall, redis_cpu = time.process_time(), time.perf_counter(), cpu_s(redis.process.pid)
-        for frame in frames:
-            coordinator.handle(b"calibrate", frame)
-        n = len(frames)
+        for encoded in messages:
+            coordinator.handle(b"calibrate", encoded)
+        n = len(messages)
         report_cpu = (time.process_time() - cpu) / n
         report_wall = (time.perf_counter() - wall) / n
         report_redis = (cpu_s(redis.process.pid) - redis_cpu) / n
@@ -118,8 +118,8 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
         params = to_numpy_params(ActorCritic(coordinator.spec, config.hidden_sizes))
         weights = [wire.encode(wire.Weights(member=0, version=v, params=params)) for v in range(1, 101)]
         cpu = time.process_time()
-        for frame in weights:
-            coordinator.handle(b"learner-0", frame)
+        for encoded in weights:
+            coordinator.handle(b"learner-0", encoded)
         weights_cpu = (time.process_time() - cpu) / len(weights)
         cpu = time.process_time()
         for _ in range(20):
@@ -133,8 +133,8 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
     hellos = [wire.encode(wire.Hello(role="actor", name=f"sim-{i}", pid=1, member=0)) for i in range(names)]
     cpu = time.process_time()
     for _ in range(rounds):
-        for i, frame in enumerate(hellos):
-            hello = wire.decode(frame)
+        for i, encoded in enumerate(hellos):
+            hello = wire.decode(encoded)
             assert isinstance(hello, wire.Hello)
             ledger.hello(b"sim-%d" % i, time.monotonic(), hello.name)
     hello_cpu = (time.process_time() - cpu) / (rounds * names)
@@ -153,7 +153,7 @@ def calibrate(root: Path, names: int = 256, rounds: int = 12) -> UnitCosts:
 
 
 def curve_connections(
-    keys_dir: Path, clients: int, frame_bytes: int = 37_000, frames: int = 20, idle_s: float = 4.0
+    keys_dir: Path, clients: int, message_bytes: int = 37_000, messages: int = 20, idle_s: float = 4.0
 ) -> tuple[float, float, float]:
     """(KB of resident memory per end of a CURVE connection, its CPU seconds a second while idle
     (heartbeats), CPU seconds per MB a PUB sends to CURVE subscribers): `clients` SUB sockets
@@ -173,10 +173,10 @@ def curve_connections(
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(f"tcp://127.0.0.1:{port}")
         subs.append(sub)
-    frame = bytes(frame_bytes)
+    encoded = bytes(message_bytes)
     deadline = time.monotonic() + 30
     while not all(sub.poll(0) for sub in subs) and time.monotonic() < deadline:  # every handshake done
-        pub.send(frame)
+        pub.send(encoded)
         time.sleep(0.05)
         for sub in subs:
             while sub.poll(0):
@@ -186,12 +186,12 @@ def curve_connections(
     time.sleep(idle_s)  # nothing sent: what the connections cost while idle
     idle_cpu = (time.process_time() - cpu) / idle_s / (2 * clients)
     cpu = time.process_time()
-    for _ in range(frames):
-        pub.send(frame)
+    for _ in range(messages):
+        pub.send(encoded)
         for sub in subs:
             if sub.poll(10_000):  # bounded: a subscriber that never connected holds nothing up
                 sub.recv()
-    broadcast_cpu = (time.process_time() - cpu) / 2 / (frames * clients * frame_bytes / 1e6)
+    broadcast_cpu = (time.process_time() - cpu) / 2 / (messages * clients * message_bytes / 1e6)
     for sock in (pub, *subs):
         sock.close(0)
     ctx.term()
@@ -210,7 +210,7 @@ def model(
         else report_interval(run_interval_s, actors, costs.report_wall_s, actor_timeout_s)
     )
     reports = actors / interval
-    weights_bytes = measured["weights_frame_bytes"]
+    weights_bytes = measured["encoded_weights_bytes"]
     broadcast_mb = actors * measured["updates_per_s"] * weights_bytes / 1e6 if rebroadcast else 0.0
     return {
         "reports_per_s": reports,

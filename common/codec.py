@@ -1,4 +1,4 @@
-"""How the wire's message dataclasses become msgpack values and back, and what a frame may hold.
+"""How the wire's message dataclasses become msgpack values and back, and what a message may hold.
 
 Arrays travel as ``[dtype, shape, raw bytes]``; dataclasses as maps of their fields. Decoding is
 driven by the dataclass annotations (`unpack_dataclass`), so what a field may hold is declared once,
@@ -21,7 +21,7 @@ import numpy as np
 
 from rlmq.common.schema import MAX_OBS_DIMS
 
-MAX_FRAME_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_STR_CHARS = 4096
 MAX_SEQUENCE = 4096
 MAX_ARRAY_DIMS = MAX_OBS_DIMS + 2  # a rollout's observations: time and slot, then the observation's
@@ -30,7 +30,7 @@ INT64_RANGE = (-(2**63), 2**63 - 1)  # what an int field may hold
 
 
 class WireError(ValueError):
-    """A frame that is not a valid rlmq message. Services count it, drop it and carry on."""
+    """Bytes that are not a valid rlmq message. Services count it, drop it and carry on."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

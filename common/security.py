@@ -74,10 +74,10 @@ class Peer:
         return self.role == "actor" and self.name in (name, ANY_ACTOR)
 
 
-def check_sender(frame: zmq.Frame, message: wire.Message) -> None:
-    """On a secure run's server socket: `WireError` (reason "role") unless the key `frame` came
+def check_sender(part: zmq.Frame, message: wire.Message) -> None:
+    """On a secure run's server socket: `WireError` (reason "role") unless the key `part` came
     with may send `message`."""
-    peer = peer_of(frame)
+    peer = peer_of(part)
     problem = refusal(peer, message) if peer is not None else "a message without a listed key's identity"
     if problem:
         raise wire.WireError("role", problem)
@@ -196,11 +196,11 @@ def connect_securely(sock: zmq.Socket, keys: Keys) -> None:
     sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
 
 
-def peer_of(frame: zmq.Frame) -> Peer | None:
-    """Who sent `frame` (received with copy=False on a CURVE server socket); None without a
+def peer_of(part: zmq.Frame) -> Peer | None:
+    """Who sent `part` (a message part received with copy=False on a CURVE server socket); None without a
     User-Id the allow-list gave."""
     try:
-        user_id = frame.get("User-Id")
+        user_id = part.get("User-Id")
     except zmq.ZMQError:  # no metadata: not from a CURVE connection
         return None
     return Peer.parse(user_id) if isinstance(user_id, str) else None

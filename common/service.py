@@ -182,7 +182,7 @@ def announce(path: str, **ports: int) -> None:
 
 class RejectLog:
     """Log lines for dropped messages: reason, size, sender and the error's detail cut to
-    DETAIL_CHARS, never the frame (a hostile one can hold megabytes), and at most one line per
+    DETAIL_CHARS, never the message (a hostile one can hold megabytes), and at most one line per
     reason every `period_s`, which says how many more of that reason were dropped since."""
 
     DETAIL_CHARS = 160

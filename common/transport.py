@@ -3,7 +3,7 @@ heartbeats.
 
 Every socket has a high-water mark (a full queue blocks or drops instead of growing memory), a
 short linger (closing never hangs a shutdown) and a maximum message size (a peer that announces a
-larger frame is disconnected before any of it is buffered). Receiving always takes a timeout.
+larger message is disconnected before any of it is buffered). Receiving always takes a timeout.
 
 Connections carry ZMTP heartbeats, and a connect attempt gives up after CONNECT_TIMEOUT_MS: across
 hosts, a peer cut off by a partition is then dropped within HEARTBEAT_TIMEOUT_MS and reached again
@@ -28,8 +28,8 @@ DEFAULT_HWM = 16
 LINGER_MS = 200
 HEARTBEAT_IVL_MS = 1000  # a PING this often on a quiet connection ...
 # ... and the connection is dropped (and redialled) when no whole message came back this long. libzmq
-# counts whole messages only (zeromq/libzmq#2709), so this bounds how long one frame may take to
-# cross: 10 s is a 64 MiB frame at 54 Mbit/s.
+# counts whole messages only (zeromq/libzmq#2709), so this bounds how long one message may take to
+# cross: 10 s is a 64 MiB message at 54 Mbit/s.
 HEARTBEAT_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 1000  # a connect attempt unanswered this long is abandoned and tried again
 
@@ -39,7 +39,7 @@ def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
-    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
@@ -76,13 +76,13 @@ def send(sock: zmq.Socket, message: wire.Message) -> bool:
     For control traffic (reports, weights, replies), where the next message supersedes this one
     and blocking could trap a shutdown. Experience is paced by credits instead (learners/credits.py).
     """
-    return send_frame(sock, wire.encode(message))
+    return send_encoded(sock, wire.encode(message))
 
 
-def send_frame(sock: zmq.Socket, frame: bytes) -> bool:
+def send_encoded(sock: zmq.Socket, encoded: bytes) -> bool:
     """`send` for a message encoded already."""
     try:
-        sock.send(frame, flags=zmq.NOBLOCK)
+        sock.send(encoded, flags=zmq.NOBLOCK)
         return True
     except zmq.Again:
         return False
@@ -97,17 +97,17 @@ def readable(sock: zmq.Socket) -> bool:
 
 
 def receive(sock: zmq.Socket) -> list[zmq.Frame] | None:
-    """The next message's frames without blocking, or None when none is waiting: one call per frame,
-    where `readable` asks the socket once more per message and `recv_multipart` once more per frame
+    """The next message's parts without blocking, or None when none is waiting: one call per part,
+    where `readable` asks the socket once more per message and `recv_multipart` once more per part
     (a learner reads every rollout so; benchmarks/LOG.md §12). A message arrives whole, so the
-    frames after the first are there."""
+    parts after the first are there."""
     try:
-        frames = [sock.recv(_NOBLOCK, copy=False)]
+        parts = [sock.recv(_NOBLOCK, copy=False)]
     except zmq.Again:
         return None
-    while frames[-1].more:
-        frames.append(sock.recv(copy=False))
-    return frames
+    while parts[-1].more:
+        parts.append(sock.recv(copy=False))
+    return parts
 
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)

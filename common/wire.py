@@ -1,12 +1,13 @@
 """The rlmq wire protocol: every message, the one `encode`/`decode` pair, the one `WireError`.
 
-A message travels as one msgpack frame: ``[PROTOCOL_VERSION, kind, {field: value}]``. Arrays travel
-as ``[dtype, shape, raw bytes]`` (one frame beats multipart at rollouts' sizes,
-benchmarks/LOG.md §12); a rollout of frame stacks sends each frame once (common/frames.py) and is
-whole again once decoded. Decoding is driven by the dataclass annotations below (`common/codec.py`
-walks them), so what a field may hold is declared exactly once; every failure (garbage, truncation,
-wrong version, unknown kind or field, wrong type, dtype outside the allow-list, shape × itemsize ≠
-length, oversize, NaN/inf) raises `WireError`. Nothing here ever unpickles.
+A message travels as one msgpack value, ``[PROTOCOL_VERSION, kind, {field: value}]``, in a single
+ZeroMQ part ("frame" here means only an image). Arrays travel as ``[dtype, shape, raw bytes]`` (one
+part beats multipart at rollouts' sizes, benchmarks/LOG.md §12); a rollout of frame stacks sends
+each frame once (common/frames.py) and is whole again once decoded. Decoding is driven by the
+dataclass annotations below (`common/codec.py` walks them), so what a field may hold is declared
+exactly once; every failure (garbage, truncation, wrong version, unknown kind or field, wrong type,
+dtype outside the allow-list, shape × itemsize ≠ length, oversize, NaN/inf) raises `WireError`.
+Nothing here ever unpickles.
 
 Topology (who sends what to whom, see docs/architecture.md):
 
@@ -37,7 +38,7 @@ from rlmq.common.architecture import ACTIVATIONS
 
 # The limits and the error are the codec's; they are named here too, where services look for them.
 from rlmq.common.codec import MAX_ARRAY_DIMS as MAX_ARRAY_DIMS
-from rlmq.common.codec import MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from rlmq.common.codec import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from rlmq.common.codec import MAX_SEQUENCE, dtype_name, pack, unpack_array, unpack_dataclass
 from rlmq.common.codec import MAX_STR_CHARS as MAX_STR_CHARS
 from rlmq.common.codec import WireError as WireError
@@ -521,7 +522,7 @@ MESSAGE_TYPES: dict[str, type] = {
 
 
 def encode(message: Message) -> bytes:
-    """One frame for one message."""
+    """A message, encoded: the bytes of its one ZeroMQ part."""
     kind = type(message).__name__
     if kind not in MESSAGE_TYPES:
         raise TypeError(f"not an rlmq message: {type(message)!r}")
@@ -537,25 +538,25 @@ def encode(message: Message) -> bytes:
 # --- decoding -------------------------------------------------------------------------------
 
 
-def decode(frame: bytes | memoryview) -> Message:
-    """Parse and validate one frame; raises `WireError` for anything that is not a valid message."""
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError("too_large", f"{len(frame)} bytes > {MAX_FRAME_BYTES}")
+def decode(encoded: bytes | memoryview) -> Message:
+    """Parse and validate one encoded message; raises `WireError` for anything that is not a valid message."""
+    if len(encoded) > MAX_MESSAGE_BYTES:
+        raise WireError("too_large", f"{len(encoded)} bytes > {MAX_MESSAGE_BYTES}")
     try:
         top = msgpack.unpackb(
-            frame,
+            encoded,
             raw=False,
             use_list=True,
             strict_map_key=True,
             max_str_len=MAX_STR_CHARS * 4,
-            max_bin_len=MAX_FRAME_BYTES,
+            max_bin_len=MAX_MESSAGE_BYTES,
             max_array_len=max(MAX_SEQUENCE, 64),
             max_map_len=MAX_SEQUENCE,
         )
     except Exception as exc:  # msgpack raises several unrelated types for garbage
         raise WireError("garbage", f"not msgpack ({type(exc).__name__})") from exc
     if not isinstance(top, list) or len(top) != 3:
-        raise WireError("garbage", "a frame is [version, kind, fields]")
+        raise WireError("garbage", "a message is [version, kind, fields]")
     version, kind, fields = top
     if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 == 1.0 in Python
         raise WireError("version", f"protocol {version!r}, this build speaks {PROTOCOL_VERSION}")
@@ -568,7 +569,7 @@ def decode(frame: bytes | memoryview) -> Message:
 
 def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
     """A rollout's observations rebuilt from the frame rows and keys it was sent as (`encode`),
-    each key checked to name whole stacks of rows there, and no more bytes than one frame may hold."""
+    each key checked to name whole stacks of rows there, and no more bytes than one message may hold."""
     depth, raw_keys = fields.get("frame_stack"), fields.pop("frame_keys")
     if type(depth) is not int or not 1 < depth <= MAX_SEQUENCE:
         raise WireError("bad_value", f"Rollout.frame_stack must be an int > 1 with frame_keys, got {depth!r}")
@@ -578,6 +579,6 @@ def _unstacked_obs(fields: dict[str, Any]) -> dict[str, np.ndarray]:
         raise WireError("bad_shape", f"Rollout.frame_keys {keys.dtype}{list(keys.shape)} or rows {list(rows.shape)}")
     if keys.size and not (keys.min() >= depth - 1 and keys.max() < len(rows)):
         raise WireError("bad_value", f"Rollout.frame_keys must lie in [{depth - 1}, {len(rows)})")
-    if keys.size * depth * rows[:1].nbytes > MAX_FRAME_BYTES:  # what the stacks would have taken
-        raise WireError("too_large", f"Rollout.obs rebuilt would exceed {MAX_FRAME_BYTES} bytes")
+    if keys.size * depth * rows[:1].nbytes > MAX_MESSAGE_BYTES:  # what the stacks would have taken
+        raise WireError("too_large", f"Rollout.obs rebuilt would exceed {MAX_MESSAGE_BYTES} bytes")
     return {"obs": unstack_rows(rows, keys, depth)}

@@ -111,7 +111,7 @@ class Coordinator:
 
     # --- handlers -----------------------------------------------------------------------------
 
-    def on_hello(self, identity: bytes, hello: wire.Hello, frame: bytes) -> None:
+    def on_hello(self, identity: bytes, hello: wire.Hello, encoded: bytes) -> None:
         if hello.role == "learner":
             if not 0 <= hello.rank < self.run_config.num_learners:
                 raise wire.WireError("bad_value", f"learner rank {hello.rank} outside the world")
@@ -169,7 +169,7 @@ class Coordinator:
         )
         self.sockets.control.send_multipart([identity, wire.encode(assign)])
 
-    def on_actor_report(self, identity: bytes, report: wire.ActorReport, frame: bytes) -> None:
+    def on_actor_report(self, identity: bytes, report: wire.ActorReport, encoded: bytes) -> None:
         self.population.check(report.member)
         self.population.heard(report.name, report.member)
         if 0 < report.first_step_at < self.first_step_at:  # the earliest any actor reports
@@ -217,7 +217,7 @@ class Coordinator:
             elif self.end.reason(counted.run_steps, mean_return, full_record) is not None:
                 self.on_tick()
 
-    def on_learner_report(self, identity: bytes, report: wire.LearnerReport, frame: bytes) -> None:
+    def on_learner_report(self, identity: bytes, report: wire.LearnerReport, encoded: bytes) -> None:
         self.learner_lag[report.rank] = report.mean_policy_lag
         if self.curves is not None:
             self.curves.learner_report(report, publisher=report.rank == 0 and identity == self.publisher)
@@ -240,7 +240,7 @@ class Coordinator:
         if report.rejected:
             self.metrics.rejected.labels("at_learner").inc(report.rejected)
 
-    def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, frame: bytes) -> None:
+    def on_learner_heartbeat(self, identity: bytes, beat: wire.LearnerHeartbeat, encoded: bytes) -> None:
         if not 0 <= beat.rank < self.run_config.num_learners:
             raise wire.WireError("bad_value", f"learner rank {beat.rank} outside the world")
         self.learners.beat(beat.rank, beat.iteration, beat.waiting_s)
@@ -254,7 +254,7 @@ class Coordinator:
         if changed:
             self.store.set_status(**changed)
 
-    def on_weights(self, identity: bytes, weights: wire.Weights, frame: bytes) -> None:
+    def on_weights(self, identity: bytes, weights: wire.Weights, encoded: bytes) -> None:
         received = time.perf_counter()
         if identity != self.publisher:
             raise wire.WireError("not_publisher", "Weights come from learner rank 0 only")
@@ -270,28 +270,28 @@ class Coordinator:
         # Not broadcast to the actors: the learners send each actor the weights its credit names
         # (docs/architecture.md, "weights go only with credits"). The copy serves Assigns, the
         # evaluator and restarted learners.
-        self.store.put_weights_frame(weights.member, frame)
+        self.store.put_encoded_weights(weights.member, encoded)
         self.metrics.weights_latency.observe(time.perf_counter() - received)
         self.store.set_status(policy_version=max(w.version for w in self.latest_weights.values()))
         self.end.final_weights = self.end.final_weights or weights.final
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def handle(self, identity: bytes, frame: bytes, sender: zmq.Frame | None = None) -> None:
-        """One message; `sender` (a secure run's): the frame as received, whose key says who sent it."""
+    def handle(self, identity: bytes, encoded: bytes, sender: zmq.Frame | None = None) -> None:
+        """One message; `sender` (a secure run's): its part as received, whose key says who sent it."""
         started = time.perf_counter()
         try:
-            message = wire.decode(frame)
+            message = wire.decode(encoded)
             handler = self.handlers.get(type(message))
             if handler is None:
                 raise wire.WireError("unexpected_kind", type(message).__name__)
             if self.sockets.secure and sender is not None:  # a secure run: as whom may it speak
                 check_sender(sender, message)
-            handler(identity, message, frame)
+            handler(identity, message, encoded)
             if isinstance(message, wire.ActorReport):  # what the fleet's reports cost (report_budget.py)
                 self.report_budget.took(time.perf_counter() - started)
         except wire.WireError as exc:
-            self.log_reject(exc.reason, str(exc), len(frame), identity)
+            self.log_reject(exc.reason, str(exc), len(encoded), identity)
             self.metrics.rejected.labels(exc.reason).inc()
 
     def run(self, until: float | None = None) -> int:

@@ -43,7 +43,7 @@ class Evaluator:
         self.endpoint = f"ipc://{self.directory}/evaluator.sock"
         self.socket = ctx.socket(zmq.PAIR)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
         self.socket.connect(self.endpoint)
         self.process: subprocess.Popen[bytes] | None = None
         self.asked: tuple[wire.EvaluationRequest, float] | None = None  # and when (monotonic)
@@ -74,9 +74,9 @@ class Evaluator:
             return None
         request, at = self.asked
         while self.socket.poll(0):
-            frame = self.socket.recv()
+            encoded = self.socket.recv()
             try:
-                result = wire.decode(frame)
+                result = wire.decode(encoded)
             except wire.WireError as exc:
                 result = wire.EvaluationResult(id=request.id, error=f"the evaluator sent {exc}")
             if isinstance(result, wire.EvaluationResult) and result.id == request.id:

@@ -12,7 +12,7 @@
     rlmq:{run}:cem:{id}            hash: the search distribution generation {id} draws from (mean and
                                    variance as raw float64, noise, generation); kept for the last
                                    applied generation and one logged but not yet applied
-    rlmq:{run}:weights:{member}    the latest Weights message, as its wire frame (never pickle)
+    rlmq:{run}:weights:{member}    the latest Weights message, encoded as on the wire (never pickle)
     rlmq:{run}:returns:{member}    list: the member's most recent episode returns, newest first
     rlmq:{run}:actors              hash: actor name → last heard (unix seconds)
     rlmq:{run}:reports             hash: actor name → "{session}:{env steps}:{episodes}" counted of its session
@@ -385,17 +385,17 @@ class RunStore:
             pipe.delete(self.key("cem", previous))
         pipe.execute()
 
-    def put_weights_frame(self, member: int, frame: bytes) -> None:
+    def put_encoded_weights(self, member: int, encoded: bytes) -> None:
         """Store a Weights message exactly as it arrived (already validated by `wire.decode`)."""
-        self.redis.set(self.key("weights", member), frame)
+        self.redis.set(self.key("weights", member), encoded)
 
     def weights(self, member: int) -> wire.Weights | None:
-        frame = self.redis.get(self.key("weights", member))
-        if frame is None:
+        encoded = self.redis.get(self.key("weights", member))
+        if encoded is None:
             return None
-        if not isinstance(frame, bytes):
-            raise wire.WireError("bad_type", "weights key holds text, not a frame")
-        message = wire.decode(frame)  # Redis is not trusted more than the wire
+        if not isinstance(encoded, bytes):
+            raise wire.WireError("bad_type", "weights key holds text, not an encoded message")
+        message = wire.decode(encoded)  # Redis is not trusted more than the wire
         if not isinstance(message, wire.Weights):
             raise wire.WireError("unexpected_kind", f"weights key holds {type(message).__name__}")
         return message

@@ -205,19 +205,19 @@ def every_rank(values: torch.Tensor) -> torch.Tensor:
     return torch.stack(everyone)
 
 
-def share_any_length(frame: bytes, device: torch.device) -> bytes:
-    """Rank 0's `frame` on every rank, its length unknown to the others."""
-    length = torch.tensor([len(frame)], dtype=torch.int64, device=device)
+def share_any_length(data: bytes, device: torch.device) -> bytes:
+    """Rank 0's `data` on every rank, its length unknown to the others."""
+    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
     dist.broadcast(length, src=0)
-    return share(frame, int(length.item()), device)
+    return share(data, int(length.item()), device)
 
 
-def share(frame: bytes, length: int, device: torch.device) -> bytes:
-    """Rank 0's `frame` (`length` bytes) on every rank: a broadcast of raw bytes, never pickle
+def share(data: bytes, length: int, device: torch.device) -> bytes:
+    """Rank 0's `data` (`length` bytes) on every rank: a broadcast of raw bytes, never pickle
     (torch's broadcast_object_list would unpickle whatever arrives)."""
     buffer = torch.zeros(length, dtype=torch.uint8, device=device)
     if dist.get_rank() == 0:
-        buffer.copy_(torch.frombuffer(bytearray(frame), dtype=torch.uint8))
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     dist.broadcast(buffer, src=0)
     return bytes(buffer.cpu().numpy())
 

@@ -41,7 +41,7 @@ from rlmq.common.service import (
     signals_end_at_once,
 )
 from rlmq.learners import checkpoint, decisions, distributed, reach
-from rlmq.learners.credit_frames import CreditFrames
+from rlmq.learners.credit_messages import CreditMessages
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
@@ -73,7 +73,7 @@ class Learner:
         )
         self.progress = Progress(self.name, cfg.rank, self.metrics)
         self.log_reject = RejectLog(log)
-        self.credit_frames = CreditFrames(lambda member: wire.encode(self.weights(member)))
+        self.credit_messages = CreditMessages(lambda member: wire.encode(self.weights(member)))
         self.checkpoint_number = 0  # the last checkpoint this world wrote or resumed from
         self.deliveries = Deliveries()  # a secure run checks actors' reports against these
 
@@ -91,7 +91,7 @@ class Learner:
                 break
             try:
                 if len(parts) != 2:
-                    raise wire.WireError("garbage", f"{len(parts) - 1} frames after the identity")
+                    raise wire.WireError("garbage", f"{len(parts) - 1} parts after the identity")
                 actor, message = parts[0].bytes, wire.decode(parts[1].buffer)
                 if self.sockets.secure:  # a secure run: only actors, each as itself
                     check_sender(parts[1], message)
@@ -117,11 +117,11 @@ class Learner:
 
     def send_credit(self, actor: bytes, member: int) -> None:
         """A credit names our policy version; the weights of that version go just ahead of it."""
-        frames = self.credit_frames.for_credit(actor, member, self.members.versions[member])
-        for frame in frames:
-            self.sockets.experience.send_multipart([actor, frame])
-        if len(frames) > 1:
-            self.metrics.weights_sent.inc(len(frames[0]))
+        messages = self.credit_messages.for_credit(actor, member, self.members.versions[member])
+        for encoded in messages:
+            self.sockets.experience.send_multipart([actor, encoded])
+        if len(messages) > 1:
+            self.metrics.weights_sent.inc(len(messages[0]))
 
     def weights(self, member: int, final: bool = False) -> wire.Weights:
         return wire.Weights(
@@ -134,8 +134,8 @@ class Learner:
             activation=member_activation(self.pbt.hyperparams[member]),
         )
 
-    def weights_frame(self, member: int) -> bytes:
-        return self.credit_frames.weights_frame(member, self.members.versions[member])
+    def encoded_weights(self, member: int) -> bytes:
+        return self.credit_messages.encoded_weights(member, self.members.versions[member])
 
     def check_rollout(self, r: wire.Rollout) -> None:
         arrays = {name: getattr(r, name) for name in ROLLOUT_DTYPES}
@@ -157,7 +157,7 @@ class Learner:
             parts = self.sockets.directives.recv_multipart()
             try:
                 if len(parts) != 2:
-                    raise wire.WireError("garbage", f"{len(parts)} frames on the broadcast")
+                    raise wire.WireError("garbage", f"{len(parts)} parts on the broadcast")
                 message = wire.decode(parts[1])
                 if isinstance(message, (wire.Decision, wire.Generation, wire.DiversityWeight)):
                     self.pbt.keep(message, parts[1])
@@ -421,8 +421,8 @@ class Learner:
 
     def publish(self, member: int, final: bool = False) -> None:
         """Rank 0: the member's weights to the coordinator (Redis: Assigns, the evaluator, restarts)."""
-        transport.send_frame(
-            self.sockets.control, wire.encode(self.weights(member, final)) if final else self.weights_frame(member)
+        transport.send_encoded(
+            self.sockets.control, wire.encode(self.weights(member, final)) if final else self.encoded_weights(member)
         )
 
     def report(self, final: bool = False) -> None:

@@ -26,7 +26,7 @@ class PbtState:
 
     hyperparams: list[dict[str, float]]  # per member
     applied: int = 0  # id of the last decision applied
-    pending: dict[int, bytes] = dataclasses.field(default_factory=dict)  # rank 0: id → the decision's frame
+    pending: dict[int, bytes] = dataclasses.field(default_factory=dict)  # rank 0: id → the decision, encoded
     replacing: set[int] = dataclasses.field(default_factory=set)  # rank 0: pending ids that may be taken ahead
     # Per member, the id of the last decision that copied another member's weights into it (0: none).
     copied_by: list[int] = dataclasses.field(default_factory=list)
@@ -58,17 +58,17 @@ class PbtState:
                 f"not {sorted(self.hyperparams[decision.target])}",
             )
 
-    def keep(self, decision: Kept, frame: bytes) -> None:
+    def keep(self, decision: Kept, encoded: bytes) -> None:
         """Hold a checked decision until its turn; repeats are normal, and ids already applied or
         too far ahead are not kept. A generation or a DvD weight may be taken as soon as it comes."""
         self.check(decision)
         if self.applied < decision.id <= self.applied + MAX_PENDING:
-            self.pending[decision.id] = frame
+            self.pending[decision.id] = encoded
             if not isinstance(decision, wire.Decision):
                 self.replacing.add(decision.id)
 
     def offer(self) -> bytes:
-        """The frame of the decision to apply next, or of the newest generation or DvD weight held
+        """The encoded decision to apply next, or of the newest generation or DvD weight held
         (which sets all an earlier one would), or b"" if rank 0 has neither."""
         if self.applied + 1 not in self.pending and self.replacing:
             return self.pending[max(self.replacing)]
@@ -90,7 +90,7 @@ class PbtState:
             if decision.source != decision.target:
                 self.copied_by[decision.target] = decision.id
         self.applied = decision.id
-        self.pending = {i: frame for i, frame in self.pending.items() if i > decision.id}
+        self.pending = {i: encoded for i, encoded in self.pending.items() if i > decision.id}
         self.replacing = {i for i in self.replacing if i > decision.id}
         return decision
 

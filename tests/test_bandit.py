@@ -17,14 +17,14 @@ def authors_posterior(choices: list[int], rewards: list[float], arms: int) -> tu
     """`update_dists` as DvD_ES computes it, with window 50, rolling 1 and prev 5: each choice's
     feedback is the reward after it less the best of the five rewards before the one it was made
     at; the first row with both is dropped, then the last 50 count."""
-    frame = pd.DataFrame({"choice": [*choices, 9999], "reward": rewards})
-    frame["before"] = frame.reward.rolling(5).max().shift(1)
-    frame["after"] = frame.reward.rolling(1).max().shift(-1)
-    frame["feedback"] = frame.after - frame.before
-    frame = frame[~frame.feedback.isna()].reset_index(drop=True).iloc[1:].iloc[-50:]
-    frame["bern"] = (np.sign(frame.feedback) + 1) / 2
-    alpha = [1 + float(frame[frame.choice == a].bern.sum()) for a in range(arms)]
-    beta = [1 + float((frame.choice == a).sum()) - (alpha[a] - 1) for a in range(arms)]
+    table = pd.DataFrame({"choice": [*choices, 9999], "reward": rewards})
+    table["before"] = table.reward.rolling(5).max().shift(1)
+    table["after"] = table.reward.rolling(1).max().shift(-1)
+    table["feedback"] = table.after - table.before
+    table = table[~table.feedback.isna()].reset_index(drop=True).iloc[1:].iloc[-50:]
+    table["bern"] = (np.sign(table.feedback) + 1) / 2
+    alpha = [1 + float(table[table.choice == a].bern.sum()) for a in range(arms)]
+    beta = [1 + float((table.choice == a).sum()) - (alpha[a] - 1) for a in range(arms)]
     return alpha, beta
 
 

@@ -1,5 +1,5 @@
 """The coordinator's handlers, in-process, against a real Redis server (no sockets needed here:
-`Coordinator.handle` is what its loop calls for every frame it receives), and its own evaluator
+`Coordinator.handle` is what its loop calls for every message it receives), and its own evaluator
 (a real child process)."""
 
 from __future__ import annotations

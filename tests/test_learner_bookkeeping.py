@@ -1,5 +1,5 @@
 """A learner's bookkeeping, alone: the PBT decisions it keeps and applies (pbt_state.py) and the
-frames it sends with a credit (credit_frames.py). The learner service uses both in test_services.py
+messages it sends with a credit (credit_messages.py). The learner service uses both in test_services.py
 and test_population.py; these pin down their rules without a world or a socket."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from rlmq.common import wire
 from rlmq.common.algorithms import ALGORITHMS
-from rlmq.learners.credit_frames import MAX_ACTORS_REMEMBERED, CreditFrames
+from rlmq.learners.credit_messages import MAX_ACTORS_REMEMBERED, CreditMessages
 from rlmq.learners.pbt_state import MAX_PENDING, PbtState
 
 TUNABLE = ALGORITHMS["ppo"].tunable
@@ -139,29 +139,29 @@ class Encoder:
         )
 
 
-def sent(frames: list[bytes]) -> list[tuple[str, int]]:
-    messages = [wire.decode(f) for f in frames]
+def sent(encoded: list[bytes]) -> list[tuple[str, int]]:
+    messages = [wire.decode(e) for e in encoded]
     return [(type(m).__name__, m.version if isinstance(m, wire.Weights) else m.policy_version) for m in messages]
 
 
 def test_an_actor_gets_each_version_of_its_members_weights_once_ahead_of_a_credit_naming_it() -> None:
     encoder = Encoder()
-    frames = CreditFrames(encoder)
-    assert sent(frames.for_credit(b"a", 0, 0)) == [("Weights", 0), ("Credit", 0)]
-    assert sent(frames.for_credit(b"a", 0, 0)) == [("Credit", 0)]
-    assert sent(frames.for_credit(b"b", 0, 0)) == [("Weights", 0), ("Credit", 0)]
+    credit_messages = CreditMessages(encoder)
+    assert sent(credit_messages.for_credit(b"a", 0, 0)) == [("Weights", 0), ("Credit", 0)]
+    assert sent(credit_messages.for_credit(b"a", 0, 0)) == [("Credit", 0)]
+    assert sent(credit_messages.for_credit(b"b", 0, 0)) == [("Weights", 0), ("Credit", 0)]
     assert encoder.encoded == 1  # one encoding for every actor
     encoder.versions[0] = 1
-    assert sent(frames.for_credit(b"a", 0, 1)) == [("Weights", 1), ("Credit", 1)]
-    assert sent(frames.for_credit(b"a", 1, 0)) == [("Weights", 0), ("Credit", 0)]  # another member's
+    assert sent(credit_messages.for_credit(b"a", 0, 1)) == [("Weights", 1), ("Credit", 1)]
+    assert sent(credit_messages.for_credit(b"a", 1, 0)) == [("Weights", 0), ("Credit", 0)]  # another member's
     assert encoder.encoded == 3
-    assert frames.weights_frame(0, 1) == frames.for_credit(b"c", 0, 1)[0]
+    assert credit_messages.encoded_weights(0, 1) == credit_messages.for_credit(b"c", 0, 1)[0]
 
 
 def test_the_actors_remembered_are_bounded_and_a_forgotten_one_gets_the_weights_again() -> None:
-    frames = CreditFrames(Encoder())
+    credit_messages = CreditMessages(Encoder())
     for actor in range(MAX_ACTORS_REMEMBERED + 1):
-        frames.for_credit(actor.to_bytes(4, "big"), 0, 0)
-    assert len(frames.sent) == MAX_ACTORS_REMEMBERED
-    assert len(frames.for_credit((0).to_bytes(4, "big"), 0, 0)) == 2  # the oldest was forgotten
-    assert len(frames.for_credit((MAX_ACTORS_REMEMBERED).to_bytes(4, "big"), 0, 0)) == 1
+        credit_messages.for_credit(actor.to_bytes(4, "big"), 0, 0)
+    assert len(credit_messages.sent) == MAX_ACTORS_REMEMBERED
+    assert len(credit_messages.for_credit((0).to_bytes(4, "big"), 0, 0)) == 2  # the oldest was forgotten
+    assert len(credit_messages.for_credit((MAX_ACTORS_REMEMBERED).to_bytes(4, "big"), 0, 0)) == 1

@@ -135,7 +135,7 @@ def test_the_vectorized_recurrent_update_equals_the_loop_over_members(
 
 
 def test_a_stateless_policys_rollouts_carry_no_state_and_a_recurrent_ones_travel_checked() -> None:
-    """Without a core the frame holds no core_state field (a stateless run's rollouts are the bytes
+    """Without a core the encoded rollout holds no core_state field (a stateless run's rollouts are the bytes
     they were before cores); with one it round-trips, and a malformed one is refused on decode
     and by the learner's check against the run's layout."""
     (stateless,), _ = collect("identity", 1)

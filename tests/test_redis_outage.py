@@ -244,7 +244,7 @@ def test_up_reads_the_weights_at_every_look_until_it_holds_trained_ones(redis_ur
 
     def publish(version: int) -> None:
         weights = wire.Weights(member=0, version=version, params={"w": np.full(2, version, np.float32)})
-        store.put_weights_frame(0, wire.encode(weights))
+        store.put_encoded_weights(0, wire.encode(weights))
 
     seen.read(store, population=1)  # nothing published yet
     assert seen.weights == {}

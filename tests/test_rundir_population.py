@@ -123,7 +123,7 @@ def population_run(store: RunStore) -> dict[str, Any]:
     params = {m: member_params(m) for m in range(3)}
     for member in range(3):
         weights = wire.Weights(member=member, version=10 + member, params=params[member])
-        store.put_weights_frame(member, wire.encode(weights))
+        store.put_encoded_weights(member, wire.encode(weights))
     return {"run_config": run_config, "records": records, "decisions": decisions, "params": params}
 
 
@@ -251,7 +251,7 @@ def test_results_of_a_single_agent_keep_their_shape_and_draw_no_lineage(store: R
     store.append_progress(ProgressSample(T0, 1_000, 2, 25.0, 500.0, 0.0, {"0": 25.0}))
     store.set_status(state="done", env_steps=1_000, mean_return=25.0, best_member=0)
     params = member_params(0)
-    store.put_weights_frame(0, wire.encode(wire.Weights(member=0, version=4, params=params)))
+    store.put_encoded_weights(0, wire.encode(wire.Weights(member=0, version=4, params=params)))
     summary = rundir.write_results(tmp_path, store, SPEC, run_config, launched=T0 - 5, outcome="done")
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert (state["version"], state["best_member"], sorted(state["members"])) == (4, 0, [0])

@@ -89,8 +89,8 @@ def test_a_listed_key_gets_in_as_its_role_and_name(keys: Path, server: tuple[zmq
             sock = client(ctx, endpoint, security.load_keys(keys, name, serves=False))
             sock.send(b"hello from " + name.encode())
             assert router.poll(5000), f"{name} was not let in"
-            _identity, frame = router.recv_multipart(copy=False)
-            assert frame.bytes == b"hello from " + name.encode() and security.peer_of(frame) == peer
+            _identity, part = router.recv_multipart(copy=False)
+            assert part.bytes == b"hello from " + name.encode() and security.peer_of(part) == peer
             sock.close(0)
         assert refused == []
     finally:

@@ -27,7 +27,7 @@ from tests.helpers.references import to_numpy_params
 
 CARTPOLE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
 
-BAD_FRAMES = [
+BAD_MESSAGES = [
     b"",
     b"\xc1\xc1 definitely not msgpack",
     msgpack.packb([wire.PROTOCOL_VERSION + 1, "Hello", {"role": "actor", "name": "x", "pid": 1}]),
@@ -43,7 +43,7 @@ BAD_FRAMES = [
 
 
 def raw(kind: str, fields: dict[str, Any]) -> bytes:
-    """A frame that decodes field by field, for contents a dataclass would refuse to build."""
+    """An encoded message that decodes field by field, for contents a dataclass would refuse to build."""
     return msgpack.packb([wire.PROTOCOL_VERSION, kind, fields])
 
 
@@ -52,7 +52,7 @@ def array(a: np.ndarray) -> list[Any]:
 
 
 # Well-formed msgpack, wrong meaning: each must be refused by the message's own checks.
-SEMANTIC_FRAMES = [
+SEMANTIC_MESSAGES = [
     raw("ActorReport", {"name": "a", "member": 0, "env_steps": -5}),
     raw("ActorReport", {"name": "a", "member": 0, "env_steps": 2**62}),
     raw("ActorReport", {"name": "a", "member": 0, "env_steps": 1, "episode_returns": array(np.ones((2, 2)))}),
@@ -101,10 +101,10 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(f"tcp://127.0.0.1:{coord['control']}")
     wait_for(lambda: _scrape_ok(coord["metrics"]), 30, "coordinator /metrics")
-    for frame in [*BAD_FRAMES, *SEMANTIC_FRAMES]:
-        sock.send(frame)
-    sock.send_multipart([b"two", b"frames"])
-    expected = len(BAD_FRAMES) + len(SEMANTIC_FRAMES) + 1
+    for encoded in [*BAD_MESSAGES, *SEMANTIC_MESSAGES]:
+        sock.send(encoded)
+    sock.send_multipart([b"two", b"parts"])
+    expected = len(BAD_MESSAGES) + len(SEMANTIC_MESSAGES) + 1
     wait_for(lambda: rejected_total(coord["metrics"]) >= expected, 10, "rejects counted")
     sock.send(
         wire.encode(wire.Hello(role="learner", name="l0", pid=1, rank=0, experience_endpoint="tcp://127.0.0.1:9"))
@@ -112,7 +112,7 @@ def test_coordinator_survives_garbage(start_service: Any, tmp_path: Path, redis_
     answer = receive(sock)
     assert isinstance(answer, wire.Assign) and answer.env_spec == CARTPOLE
 
-    # Valid frames that a coordinator must still refuse: they would poison every actor.
+    # Valid messages that a coordinator must still refuse: they would poison every actor.
     params = to_numpy_params(ActorCritic(CARTPOLE, (8,)))
     intruder = zmq.Context.instance().socket(zmq.DEALER)  # not the registered rank 0
     intruder.connect(f"tcp://127.0.0.1:{coord['control']}")
@@ -177,8 +177,8 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
     assert (first_weights.member, first_weights.version) == (0, credit.policy_version)
     too_long = _rollout(steps=9)  # the run's rollouts are 8 steps
     bad = [
-        *BAD_FRAMES,
-        *SEMANTIC_FRAMES,
+        *BAD_MESSAGES,
+        *SEMANTIC_MESSAGES,
         wire.encode(wire.Credit(1)),
         wire.encode(wrong_obs),
         wire.encode(out_of_range),
@@ -187,8 +187,8 @@ def test_learner_survives_garbage(start_service: Any, tmp_path: Path, redis_url:
         wire.encode(wire.Hello(role="actor", name="b", pid=2, member=1)),  # a population of one
         wire.encode(wire.Hello(role="actor", name="c", pid=3)),
     ]  # no member: not an assigned actor
-    for frame in bad:
-        sock.send(frame)
+    for encoded in bad:
+        sock.send(encoded)
     wait_for(lambda: rejected_total(learner_metrics) >= 1 + len(bad), 10, "rejects counted")
     sock.send(wire.encode(wire.Hello(role="actor", name="a", pid=1, member=0)))  # the credit was spent
     credit = receive(sock)  # without weights: we were sent this version already
@@ -262,25 +262,25 @@ def test_actor_survives_garbage(start_service: Any, fake_peers: Any) -> None:
 
     def next_rollout(*ahead: wire.Weights) -> wire.Rollout:
         while True:
-            who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
+            who, encoded = sink.recv_multipart() if sink.poll(10_000) else (None, None)
             assert who is not None, f"the actor went quiet:\n{actor.log()}"
             for weights in ahead:  # a learner sends weights just ahead of the credit that names them
                 sink.send_multipart([who, wire.encode(weights)])
             sink.send_multipart([who, wire.encode(wire.Credit(1))])
-            message = wire.decode(frame)
+            message = wire.decode(encoded)
             if isinstance(message, wire.Rollout):
                 return message
 
     assert next_rollout().policy_version == 1
     topic = wire.DIRECTIVE_TOPIC  # what an actor reads of the broadcast
-    for frame in BAD_FRAMES:
-        pub.send_multipart([topic, frame])
-    pub.send_multipart([topic])  # one frame where two belong
-    wait_for(lambda: next_rollout() and rejected_total(metrics_port) >= len(BAD_FRAMES) + 1, 20, "rejects")
+    for encoded in BAD_MESSAGES:
+        pub.send_multipart([topic, encoded])
+    pub.send_multipart([topic])  # one part where two belong
+    wait_for(lambda: next_rollout() and rejected_total(metrics_port) >= len(BAD_MESSAGES) + 1, 20, "rejects")
     bad_shapes = {k: np.zeros((3, 3), np.float32) for k in params}  # decodes, but fits no policy
     next_rollout(wire.Weights(member=0, version=9, params=bad_shapes))
     assert next_rollout().policy_version == 1, "rejected weights must not be adopted"
-    assert rejected_total(metrics_port) >= len(BAD_FRAMES) + 2
+    assert rejected_total(metrics_port) >= len(BAD_MESSAGES) + 2
     next_rollout(wire.Weights(member=0, version=7, params=params))
     assert next_rollout().policy_version == 7
     rejected = rejected_total(metrics_port)
@@ -334,9 +334,9 @@ def test_an_actor_assigned_before_any_weights_takes_those_its_credit_brings_or_a
     control.send_multipart([identity, wire.encode(dataclasses.replace(assign, weights=weights))])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # the credit held is spent on a rollout collected with version 4
-        who, frame = sink.recv_multipart() if sink.poll(10_000) else (None, None)
+        who, encoded = sink.recv_multipart() if sink.poll(10_000) else (None, None)
         assert who is not None, f"the actor went quiet:\n{actor.log()}"
-        message = wire.decode(frame)
+        message = wire.decode(encoded)
         if isinstance(message, wire.Rollout):
             assert message.policy_version == 4
             break

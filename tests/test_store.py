@@ -184,11 +184,11 @@ def test_learner_records_and_progress_samples_come_back_typed_and_a_bad_one_name
 
 def test_weights_are_stored_as_validated_frames(store: RunStore, redis_client: redis.Redis) -> None:
     weights = wire.Weights(member=0, version=3, params={"policy.0.weight": np.ones((2, 4), np.float32)})
-    store.put_weights_frame(0, wire.encode(weights))
+    store.put_encoded_weights(0, wire.encode(weights))
     loaded = store.weights(0)
     assert loaded is not None and loaded.version == 3
     assert np.array_equal(loaded.params["policy.0.weight"], weights.params["policy.0.weight"])
-    redis_client.set(store.key("weights", 0), b"\x80\x04 a pickle header, not a frame")
+    redis_client.set(store.key("weights", 0), b"\x80\x04 a pickle header, not a message")
     with pytest.raises(wire.WireError):
         store.weights(0)
 

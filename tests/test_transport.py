@@ -25,8 +25,8 @@ def test_readable_says_whether_a_message_waits() -> None:
         while not transport.readable(server):  # the I/O thread delivers it a moment later
             assert time.monotonic() < deadline, "the message never became readable"
             time.sleep(0.001)
-        identity, frame = server.recv_multipart()
-        assert wire.decode(frame) == wire.Credit(2)
+        identity, encoded = server.recv_multipart()
+        assert wire.decode(encoded) == wire.Credit(2)
         assert not transport.readable(server)  # nothing is left once it has been read
         server.send_multipart([identity, wire.encode(wire.Credit(3))])
         assert client.poll(10_000, zmq.POLLIN)
@@ -62,7 +62,7 @@ def test_receive_takes_each_message_whole_and_none_when_none_waits() -> None:
 
 
 def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
-    """The receiver caps message size: a peer announcing a larger frame is disconnected, and the
+    """The receiver caps message size: a peer announcing a larger message is disconnected, and the
     service never holds it (nor the half of it a slow peer sends)."""
     ctx = zmq.Context.instance()
     server = transport.make_socket(ctx, zmq.ROUTER)
@@ -71,10 +71,10 @@ def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
     big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
     try:
         big.connect(f"tcp://127.0.0.1:{port}")
-        big.send(b"x" * (wire.MAX_FRAME_BYTES + 1))
-        assert monitor.poll(10_000), "the peer that sent an oversized frame is still connected"
+        big.send(b"x" * (wire.MAX_MESSAGE_BYTES + 1))
+        assert monitor.poll(10_000), "the peer that sent an oversized message is still connected"
         assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        assert not server.poll(0), "an oversized frame got through"
+        assert not server.poll(0), "an oversized message got through"
         small.connect(f"tcp://127.0.0.1:{port}")
         small.send(b"fine")
         assert server.poll(5000) and server.recv_multipart()[-1] == b"fine"
@@ -89,7 +89,7 @@ def test_rejected_messages_are_logged_by_reason_and_size_with_a_short_detail_onc
 ) -> None:
     log = logging.getLogger("test-rejects")
     rejects = RejectLog(log, period_s=0.5)
-    content = "A" * 16_000_000  # what a hostile frame's error might quote
+    content = "A" * 16_000_000  # what a hostile message's error might quote
     with caplog.at_level(logging.WARNING, logger="test-rejects"):
         for _ in range(5):
             rejects("garbage", content, size=16_000_000, sender=b"\x00peer")

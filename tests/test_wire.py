@@ -1,4 +1,4 @@
-"""The wire protocol: every message round-trips, and every malformed frame is one `WireError`."""
+"""The wire protocol: every message round-trips, and every malformed message is one `WireError`."""
 
 from __future__ import annotations
 
@@ -230,12 +230,12 @@ def test_messages_cover_every_kind() -> None:
 
 @pytest.mark.parametrize("message", [m for _, m in MESSAGES], ids=[i for i, _ in MESSAGES])
 def test_round_trip(message: Any) -> None:
-    frame = wire.encode(message)
-    assert isinstance(frame, bytes)
-    decoded = wire.decode(frame)
+    encoded = wire.encode(message)
+    assert isinstance(encoded, bytes)
+    decoded = wire.decode(encoded)
     assert_same(message, decoded)
-    assert_same(message, wire.decode(memoryview(frame)))  # what transport hands over
-    assert wire.encode(decoded) == frame
+    assert_same(message, wire.decode(memoryview(encoded)))  # what transport hands over
+    assert wire.encode(decoded) == encoded
 
 
 def test_round_trip_converts_non_native_byte_order() -> None:
@@ -281,7 +281,7 @@ def test_encode_refuses_a_non_message() -> None:
         wire.encode(RunConfig())  # type: ignore[arg-type]
 
 
-# --- malformed frames -----------------------------------------------------------------------
+# --- malformed messages ---------------------------------------------------------------------
 
 
 def fields_of(message: Any) -> dict[str, Any]:
@@ -331,7 +331,7 @@ def assign_config_with(**changes: Any) -> bytes:
 
 
 MALFORMED: list[tuple[str, bytes, str]] = [
-    # not a frame at all
+    # not a message at all
     ("empty", b"", "garbage"),
     ("never-used-byte", b"\xc1", "garbage"),
     ("random-bytes", np.random.default_rng(1).bytes(200), "garbage"),
@@ -509,10 +509,10 @@ MALFORMED: list[tuple[str, bytes, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("frame", "reason"), [(f, r) for _, f, r in MALFORMED], ids=[i for i, _, _ in MALFORMED])
-def test_malformed_frame_is_a_wire_error(frame: bytes, reason: str) -> None:
+@pytest.mark.parametrize(("encoded", "reason"), [(f, r) for _, f, r in MALFORMED], ids=[i for i, _, _ in MALFORMED])
+def test_a_malformed_message_is_a_wire_error(encoded: bytes, reason: str) -> None:
     with pytest.raises(wire.WireError) as caught:
-        wire.decode(frame)
+        wire.decode(encoded)
     assert caught.value.reason == reason
     assert str(caught.value).startswith(f"{reason}: ")
 
@@ -542,9 +542,9 @@ def test_reasons_are_short_labels() -> None:
 
 
 def test_oversize_frame_is_refused_before_parsing() -> None:
-    # A valid frame padded past the limit: msgpack would report extra data, but size comes first.
-    frame = wire.encode(HELLO)
-    oversize = frame + b"\x00" * (wire.MAX_FRAME_BYTES + 1 - len(frame))
+    # A valid message padded past the limit: msgpack would report extra data, but size comes first.
+    encoded = wire.encode(HELLO)
+    oversize = encoded + b"\x00" * (wire.MAX_MESSAGE_BYTES + 1 - len(encoded))
     with pytest.raises(wire.WireError) as caught:
         wire.decode(oversize)
     assert caught.value.reason == "too_large"
@@ -552,38 +552,38 @@ def test_oversize_frame_is_refused_before_parsing() -> None:
 
 @pytest.mark.parametrize("name", ["hello-learner", "assign-with-weights", "rollout", "actor-report"])
 def test_every_truncation_is_a_wire_error(name: str) -> None:
-    frame = wire.encode(dict(MESSAGES)[name])
-    cuts = np.arange(len(frame))
-    if len(cuts) > 400:  # every prefix of the short frames; a seeded sample of the long ones
-        rng = np.random.default_rng(len(frame))
+    encoded = wire.encode(dict(MESSAGES)[name])
+    cuts = np.arange(len(encoded))
+    if len(cuts) > 400:  # every prefix of the short messages; a seeded sample of the long ones
+        rng = np.random.default_rng(len(encoded))
         cuts = np.concatenate([cuts[:100], cuts[-100:], rng.choice(cuts[100:-100], 200, replace=False)])
     for cut in cuts:
         with pytest.raises(wire.WireError) as caught:
-            wire.decode(frame[:cut])
+            wire.decode(encoded[:cut])
         assert caught.value.reason == "garbage", cut
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_random_mutations_raise_only_wire_errors(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    frames = [wire.encode(m) for _, m in MESSAGES]
+    valid = [wire.encode(m) for _, m in MESSAGES]
     reasons: set[str] = set()
     decoded = 0
     for _ in range(150):
-        frame = bytearray(frames[rng.integers(len(frames))])
+        encoded = bytearray(valid[rng.integers(len(valid))])
         for _ in range(rng.integers(1, 4)):
-            at = int(rng.integers(len(frame)))
+            at = int(rng.integers(len(encoded)))
             edit = rng.integers(4)
             if edit == 0:  # overwrite a byte
-                frame[at] = int(rng.integers(256))
+                encoded[at] = int(rng.integers(256))
             elif edit == 1:  # flip one bit
-                frame[at] ^= 1 << int(rng.integers(8))
+                encoded[at] ^= 1 << int(rng.integers(8))
             elif edit == 2:  # drop a byte
-                del frame[at]
+                del encoded[at]
             else:  # insert a byte
-                frame.insert(at, int(rng.integers(256)))
+                encoded.insert(at, int(rng.integers(256)))
         try:
-            message = wire.decode(bytes(frame))
+            message = wire.decode(bytes(encoded))
         except wire.WireError as exc:
             reasons.add(exc.reason)
         else:

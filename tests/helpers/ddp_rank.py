@@ -166,9 +166,9 @@ def main(rank: int, world: int, port: int, updates: int, out: str, network: str,
     train(model, core, optimizer, empty_handed, cfg, generator, ready=rank == 0, overdue=rank == 0)
     inactive_unmoved = bool(torch.equal(core.flat.detach()[2], after_first)) and not torch.equal(after_first, before[2])
     # A PBT decision only rank 0 received reaches every rank through the agreement.
-    frame = wire.encode(DECISION) if rank == 0 else b""
-    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(frame), False, device, 1)
-    decision = wire.decode(distributed.share(frame, agreed.decision_bytes, device))
+    encoded = wire.encode(DECISION) if rank == 0 else b""
+    agreed = distributed.agree(False, False, False, [0] * POPULATION, len(encoded), False, device, 1)
+    decision = wire.decode(distributed.share(encoded, agreed.decision_bytes, device))
     assert isinstance(decision, wire.Decision) and decision == DECISION
     copy_member(core, optimizer, decision)
     copied = core.flat.detach().clone()

@@ -1,15 +1,15 @@
 """Simulated hosts for tests and benchmarks across a network: each host a Linux network namespace
 with one interface (`eth0`, its own 10.x.y.z address), all joined by a small userspace Ethernet
-switch that can cut a host off, delay frames and drop some. The kernel here has no netem qdisc, so
-delay and loss are the switch's; a cut host's frames are dropped both ways, as a pulled cable or a
+switch that can cut a host off, delay packets and drop some. The kernel here has no netem qdisc, so
+delay and loss are the switch's; a cut host's packets are dropped both ways, as a pulled cable or a
 dead top-of-rack switch would, with no reset sent to anyone. Needs root (namespaces, TAP devices).
 
     with Hosts(["hub", "learner-0", "actors-0"], workdir) as hosts:
         hosts.address("hub")                        # "10.241.7.1"
         hosts.start("hub", ["rlmq", "coordinator", ...], "coordinator.log")
         hosts.cut("actors-0"); ...; hosts.heal("actors-0")
-        hosts.delay("learner-0", 0.005)             # added to every frame to or from the host
-        hosts.delay_between("learner-0", "learner-1", 0.005)  # to frames between these two only
+        hosts.delay("learner-0", 0.005)             # added to every packet to or from the host
+        hosts.delay_between("learner-0", "learner-1", 0.005)  # to packets between these two only
 
 Imported as `hosts` (tests/conftest.py puts this folder on the path); `python hosts.py switch ...`
 is the switch itself, run by `Hosts` as a process of its own so that forwarding never waits on the
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x0002, 0x1000
-MAX_FRAME = 65536
-MAX_HELD = 100_000  # frames on their way at once (delays); beyond, dropped
+MAX_PACKET = 65536
+MAX_HELD = 100_000  # packets on their way at once (delays); beyond, dropped
 
 
 def why_not() -> str | None:
@@ -115,23 +115,23 @@ class Hosts:
             raise RuntimeError(f"the switch refused {words}")
 
     def cut(self, name: str) -> None:
-        """Drop every frame to or from the host until `heal`."""
+        """Drop every packet to or from the host until `heal`."""
         self._tell("cut", self.namespace(name))
 
     def heal(self, name: str) -> None:
         self._tell("heal", self.namespace(name))
 
     def delay(self, name: str, seconds: float) -> None:
-        """Hold every frame to or from the host this long (a frame between two delayed hosts waits
+        """Hold every packet to or from the host this long (a packet between two delayed hosts waits
         for both: one-way delay between them is the sum)."""
         self._tell("delay", self.namespace(name), seconds)
 
     def delay_between(self, one: str, other: str, seconds: float) -> None:
-        """Hold every frame between these two hosts this long (one way), on top of their own delays."""
+        """Hold every packet between these two hosts this long (one way), on top of their own delays."""
         self._tell("link", self.namespace(one), self.namespace(other), seconds)
 
     def loss(self, name: str, probability: float) -> None:
-        """Drop each frame to or from the host with this probability."""
+        """Drop each packet to or from the host with this probability."""
         self._tell("loss", self.namespace(name), probability)
 
 
@@ -145,7 +145,7 @@ def _tap(name: str) -> int:
 
 
 def switch(ports: list[str]) -> None:
-    """Forward Ethernet frames among TAP devices, one per namespace (`NAMESPACE=ADDRESS/PREFIX`),
+    """Forward Ethernet packets among TAP devices, one per namespace (`NAMESPACE=ADDRESS/PREFIX`),
     learning which port each MAC is behind; obey `cut`, `heal`, `delay`, `loss` lines on stdin."""
     fds: dict[str, int] = {}
     for i, port in enumerate(ports):
@@ -162,7 +162,7 @@ def switch(ports: list[str]) -> None:
     loss = dict.fromkeys(fds, 0.0)
     link: dict[tuple[str, str], float] = {}  # (port, port) → added one-way delay, both orders
     behind: dict[bytes, str] = {}  # MAC → port
-    held: list[tuple[float, int, str, bytes]] = []  # (due, order, port, frame)
+    held: list[tuple[float, int, str, bytes]] = []  # (due, order, port, packet)
     order = 0
     draw = random.Random(0)
     print("ready", flush=True)
@@ -191,12 +191,12 @@ def switch(ports: list[str]) -> None:
                     continue
                 print("ok", flush=True)
                 continue
-            frame = os.read(fd, MAX_FRAME)
+            packet = os.read(fd, MAX_PACKET)
             source = port_of[fd]
-            behind[frame[6:12]] = source
+            behind[packet[6:12]] = source
             if source in cut:
                 continue
-            target = behind.get(frame[:6])
+            target = behind.get(packet[:6])
             for name in [target] if target is not None else fds:
                 if name == source or name in cut or draw.random() < max(loss[source], loss[name]):
                     continue
@@ -204,13 +204,13 @@ def switch(ports: list[str]) -> None:
                     continue
                 order += 1
                 wait = delay[source] + delay[name] + link.get((source, name), 0.0)
-                heapq.heappush(held, (time.monotonic() + wait, order, name, frame))
+                heapq.heappush(held, (time.monotonic() + wait, order, name, packet))
         now = time.monotonic()
         while held and held[0][0] <= now:
-            _, _, name, frame = heapq.heappop(held)
-            if name not in cut:  # cut while the frame was on its way
+            _, _, name, packet = heapq.heappop(held)
+            if name not in cut:  # cut while the packet was on its way
                 try:
-                    os.write(fds[name], frame)
+                    os.write(fds[name], packet)
                 except OSError:  # the interface went down with its namespace
                     pass
 

@@ -87,7 +87,7 @@ class Identity:
         self.collector: Collector | None = None
         self.credits: list[int] = []
         self.asked_at: list[float] = []
-        self.hello_frame = b""
+        self.encoded_hello = b""
         self.said_hello_at = -float("inf")
         # steps_total → when the newest report of it went (an idle identity's reports repeat their
         # totals, so an ack's delay is counted from the newest: a lower bound)
@@ -96,8 +96,8 @@ class Identity:
 
     # --- what comes in --------------------------------------------------------------------------
 
-    def on_control(self, frame: bytes) -> None:
-        message = wire.decode(frame)
+    def on_control(self, encoded: bytes) -> None:
+        message = wire.decode(encoded)
         if isinstance(message, wire.Assign):
             if self.held is None:
                 self.assigned(message)
@@ -115,14 +115,14 @@ class Identity:
             for steps in [s for s in self.report_sent_at if s < message.steps_total]:
                 del self.report_sent_at[steps]  # answered by a later report's ack
 
-    def on_learner(self, index: int, frame: bytes) -> None:
-        message = wire.decode(frame)
+    def on_learner(self, index: int, encoded: bytes) -> None:
+        message = wire.decode(encoded)
         counts = self.fleet.counts
         if isinstance(message, wire.Weights):
             assert self.held is not None
             self.held.offer(message, "learner")
             counts.learner_weights += 1
-            counts.learner_weights_bytes += len(frame)
+            counts.learner_weights_bytes += len(encoded)
         elif isinstance(message, wire.Credit):
             self.credits[index] += message.count
             counts.credits += message.count
@@ -130,11 +130,11 @@ class Identity:
         else:
             raise wire.WireError("unexpected_kind", type(message).__name__)
 
-    def on_broadcast(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            raise wire.WireError("garbage", f"{len(frames)} frames on the broadcast")
-        message = wire.decode(frames[1])
-        self.fleet.counts.broadcast_bytes += len(frames[1])
+    def on_broadcast(self, parts: list[bytes]) -> None:
+        if len(parts) != 2:
+            raise wire.WireError("garbage", f"{len(parts)} parts on the broadcast")
+        message = wire.decode(parts[1])
+        self.fleet.counts.broadcast_bytes += len(parts[1])
         if isinstance(message, wire.Directive) and message.kind == "stop":
             self.fleet.stopping = True
         elif isinstance(message, wire.Weights):  # none since weights go only with credits (issue 45)
@@ -148,7 +148,7 @@ class Identity:
         if assign.weights is not None:
             self.held.offer(assign.weights, "assign")
         self.reports = Reports(self.name, self.member, fleet.metrics, assign.config.report_interval_s)
-        self.hello_frame = wire.encode(dataclasses.replace(self.hello, member=self.member))
+        self.encoded_hello = wire.encode(dataclasses.replace(self.hello, member=self.member))
         for i, endpoint in enumerate(assign.learner_endpoints):
             sock = fleet.socket(zmq.DEALER, self, f"learner:{i}", hwm=1000)
             sock.connect(endpoint)
@@ -173,7 +173,7 @@ class Identity:
             return
         for i, sock in enumerate(self.learners):
             if self.credits[i] == 0 and now - self.asked_at[i] >= wire.CREDIT_REQUEST_RENEW_S:
-                if transport.send_frame(sock, self.hello_frame):
+                if transport.send_encoded(sock, self.encoded_hello):
                     self.asked_at[i] = now
                     self.fleet.counts.credit_requests += 1
         if self.reports is not None and self.reports.due():
@@ -191,15 +191,15 @@ class Identity:
         rollout = self.collector.collect(
             self.held.policy, self.member, self.held.version, self.name, self.held.copied_by
         )
-        frame = wire.encode(rollout)
-        self.learners[learner].send(frame)
+        encoded = wire.encode(rollout)
+        self.learners[learner].send(encoded)
         self.credits[learner] -= 1
         self.asked_at[learner] = time.monotonic()  # a delivered rollout asks for the next credit
         steps = int(np.count_nonzero(rollout.valid))
         self.reports.collected(steps, started_at)
         counts = self.fleet.counts
         counts.rollouts += 1
-        counts.rollout_bytes += len(frame)
+        counts.rollout_bytes += len(encoded)
         counts.env_steps += steps
 
     def report(self, now: float) -> None:
@@ -210,12 +210,12 @@ class Identity:
         else:
             returns, lengths, lineages = self.collector.finished_episodes()
             times = self.collector.take_times()
-        frame = self.reports.next(returns, lengths, lineages, *times, self.held.version, 0)
-        transport.send_frame(self.control, frame)
+        encoded = self.reports.next(returns, lengths, lineages, *times, self.held.version, 0)
+        transport.send_encoded(self.control, encoded)
         self.report_sent_at[self.reports.totals[0]] = now
         counts = self.fleet.counts
         counts.reports += 1
-        counts.report_bytes += len(frame)
+        counts.report_bytes += len(encoded)
         counts.episodes += len(returns)
 
     @property
@@ -304,7 +304,7 @@ class SimulatedFleet:
             for identity in self.identities:
                 if not identity.settled:
                     assert identity.reports is not None
-                    transport.send_frame(identity.control, identity.reports.last)
+                    transport.send_encoded(identity.control, identity.reports.last)
 
     def write_stats(self, stats: Path) -> None:
         with stats.open("a") as out:
