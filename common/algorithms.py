@@ -207,6 +207,11 @@ class ReplayConfig:
     share_replay: bool = False
     # Every network's hidden layers (SB3's off-policy defaults: ReLU); "tanh" or "elu" otherwise.
     activation: str = "relu"
+    # At most this many gradient steps an iteration (0: every step due at once). The rest are owed
+    # and paid in the next iterations before any new data is taken, so the replay ratio holds, and
+    # the world agrees (a stop, a checkpoint, a decision) between chunks: a population's update on
+    # a shared CPU core took tens of seconds at once (benchmarks/LOG.md §26).
+    max_steps_per_update: int = 0
 
     def __post_init__(self) -> None:
         refuse_non_finite(self, type(self).__name__.removesuffix("Config").lower())  # sac, td3, dqn
@@ -217,8 +222,8 @@ class ReplayConfig:
         ]
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation {self.activation!r} is none of {', '.join(ACTIVATIONS)}")
-        if self.learning_starts < 0 or self.lr_decay_steps < 0:
-            problems.append("learning_starts and lr_decay_steps must not be negative")
+        if self.learning_starts < 0 or self.lr_decay_steps < 0 or self.max_steps_per_update < 0:
+            problems.append("learning_starts, lr_decay_steps and max_steps_per_update must not be negative")
         if not 0 < self.lr_final_fraction <= 1:
             problems.append("lr_final_fraction must be in (0, 1]")
         if problems:

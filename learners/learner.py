@@ -45,7 +45,7 @@ from rlmq.learners.credit_messages import CreditMessages
 from rlmq.learners.credits import CreditTimeouts
 from rlmq.learners.deliveries import Deliveries
 from rlmq.learners.heartbeat import HeartbeatThread
-from rlmq.learners.members import MemberQueues
+from rlmq.learners.members import MemberQueues, Taken
 from rlmq.learners.pbt_state import PbtState
 from rlmq.learners.progress import Progress
 from rlmq.learners.sockets import LearnerSockets
@@ -365,15 +365,16 @@ class Learner:
         """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
         rank 0's next PBT decision applied everywhere first."""
         offer = self.pbt.offer()
+        owed = self.trainer.owes_steps()  # the same on every rank: those steps first, no new data
         agreed = self.trainer.agree(
             distributed.proposal(
-                self.members.ready(),
-                self.members.overdue(),
+                owed or self.members.ready(),
+                not owed and self.members.overdue(),
                 stop,
-                self.members.batch_samples(),
+                [0] * self.run_config.population if owed else self.members.batch_samples(),
                 len(offer),
                 checkpoint_due,
-                max(self.members.batch_sizes() + [self.members.need]),
+                max(([] if owed else self.members.batch_sizes()) + [self.members.need]),
                 device,
             ),
             self.members.peek,
@@ -387,7 +388,8 @@ class Learner:
 
     def update(self, agreed: distributed.Agreement) -> list[int]:
         """One update of every member with a batch, on every rank in step: the members updated."""
-        taken = self.members.take()
+        owed = self.trainer.owes_steps()
+        taken = Taken([[] for _ in self.members.queues], []) if owed else self.members.take()
         if self.checkpoint_number > 0:
             failpoints.reach(self.cfg.failpoint, failpoints.LEARNER_IN_UPDATE, "in the update after a checkpoint")
         started = time.perf_counter()

@@ -241,6 +241,11 @@ class OffPolicyTrainer:
             raise RuntimeError(f"{type(self.algorithm).__name__} has no actors around a shared critic")
         return self.algorithm
 
+    def owes_steps(self) -> bool:
+        """Gradient steps due but not taken (a `max_steps_per_update` chunk was full): the next
+        iteration takes them before new data. The same on every rank (`due` follows all-reduced counts)."""
+        return self.due >= 1
+
     def nonfinite_skipped(self) -> int:
         return sum(int(optimizer.nonfinite) for optimizer in self.algorithm.optimizers.values())
 
@@ -253,7 +258,8 @@ class OffPolicyTrainer:
         for member, member_rollouts in enumerate(rollouts):
             for rollout in member_rollouts:
                 self.replay.add_rollout(member, rollout, gamma=float(self.hp.gamma[member]))
-        if self.obs_norm.enabled:  # the replay keeps raw observations: batches are normalized as drawn
+        # The replay keeps raw observations: batches are normalized as drawn.
+        if self.obs_norm.enabled and any(member_samples):
             self.obs_norm.update(*stacked_observations(rollouts, self.spec, self.device))
         for member, count in enumerate(member_samples):
             self.stored[member] += count
@@ -266,7 +272,9 @@ class OffPolicyTrainer:
         # Decided from all-reduced counts only, so every rank runs the same number of steps.
         new = sum(c for c, s in zip(member_samples, started, strict=True) if s) / sum(started)
         self.due += self.cfg.replay_ratio * new
-        steps, self.due = int(self.due), self.due - int(self.due)
+        cap = self.cfg.max_steps_per_update or int(self.due)
+        steps = min(int(self.due), cap)
+        self.due -= steps
         totals: dict[str, torch.Tensor] = {}
         for _ in range(steps):
             batch, has_data = self.replay.sample(self.cfg.batch_size, self.rng, self.device)

@@ -159,6 +159,9 @@ class OnPolicyTrainer:
         if self.staged is not None:  # the target's gathered data are its old policy's: not trained on
             self.staged.valid[decision.target] = False
 
+    def owes_steps(self) -> bool:
+        return False  # an on-policy update takes its whole batch at once
+
     def nonfinite_skipped(self) -> int:
         return int(self.optimizer.nonfinite)
 

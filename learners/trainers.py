@@ -60,6 +60,11 @@ class Trainer(Protocol):
         one member any rank trains on now."""
         ...
 
+    def owes_steps(self) -> bool:
+        """Whether the next iteration pays steps owed from the last (off-policy's chunked update)
+        rather than taking new data; the same on every rank."""
+        ...
+
     def nonfinite_skipped(self) -> int:
         """Member steps skipped so far because the gradient was not finite (learners/optim.py)."""
         ...

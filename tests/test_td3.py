@@ -17,7 +17,7 @@ from rlmq.common.config import RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.common.models import DeterministicPolicy, make_policy
 from rlmq.common.schema import EnvSpec
-from rlmq.learners import sac, td3
+from rlmq.learners import checkpoint, sac, td3
 from rlmq.learners.offpolicy import ActorCriticHyperparams, Critic
 from rlmq.learners.optim import per_member
 from rlmq.learners.replay import Transitions
@@ -338,18 +338,13 @@ def test_the_actors_policy_is_the_learners_actor_scaled_to_the_bounds() -> None:
 
 
 @pytest.mark.slow
-def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_steps_per_update", [0, 16])
+def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path, max_steps_per_update: int) -> None:
+    """And with the update in chunks: a rollout of 4 × 16 env steps owes 64 gradient steps."""
     config = tmp_path / "td3.json"
+    td3 = {"hidden_sizes": [32, 32], "learning_starts": 200, "max_steps_per_update": max_steps_per_update}
     config.write_text(
-        json.dumps(
-            {
-                "env_id": "Pendulum-v1",
-                "algo": "td3",
-                "num_envs": 4,
-                "rollout_length": 16,
-                "td3": {"hidden_sizes": [32, 32], "learning_starts": 200},
-            }
-        )
+        json.dumps({"env_id": "Pendulum-v1", "algo": "td3", "num_envs": 4, "rollout_length": 16, "td3": td3})
     )
     run_dir = tmp_path / "run"
     up = subprocess.Popen(
@@ -378,12 +373,17 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "budget" and summary["env_steps"] >= 2000
     assert summary["policy_version"] > 0, "the learner never trained"
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    run = from_mapping(RunConfig, checkpoint["run_config"])
+    files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
+    final = files.load(files.latest())  # written when the world stopped
+    versions, rollouts = final["learner"]["versions"][0], final["trainer"]["stored"][0] // 64
+    # Without chunks each version took a new rollout; in chunks of 16 steps, about 4 versions do.
+    assert versions <= rollouts if not max_steps_per_update else versions > 2 * rollouts, (versions, rollouts)
+    record = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    run = from_mapping(RunConfig, record["run_config"])
     policy = make_policy(
         run,
-        {k: v.numpy() for k, v in checkpoint["params"].items()},
-        from_mapping(EnvSpec, checkpoint["env_spec"]),
+        {k: v.numpy() for k, v in record["params"].items()},
+        from_mapping(EnvSpec, record["env_spec"]),
         trained_steps=2000,
     )
     assert isinstance(policy, DeterministicPolicy) and run.td3.hidden_sizes == (32, 32)
