@@ -196,7 +196,8 @@ class LearnerMetrics:
         self.update_seconds = Histogram(
             f"{PREFIX}_learner_update_seconds",
             "Wall time of one update (all epochs).",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            # Up to a minute: an off-policy population's whole update on a CPU core takes tens of seconds.
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
         self.loss = Gauge(f"{PREFIX}_learner_loss", "Last update's losses.", ["term"], registry=r)
