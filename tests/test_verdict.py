@@ -90,7 +90,7 @@ def test_forged_rollouts_and_reports_with_a_stolen_key_do_not_end_the_run_a_succ
     redis_url: str,
     run_id: str,
 ) -> None:
-    """A CartPole run that cannot reach 475 (a learning rate of 1e-8 keeps its first weights; 20,000 env steps),
+    """A CartPole run that cannot reach 475 (a learning rate of 1e-8 keeps its first weights; 40,000 env steps),
     secured by keys with a fleet key (Kubernetes'), actor-1 collecting. First actor-0's key (its
     process gone, its key taken), then the fleet's under a brand-new actor name, each sends
     rollouts of nothing but episode ends and reports of 100 returns of 500: the reported mean
@@ -105,7 +105,7 @@ def test_forged_rollouts_and_reports_with_a_stolen_key_do_not_end_the_run_a_succ
         run_id,
         args=("--keys", str(keys)),
         target_return=475.0,
-        total_steps=20_000,
+        total_steps=40_000,  # room for both forgeries on a loaded host (20,000 ran out once)
         ppo={"learning_rate": 1e-8},
     )
     control, broadcast = f"tcp://127.0.0.1:{coord['control']}", f"tcp://127.0.0.1:{coord['broadcast']}"
@@ -167,7 +167,8 @@ def test_forged_rollouts_and_reports_with_a_stolen_key_do_not_end_the_run_a_succ
                 30,
                 f"an evaluation asked for by the forgery with {key}'s key",
             )
-            assert status.evaluated_return < 475 and status.state == "running", status
+            # Not ended by it: still running, or (on a loaded host) ending on its budget.
+            assert status.evaluated_return < 475 and status.reason != "target", status
     finally:
         ctx.term()
     status = wait_for(lambda: (s := store.status()).state == "done" and s, 120, "the run's end")
