@@ -8,8 +8,9 @@ with whole updates and in chunks, one after the other in one invocation.
 For each cap: `rlmq up --actors A --learners 1` on a copy of the config with the algorithm's
 `max_steps_per_update` set to it. The learner's update count (`rlmq_learner_update_seconds_count`
 on its /metrics) is polled every 0.1 s; once it has begun, the longest stretch without a finished
-update is the longest the world went without agreeing (the most a stop waits). When Redis counts
-`--stop-at` env steps the run gets SIGINT, as Ctrl-C gives it: printed are the seconds to the exit,
+update bounds how long the world went without agreeing (the most a stop waits). When Redis counts
+`--stop-at` env steps the run gets SIGINT, as Ctrl-C gives it (that count moves while the learner
+grants credits, between its updates, so the signal tends to land outside one): printed are the seconds to the exit,
 whether the learner wrote its checkpoint after the signal or was killed first (`rlmq up` gives it
 15 s), and the env steps per second while it trained.
 

@@ -331,10 +331,12 @@ class Learner:
             self.progress.dropped_stale(self.members.drop_stale())
             limit_hit = max_updates is not None and updates_done >= max_updates
             self.heartbeat.enter()
+            owed = self.trainer.owes_steps()  # the same on every rank: those steps first, no new data
             agreed = self.agree(
                 device,
                 self.stop.is_set() or limit_hit,
                 self.checkpoints is not None and self.cfg.rank == 0 and checkpoint_due.due(),
+                owed,
             )
             if agreed.stop:
                 self.heartbeat.leave()
@@ -342,7 +344,7 @@ class Learner:
             if agreed.checkpoint:
                 self.save_checkpoint(device)
             if agreed.update:
-                updated = self.update(agreed)
+                updated = self.update(agreed, owed)
                 self.heartbeat.leave()  # the update's collectives are behind us: what follows is local
                 self.publish_updated(updated)
                 updates_done += 1
@@ -361,11 +363,11 @@ class Learner:
         self.heartbeat.leave()
         return EXIT_OK
 
-    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool) -> distributed.Agreement:
+    def agree(self, device: torch.device, stop: bool, checkpoint_due: bool, owed: bool) -> distributed.Agreement:
         """What every rank does this iteration, the same on all (update? stop? checkpoint?), with
-        rank 0's next PBT decision applied everywhere first."""
+        rank 0's next PBT decision applied everywhere first. `owed`: the update pays steps owed
+        (`Trainer.owes_steps`) and takes no new data."""
         offer = self.pbt.offer()
-        owed = self.trainer.owes_steps()  # the same on every rank: those steps first, no new data
         agreed = self.trainer.agree(
             distributed.proposal(
                 owed or self.members.ready(),
@@ -386,9 +388,9 @@ class Learner:
                     agreed.member_samples[member] = 0
         return agreed
 
-    def update(self, agreed: distributed.Agreement) -> list[int]:
-        """One update of every member with a batch, on every rank in step: the members updated."""
-        owed = self.trainer.owes_steps()
+    def update(self, agreed: distributed.Agreement, owed: bool) -> list[int]:
+        """One update of every member with a batch (or the steps `owed`, on no new data), on every
+        rank in step: the members updated."""
         taken = Taken([[] for _ in self.members.queues], []) if owed else self.members.take()
         if self.checkpoint_number > 0:
             failpoints.reach(self.cfg.failpoint, failpoints.LEARNER_IN_UPDATE, "in the update after a checkpoint")

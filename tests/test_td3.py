@@ -376,8 +376,10 @@ def test_rlmq_up_trains_td3_on_pendulum(tmp_path: Path, max_steps_per_update: in
     files = checkpoint.Checkpoints(run_dir / "checkpoints", 0, kept=3)
     final = files.load(files.latest())  # written when the world stopped
     versions, rollouts = final["learner"]["versions"][0], final["trainer"]["stored"][0] // 64
-    # Without chunks each version took a new rollout; in chunks of 16 steps, about 4 versions do.
+    # Without chunks each version took a new rollout; in chunks of 16 steps, about 4 versions do,
+    # and the chunks that pay owed steps took no data: the replay holds what was counted, no more.
     assert versions <= rollouts if not max_steps_per_update else versions > 2 * rollouts, (versions, rollouts)
+    assert int(final["trainer"]["replay"]["_size"][0]) == final["trainer"]["stored"][0]
     record = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     run = from_mapping(RunConfig, record["run_config"])
     policy = make_policy(
