@@ -3,7 +3,10 @@ off-policy trainer (`make_trainer`, as the learner builds it) trains a populatio
 data, applies a PBT copy, then saves every replicated tensor and optimizer state for the test to
 compare across ranks. Run as a script (not imported):
 
-    offpolicy_rank.py ALGO RANK WORLD PORT UPDATES OUT
+    offpolicy_rank.py ALGO RANK WORLD PORT UPDATES OUT [MAX_STEPS_PER_UPDATE]
+
+With MAX_STEPS_PER_UPDATE, each update is taken in chunks, the owed ones on no new data, as the
+learner takes them (learners/learner.py): every rank must owe alike, or the world hangs.
 """
 
 from __future__ import annotations
@@ -54,19 +57,33 @@ def rollout(rng: np.random.Generator, spec: EnvSpec, member: int) -> Rollout:
     )
 
 
+CHUNKS = [0]  # updates taken, chunks that paid owed steps included
+
+
 def train(trainer: OffPolicyTrainer, per_member: list[list[Rollout]]) -> int:
     local = [sum(r.num_steps for r in rs) for rs in per_member]
     agreed = distributed.agree(True, False, False, local, 0, False, torch.device("cpu"), 1)
     assert agreed.update and not agreed.stop
     _, updated = trainer.train(per_member, agreed.member_samples, 1)
+    CHUNKS[0] += 1
+    while trainer.owes_steps():
+        owed = distributed.agree(True, False, False, [0] * POPULATION, 0, False, torch.device("cpu"), 1)
+        trainer.train([[] for _ in range(POPULATION)], owed.member_samples, 0)
+        CHUNKS[0] += 1
     return len(updated)
 
 
-def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) -> None:
+def main(algo: str, rank: int, world: int, port: int, updates: int, out: str, max_steps_per_update: int = 0) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1234 + rank)  # different initial weights: the trainer must make them equal
     spec = SPECS[algo]
-    shared = {"hidden_sizes": (16, 16), "batch_size": 8, "learning_starts": 1, "replay_ratio": 0.25}
+    shared = {
+        "hidden_sizes": (16, 16),
+        "batch_size": 8,
+        "learning_starts": 1,
+        "replay_ratio": 0.25,
+        "max_steps_per_update": max_steps_per_update,
+    }
     run_config = RunConfig(
         algo=algo,
         num_envs=SLOTS,
@@ -111,6 +128,7 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
             "moved": moved,
             "inactive_unmoved": inactive_unmoved,
             "copied": copied,
+            "chunks": CHUNKS[0],
         },
         out,
     )
@@ -118,5 +136,6 @@ def main(algo: str, rank: int, world: int, port: int, updates: int, out: str) ->
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    chunk = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], chunk)
     leave()
