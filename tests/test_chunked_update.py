@@ -13,22 +13,18 @@ from states import assert_same
 
 from rlmq.common.algorithms import DQNConfig, SACConfig, TD3Config
 from rlmq.common.config import RunConfig
-from rlmq.common.schema import EnvSpec, allocate
+from rlmq.common.schema import EnvSpec
 from rlmq.common.wire import Rollout
 from rlmq.learners import checkpoint
 from rlmq.learners.trainers import Trainer, make_trainer
+from tests.helpers.offpolicy_rank import POPULATION, SLOTS, SPECS, STEPS, rollout
 
 CPU = torch.device("cpu")
-STEPS, SLOTS, POPULATION = 6, 3, 2
-DISCRETE = EnvSpec(obs_shape=(4,), action_kind="discrete", action_dim=2)
-CONTINUOUS = EnvSpec(
-    obs_shape=(3,), action_kind="continuous", action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0)
-)
 SMALL = {"hidden_sizes": (8,), "batch_size": 4, "learning_starts": 1, "replay_ratio": 1.0}
-CONFIGS = {
-    "dqn": (DISCRETE, "dqn", DQNConfig(**SMALL, n_step=2)),
-    "sac": (CONTINUOUS, "sac", SACConfig(**SMALL)),
-    "td3-shared": (CONTINUOUS, "td3", TD3Config(**SMALL, shared_critic=True)),
+CONFIGS = {  # the rollouts of tests/helpers/offpolicy_rank.py: 8 steps × 4 slots a member
+    "dqn": (SPECS["dqn"], "dqn", DQNConfig(**SMALL, n_step=2)),
+    "sac": (SPECS["td3"], "sac", SACConfig(**SMALL)),
+    "td3-shared": (SPECS["td3"], "td3", TD3Config(**SMALL, shared_critic=True)),
 }
 
 
@@ -48,37 +44,25 @@ def trainer_for(name: str, max_steps_per_update: int) -> tuple[Trainer, EnvSpec]
     return trainer, spec
 
 
-def rollouts(spec: EnvSpec, seed: int) -> list[list[Rollout]]:
+def batch(spec: EnvSpec, seed: int) -> list[list[Rollout]]:
     rng = np.random.default_rng(seed)
-    batch = []
-    for member in range(POPULATION):
-        arrays = allocate(spec, STEPS, SLOTS, zeros=True)
-        arrays["obs"][:] = rng.standard_normal(arrays["obs"].shape)
-        if spec.action_kind == "discrete":
-            arrays["actions"][:] = rng.integers(0, spec.action_dim, arrays["actions"].shape)
-        else:
-            arrays["actions"][:] = rng.uniform(-1, 1, arrays["actions"].shape)
-        arrays["rewards"][:] = rng.standard_normal(arrays["rewards"].shape)
-        arrays["terminated"][:] = rng.random(arrays["terminated"].shape) < 0.1
-        arrays["valid"][:] = True
-        batch.append([Rollout(member=member, policy_version=0, actor="actor-0", sequence=seed, **arrays)])
-    return batch
+    return [[rollout(rng, spec, member)] for member in range(POPULATION)]
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_chunked_update_owes_what_it_leaves_and_ends_where_the_whole_one_does(name: str) -> None:
     whole, spec = trainer_for(name, max_steps_per_update=0)
     chunked, _ = trainer_for(name, max_steps_per_update=5)
-    samples = [STEPS * SLOTS] * POPULATION  # 18 env steps a member: 18 gradient steps due at ratio 1
     nothing: list[list[Rollout]] = [[] for _ in range(POPULATION)]
     for seed in range(2):
-        whole.train(rollouts(spec, seed), samples, 1)
+        samples = [sum(r.num_steps for r in rollouts) for rollouts in batch(spec, seed)]
+        whole.train(batch(spec, seed), samples, 1)
         assert not whole.owes_steps()
-        _, trained = chunked.train(rollouts(spec, seed), samples, 1)
+        chunked.train(batch(spec, seed), samples, 1)
         chunks = 1
         while chunked.owes_steps():  # what the learner does next: no new data until these are taken
             _, trained = chunked.train(nothing, [0] * POPULATION, 0)
-            assert trained == [0, 1], "a chunk of steps changes the members' policies"
+            assert trained == list(range(POPULATION)), "a chunk of steps changes the members' policies"
             chunks += 1
-        assert chunks == 4  # 5 + 5 + 5 + 3
+        assert chunks == 7, chunks  # 32 env steps a member, one gradient step each: 6 chunks of 5, then 2
     assert_same(checkpoint.capture(chunked), checkpoint.capture(whole))
