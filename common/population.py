@@ -16,6 +16,7 @@ from rlmq.common.algorithms import ALL_TUNABLE, ActorCriticConfig, AlgoConfig, r
 from rlmq.common.architecture import ACTIVATIONS, MAX_LAYERS, MAX_WIDTH
 
 METHODS = ("pbt", "cem", "dvd")
+PBT_STARTS = ("drawn", "config")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class PBTConfig:
     param_noise: float = 0.0  # std of Gaussian noise on a copy's policy network, every algorithm's (0: none)
     fitness_episodes: int = 20  # fitness: mean return of the member's last this many episodes
     ranges: dict[str, HyperRange] = field(default_factory=_default_ranges)
+    # Where the members' ranged hyperparameters start: "drawn" from `ranges`, each member its own
+    # (Jaderberg et al. 2017, fastpbrl); "config", every member at the run's config, as AgileRL's
+    # populations start, so that PBT moves away from a tuned config only where a copy pays.
+    start: str = "drawn"
     # AgileRL's activation mutation: the hidden activations a member may take (of ACTIVATIONS; none:
     # never mutated) and, at each explore, the probability it switches to another of them.
     activations: tuple[str, ...] = ()
@@ -72,6 +77,8 @@ class PBTConfig:
         problems = []
         if self.selection not in ("truncation", "tournament", "ttest"):
             problems.append(f"pbt.selection {self.selection!r} is not truncation, tournament or ttest")
+        if self.start not in PBT_STARTS:
+            problems.append(f"pbt.start {self.start!r} is not {' or '.join(PBT_STARTS)}")
         if not 0.5 <= self.ttest_confidence < 1:
             problems.append("pbt.ttest_confidence must be in [0.5, 1)")
         if self.selection == "ttest" and self.fitness_episodes < 2:

@@ -56,12 +56,13 @@ def sample_value(r: HyperRange, rng: np.random.Generator) -> float:
 
 
 def initial_hyperparams(
-    base: Mapping[str, float], ranges: Mapping[str, HyperRange], population: int, seed: int
+    base: Mapping[str, float], ranges: Mapping[str, HyperRange], population: int, seed: int, start: str = "drawn"
 ) -> list[Hyperparams]:
-    """Every member's starting hyperparameters: `base` (the run's PPO settings) for a single agent;
-    for a population, each ranged one drawn for each member (member 0 included)."""
-    if population == 1:
-        return [dict(base)]
+    """Every member's starting hyperparameters: `base` (the run's algorithm settings) for a single
+    agent or a population that starts at the config (`start` "config"); otherwise each ranged one
+    drawn for each member (member 0 included)."""
+    if population == 1 or start == "config":
+        return [dict(base) for _ in range(population)]
     rng = np.random.default_rng([seed, 0])
     return [{**base, **{name: sample_value(ranges[name], rng) for name in sorted(ranges)}} for _ in range(population)]
 

@@ -1,4 +1,4 @@
-"""PBT selection and perturbation: pure, seeded functions (coordinator/pbt.py)."""
+"""PBT selection and perturbation: pure, seeded functions (coordinator/pbt.py), and where a population starts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from rlmq.common.algorithms import PPOConfig
-from rlmq.common.config import HyperRange, PBTConfig
+from rlmq.common.config import HyperRange, PBTConfig, RunConfig
 from rlmq.common.loading import from_mapping
 from rlmq.coordinator import pbt
+from rlmq.coordinator.population import Population
+from rlmq.coordinator.store import RunStore
 
 RANGES = {"learning_rate": HyperRange(1e-4, 1e-2, log=True), "ent_coef": HyperRange(0.0, 0.02)}
 BASE = {"learning_rate": 2e-3, "ent_coef": 0.0, "gamma": 0.98}
@@ -29,6 +31,24 @@ def test_initial_hyperparams_are_seeded_within_their_ranges_and_differ() -> None
     # log-uniform: about half below the geometric midpoint 1e-3 (uniform would put ~9 % there)
     assert 16 <= (lrs < 1e-3).sum() <= 48
     assert all(m["gamma"] == 0.98 for m in members)  # not ranged: the run's value
+
+
+@pytest.mark.parametrize("start", ["drawn", "config"])
+def test_a_population_starts_drawn_from_the_ranges_or_at_the_config(redis_url: str, run_id: str, start: str) -> None:
+    """Jaderberg et al.'s start, each member's learning rate its own draw, or AgileRL's, every member
+    at the run's settings: there the ranges bound only where explore may take a copy."""
+    pbt_cfg = PBTConfig(start=start, ranges={"learning_rate": HyperRange(1e-4, 1e-2, log=True)})
+    run_config = RunConfig(population=4, pbt=pbt_cfg, ppo=PPOConfig(learning_rate=2e-3))
+    rates = [
+        r.hyperparams["learning_rate"]
+        for r in Population(RunStore.connect(redis_url, run_id), run_config).records.values()
+    ]
+    if start == "config":
+        assert rates == [2e-3] * 4
+    else:
+        assert len(set(rates)) == 4 and 2e-3 not in rates
+    with pytest.raises(ValueError, match="pbt.start 'tuned' is not drawn or config"):
+        PBTConfig(start="tuned")
 
 
 def test_perturb_multiplies_by_a_factor_or_resamples_and_stays_in_bounds() -> None:
