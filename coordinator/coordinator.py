@@ -445,15 +445,20 @@ class Coordinator:
         return self.store.uncounted_deliveries(list(self.population.actors)) == 0
 
     def final_evaluation_pending(self) -> bool:
-        """A run that did not end on an evaluation (its budget) has the best member's final weights
-        evaluated before it is done (within the grace period): the outcome it reports."""
+        """A run that did not end on an evaluation (its budget) has every member's final weights
+        evaluated before it is done (within the grace period): the outcome it reports. The best of
+        those evaluations names a population's best member, which `rlmq eval` and the summary take:
+        the actors' returns, which lag and mix older weights, named it until then."""
         if self.judge is None or self.end.passed is not None or not self.end.final_weights:
             return False
-        best = self.store.status().best_member
-        pending = self.judge.final_pending(best, self.version_of(best))
-        if pending:
+        finals = {m: self.version_of(m) for m in range(self.population.size)}
+        if self.judge.final_pending(finals):
             self.evaluate()
-        return pending
+            return True
+        best = self.judge.best_of(finals)
+        if best is not None and self.population.size > 1:
+            self.judge.show(best, best_member=best.member)
+        return False
 
     def close(self) -> None:
         if self.judge is not None:

@@ -100,12 +100,23 @@ class Judge:
                 ready.add(member)
         return ready
 
-    def final_pending(self, member: int, version: int) -> bool:
-        """Whether the member's final `version` still waits for its evaluation (asked for if so)."""
-        if self.evaluated(member, version) or self.failed.get(member, -1) >= version:
-            return False
-        self.want(member, version)
-        return True
+    def final_pending(self, finals: dict[int, int]) -> bool:
+        """Whether any member's final weights (`finals`: member → version) still wait for their
+        evaluation; every one missing is asked for."""
+        missing = [
+            member
+            for member, version in finals.items()
+            if not self.evaluated(member, version) and self.failed.get(member, -1) < version
+        ]
+        for member in missing:
+            self.want(member, finals[member])
+        return bool(missing)
+
+    def best_of(self, finals: dict[int, int]) -> Judged | None:
+        """The evaluation of final weights (`finals`) that played best; None if none was played.
+        Its starts are apart from `rlmq eval`'s, so the member it names is judged afresh there."""
+        judged = [self.latest[m] for m, version in finals.items() if self.evaluated(m, version)]
+        return max(judged, key=lambda j: (j.played.mean, -j.member), default=None)
 
     def fitness(self) -> dict[int, list[float]]:
         """Each evaluated member's returns, for PBT's selection."""
@@ -149,21 +160,26 @@ class Judge:
         played = judged.played
         self.metrics.evaluations.labels("played").inc()
         self.metrics.evaluated_return.labels(str(judged.member)).set(played.mean)
-        steps = self.store.status().env_steps
         log.info(
             "evaluation: %s, trained on %d env steps, in %.1f s",
             judged.describe(),
             judged.trained_steps,
             judged.seconds,
         )
+        self.show(judged)
+
+    def show(self, judged: Judged, **status: int) -> None:
+        """The run's status says this evaluation is its latest word (`rlmq status`, the summary)."""
+        played = judged.played
         self.store.set_status(
+            **status,
             evaluated_return=played.mean,
             evaluated_std=played.std,
             evaluated_episodes=len(played.returns),
             evaluated_member=judged.member,
             evaluated_version=judged.version,
             evaluated_deterministic=judged.deterministic,
-            evaluated_at_steps=steps,
+            evaluated_at_steps=self.store.status().env_steps,
             evaluations=self.asked,
         )
 

@@ -29,7 +29,8 @@ log = logging.getLogger("rlmq.coordinator")
 # interval where a large fleet's is stretched (the wait is 3 of those then).
 ACTORS_LAST_WORD_S = 3.0
 # How much longer than the grace period a run that ended on its budget waits for the evaluation of
-# its final weights (the learners and actors are done by then): a slow env's 10 episodes.
+# its final weights (the learners and actors are done by then): a slow env's 10 episodes, for
+# each member.
 FINAL_EVALUATION_S = 60.0
 # The learners' final weights come after the update under way when `stop` arrives: the wait for them
 # is stretched by the longest time in updates one of the ranks' last this many reports that had one
@@ -48,6 +49,7 @@ class RunEnd:
         self, run_config: RunConfig, evaluates: bool, store: RunStore, broadcast: zmq.Socket[bytes], grace_s: float
     ) -> None:
         self.target, self.budget = run_config.target_return, run_config.total_steps
+        self.population = run_config.population
         self.num_learners, self.evaluates = run_config.num_learners, evaluates
         self.store, self.broadcast, self.grace_s = store, broadcast, grace_s
         self.finished_at: float | None = None
@@ -101,7 +103,7 @@ class RunEnd:
             learners_done = actors_counted()
         evaluation_pending = learners_done and evaluating()
         stretch = min(max(self.recent_update_s, default=0.0), UPDATE_STRETCH_MAX_S)
-        limit = self.grace_s + stretch + (FINAL_EVALUATION_S if evaluation_pending else 0.0)
+        limit = self.grace_s + stretch + (FINAL_EVALUATION_S * self.population if evaluation_pending else 0.0)
         if (learners_done and not evaluation_pending) or waited > limit:
             if not learners_done or evaluation_pending:
                 log.warning("done %.1f s after the end without %s", waited, self.missing(evaluation_pending))

@@ -20,7 +20,7 @@ from rlmq.coordinator.store import RunStore
 
 
 def started(redis_url: str, run_id: str, **fields: Any) -> Coordinator:
-    run_config = RunConfig(env_id="CartPole-v1", target_return=475.0, total_steps=1_000_000, **fields)
+    run_config = RunConfig(**{"env_id": "CartPole-v1", "target_return": 475.0, "total_steps": 1_000_000, **fields})
     cfg = CoordinatorConfig(
         run=run_id,
         redis_url=redis_url,
@@ -63,7 +63,7 @@ def report(returns: list[float], env_steps: int = 1_000, member: int = 0) -> byt
     )
 
 
-def weights(member: int, version: int, balances: bool) -> bytes:
+def weights(member: int, version: int, balances: bool, final: bool = False) -> bytes:
     """A CartPole policy through one hidden unit: pushes the way the pole falls (500 every episode),
     or, with the unit cut off, always left (about 9)."""
     hidden = np.zeros((4, 4), np.float32)
@@ -76,7 +76,7 @@ def weights(member: int, version: int, balances: bool) -> bytes:
         "policy.2.weight": out,
         "policy.2.bias": np.zeros(2, np.float32),
     }
-    return wire.encode(wire.Weights(member=member, version=version, params=params))
+    return wire.encode(wire.Weights(member=member, version=version, params=params, final=final))
 
 
 def evaluate_until(coordinator: Coordinator, done: Callable[[], bool], timeout_s: float = 60) -> None:
@@ -161,6 +161,61 @@ def test_pbt_copies_the_member_the_evaluations_rank_first_whatever_its_actors_cl
         (decision,) = coordinator.store.decisions(after=0)
         assert (decision.target, decision.source, decision.kind) == (0, 1, "exploit")
         assert decision.fitness == {"0": pytest.approx(9.4, abs=2), "1": 500.0}
+    finally:
+        coordinator.close()
+        coordinator.store.delete_run()
+
+
+def test_a_population_names_its_best_member_by_the_evaluations_of_every_members_final_weights(
+    redis_url: str, run_id: str
+) -> None:
+    """Member 0's actor claims 500s for weights that fall over, member 1's claims 10s for weights
+    that balance. Their returns rank member 0 first while the run lasts; once the budget is spent
+    and the final weights are in, every member's are evaluated and member 1, whose final weights
+    balance, is the best member that the summary, `rlmq eval` and the status name."""
+    coordinator = started(
+        redis_url,
+        run_id,
+        hidden_sizes=(4,),
+        population=3,
+        target_return=None,
+        total_steps=3_000,
+        pbt=PBTConfig(interval=10**6),
+    )
+    coordinator.publisher = b"learner-0"
+    try:
+        for member, balances in ((0, False), (1, True), (2, False)):
+            coordinator.handle(b"learner-0", weights(member, 1, balances))
+            coordinator.handle(b"actor-0", report([10.0 if balances else 500.0] * 20, member=member))
+        assert coordinator.end.finished_at is not None and coordinator.store.status().best_member == 0
+        for member, balances in ((0, False), (1, True), (2, False)):
+            coordinator.handle(b"learner-0", weights(member, 2, balances, final=member == 2))
+        final_report = wire.LearnerReport(
+            name="learner-0",
+            rank=0,
+            policy_version=2,
+            updates=2,
+            samples=1,
+            stale_dropped=0,
+            mean_policy_lag=0.0,
+            final=True,
+        )
+        coordinator.handle(b"learner-0", wire.encode(final_report))
+        assert coordinator.judge is not None
+        deadline = time.monotonic() + 60
+        while not coordinator.on_tick():  # the wind-down, as the coordinator's loop runs it
+            assert time.monotonic() < deadline, "the final evaluations did not come back"
+            coordinator.judge.socket.poll(100)
+            coordinator.evaluate()
+        assert {m: judged.version for m, judged in coordinator.judge.latest.items()} == {0: 2, 1: 2, 2: 2}
+        status = coordinator.store.status()
+        assert (status.state, status.best_member, status.evaluated_member, status.evaluated_version) == (
+            "done",
+            1,
+            1,
+            2,
+        )
+        assert status.evaluated_return == 500.0
     finally:
         coordinator.close()
         coordinator.store.delete_run()
