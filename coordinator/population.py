@@ -46,8 +46,8 @@ class Population:
         if not self.records:
             base = run_config.base_hyperparams()
             ranges = run_config.pbt.ranges if run_config.method == "pbt" else {}  # others train the config's
-            start = pbt.initial_hyperparams(base, ranges, self.size, run_config.seed, run_config.pbt.start)
-            self.records = {m: MemberRecord(hyperparams=hp) for m, hp in enumerate(start)}
+            initial = pbt.initial_hyperparams(base, ranges, self.size, run_config.seed, run_config.pbt.start)
+            self.records = {m: MemberRecord(hyperparams=hp) for m, hp in enumerate(initial)}
             store.put_members(self.records)
         self.applied = store.applied_decision()
         for entry in store.decisions(after=self.applied):  # logged, then the coordinator died
