@@ -9,6 +9,13 @@ Connections carry ZMTP heartbeats, and a connect attempt gives up after CONNECT_
 hosts, a peer cut off by a partition is then dropped within HEARTBEAT_TIMEOUT_MS and reached again
 within about CONNECT_TIMEOUT_MS of the heal, where TCP alone notices nothing and comes back only on
 its own retransmission backoff (benchmarks/LOG.md §16).
+
+A broadcast's two ends (PUB, SUB) take TCP keepalive instead of ZMTP heartbeats. Its messages are
+resent every coordinator tick, so a subscriber busy for seconds (a learner's update) finds its
+queue full and stops reading the connection; heartbeats then drop that healthy connection, and
+libzmq aborts the process when the subscriber reads again (zeromq/libzmq#3937; a learner of a PBT
+run died so five times, benchmarks/LOG.md §33). The kernel answers keepalive probes whether or not
+the process reads: only a peer that is gone or cut off is dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ HEARTBEAT_IVL_MS = 1000  # a PING this often on a quiet connection ...
 # cross: 10 s is a 64 MiB message at 54 Mbit/s.
 HEARTBEAT_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 1000  # a connect attempt unanswered this long is abandoned and tried again
+# A broadcast's connection is dropped after 1 s idle plus 9 probes a second apart go unanswered:
+# about HEARTBEAT_TIMEOUT_MS, as the other sockets.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 1, 1, 9
+BROADCAST_KINDS = (zmq.PUB, zmq.SUB)
 
 
 def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity: bytes | None = None) -> zmq.Socket:
@@ -40,9 +51,15 @@ def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+    if kind in BROADCAST_KINDS:
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+    else:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 
 import pytest
@@ -59,6 +61,51 @@ def test_receive_takes_each_message_whole_and_none_when_none_waits() -> None:
     finally:
         client.close()
         server.close()
+
+
+# A subscriber busy past the heartbeat timeout while its broadcast keeps coming, in a process of its
+# own: libzmq's abort (zeromq/libzmq#3937) would take pytest with it.
+STALLED_SUBSCRIBER = """
+import sys, threading, time
+import zmq
+from rlmq.common import transport
+
+ctx = zmq.Context.instance()
+pub, sub = transport.make_socket(ctx, zmq.PUB, hwm=100), transport.make_socket(ctx, zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, b"pbt.")
+sub.connect(transport.bind(pub, "tcp://127.0.0.1:0"))
+sent = 0
+
+def publish() -> None:  # as the coordinator resends a decision each tick
+    global sent
+    while True:
+        sent += 1
+        pub.send_multipart([b"pbt.", str(sent).encode()])
+        time.sleep(0.05)
+
+threading.Thread(target=publish, daemon=True).start()
+time.sleep(float(sys.argv[1]))  # the learner's long update: its queue fills, reading stops
+got = []
+while sub.poll(1000):
+    got.append(int(sub.recv_multipart()[1]))
+    if got[-1] > sent - 5:  # caught up with what is published now
+        break
+print(len(got), got[-1], sent, flush=True)
+"""
+
+
+def test_a_subscriber_busy_past_the_heartbeat_timeout_lives_and_reads_the_broadcast_on() -> None:
+    stall_s = transport.HEARTBEAT_TIMEOUT_MS / 1000 + 2
+    done = subprocess.run(
+        [sys.executable, "-c", STALLED_SUBSCRIBER, str(stall_s)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, f"the subscriber died ({done.returncode}): {done.stderr[-500:]}"
+    count, last, sent = map(int, done.stdout.split())
+    # The queue's worth from before the stall, then what is published now: the connection held.
+    assert count > transport.DEFAULT_HWM and last > sent - 5, done.stdout
 
 
 def test_a_frame_over_the_wire_limit_is_refused_before_it_is_buffered() -> None:
