@@ -14,8 +14,8 @@ A broadcast's two ends (PUB, SUB) take TCP keepalive instead of ZMTP heartbeats.
 resent every coordinator tick, so a subscriber busy for seconds (a learner's update) finds its
 queue full and stops reading the connection; heartbeats then drop that healthy connection, and
 libzmq aborts the process when the subscriber reads again (zeromq/libzmq#3937; PBT runs' learners
-died so, benchmarks/LOG.md §33). The kernel answers keepalive probes whether or not
-the process reads: only a peer that is gone or cut off is dropped.
+died so, benchmarks/LOG.md §33). The kernel answers keepalive probes whether or not the process
+reads: only a peer that is gone or cut off is dropped.
 """
 
 from __future__ import annotations
